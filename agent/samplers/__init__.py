@@ -1,0 +1,1 @@
+"""Hardware samplers: procfs (always), nvml and nsys (GPU, not verified on hardware here)."""

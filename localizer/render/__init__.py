@@ -1,0 +1,1 @@
+"""Renderers: take a Report, write it. They compute nothing."""

@@ -1,0 +1,3 @@
+from perftracker.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""One frozen configuration for the in-process side, read from PERFTRACKER_* environment variables.
+
+Each field maps to the environment variable PERFTRACKER_<FIELD NAME IN UPPER CASE>, for example
+``window_s`` <- ``PERFTRACKER_WINDOW_S``. Values are parsed by the field's type; a bad value raises
+ConfigError naming the variable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perftracker.errors import ConfigError
+
+
+def _default_run_dir() -> str:
+    return os.path.join(tempfile.gettempdir(), f"perftracker-{os.getuid()}")
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- switches -------------------------------------------------------------------------------
+    disable: bool = False  # PERFTRACKER_DISABLE=1 opts out entirely
+    log_level: str = "WARNING"
+
+    # --- detection (DESIGN.md section 3) --------------------------------------------------------
+    detector_mode: str = "paper"  # "paper" | "changepoint"; default chosen by bench/detector.py
+    learn_sequences: int = 10  # N: identical consecutive sequences before the sequence is learned
+    slowdown_window_iters: int = 50  # W: iterations in the slowdown mean
+    slowdown_threshold: float = 0.05  # mean of last W > (1 + threshold) * recent shortest
+    redetect_events: int = 200  # M: unmatched consecutive events before re-detection
+    blocked_factor: float = 5.0  # blocked when idle >= factor * mean iteration duration ...
+    blocked_min_s: float = 5.0  # ... and at least this long
+    hang_pause_s: float = 60.0  # a pause of all ranks in user code shorter than this is not a hang
+    trigger_cooldown_s: float = 120.0  # no second automatic trigger within this time
+
+    # --- profile window (DESIGN.md section 4) ---------------------------------------------------
+    window_s: float = 20.0
+
+    # --- wiring (DESIGN.md section 7) ----------------------------------------------------------
+    run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
+    job_id: str = ""  # empty: derived from TORCHELASTIC_RUN_ID or the script name
+    localizer_url: str = ""  # empty: the embedded localizer of the node agent
+    token: str = ""  # bearer token for the localizer
+    autostart_agent: bool = True  # start a node agent on first import when none is running
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            var = "PERFTRACKER_" + f.name.upper()
+            if var in env:
+                values[f.name] = _parse(var, env[var], f.type)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(var: str, raw: str, type_name: Any) -> Any:
+    t = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", str(type_name))
+    try:
+        if t == "bool":
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{var}={raw!r} is not a valid {t}") from None
