@@ -1,0 +1,1 @@
+"""Fault-injection harness pieces for bench/faults.py: scenarios, emulated hosts, injectors, scoring."""

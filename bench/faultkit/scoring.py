@@ -1,0 +1,91 @@
+"""Scoring a report against a scenario's ground truth. Pure: no I/O.
+
+A finding is a (function, rank) pair the report flags; for hang reports, each rank the report
+names as culprit or silent is a finding of category "hang". Precision and recall are counted over
+(rank, category) pairs:
+
+- a pair is a true positive if some flagged (function, rank) with that category matches an [[expect]];
+- it is neutral if it matches no [[expect]] but an [[allow]];
+- otherwise it is a false positive.
+- recall = expected (rank, category) pairs found / expected pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.faultkit.scenario import Match, Scenario
+from perftracker.model import Report
+
+
+@dataclass(frozen=True)
+class Flag:
+    rank: int
+    category: str
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Score:
+    tp: frozenset[tuple[int, str]]
+    fp: frozenset[tuple[int, str]]
+    neutral: frozenset[tuple[int, str]]
+    expected: frozenset[tuple[int, str]]
+    found: frozenset[tuple[int, str]]
+
+    @property
+    def precision(self) -> float:
+        n = len(self.tp) + len(self.fp)
+        return len(self.tp) / n if n else 1.0
+
+    @property
+    def recall(self) -> float:
+        return len(self.found) / len(self.expected) if self.expected else 1.0
+
+
+def flags_of(report: Report | None) -> list[Flag]:
+    if report is None:
+        return []
+    flags = [
+        Flag(r, f.category.value, f.kind, f"{f.key} {f.label}") for f in report.findings for r in f.ranks
+    ]
+    for s in report.hang_states:
+        if s.state in ("culprit", "silent"):
+            flags.append(Flag(s.rank, "hang", "specific", f"{s.where} {s.detail}"))
+    return flags
+
+
+def _matches(m: Match, flag: Flag) -> bool:
+    if m.ranks is not None and flag.rank not in m.ranks:
+        return False
+    if m.category != flag.category:
+        return False
+    if m.kind and m.kind != flag.kind:
+        return False
+    return not (m.name and m.name.lower() not in flag.name.lower())
+
+
+def score(scenario: Scenario, report: Report | None) -> Score:
+    flags = flags_of(report)
+    expected = {
+        (r, m.category)
+        for m in scenario.expect
+        for r in (m.ranks if m.ranks is not None else range(scenario.workers))
+    }
+    tp, fp, neutral, found = set(), set(), set(), set()
+    for fl in flags:
+        pair = (fl.rank, fl.category)
+        hits = [m for m in scenario.expect if _matches(m, fl)]
+        if hits:
+            tp.add(pair)
+            if pair in expected:
+                found.add(pair)
+        elif any(_matches(m, fl) for m in scenario.allow):
+            neutral.add(pair)
+        else:
+            fp.add(pair)
+    # a pair that matched an expect through one function is not also a false positive through another
+    fp -= tp
+    neutral -= tp
+    return Score(frozenset(tp), frozenset(fp), frozenset(neutral), frozenset(expected), frozenset(found))
