@@ -1,0 +1,407 @@
+"""The worker side of the worker <-> node agent channel, and the runtime's TriggerSink.
+
+One daemon thread ("perftracker-channel") owns the Unix socket ``<run_dir>/agent.sock``:
+
+- it connects (starting the node agent first when autostart is on and none answers), registers the
+  worker (rank, local rank, pid, training tid, host, job), and sends heartbeats and iteration
+  statistics;
+- it is the controller: on START_WINDOW it arms the ProfileWindow, which profiles in the main
+  thread at the next iteration boundary and calls back when done; the channel then sends
+  WINDOW_DONE. On SNAPSHOT (or when the detector reports the job blocked) it takes a hang snapshot
+  of the main thread and sends it;
+- if the agent disappears it keeps retrying with exponential backoff. Training never waits on it.
+
+The runtime calls ``on_trigger`` / ``on_blocked`` in its own threads; both only enqueue and wake the
+channel thread, so they never block and never raise.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from perftracker import wire
+from perftracker.config import Config
+from perftracker.errors import PerftrackerError, TransportError
+from perftracker.wire import MessageType
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    heartbeat_s: float = 1.0  # HEARTBEAT period
+    stats_s: float = 2.0  # ITER_STATS period
+    backoff_min_s: float = 0.2  # first reconnect delay
+    backoff_max_s: float = 5.0  # reconnect delay cap
+    connect_timeout_s: float = 2.0  # connect/send timeout on the socket
+    ack_timeout_s: float = 5.0  # wait for the agent's ACK to REGISTER
+    autostart_every_s: float = 10.0  # at most one autostart attempt per this period
+    queue_max: int = 256  # outgoing messages kept while disconnected (oldest dropped)
+    recent_iterations: int = 50  # iteration times sent in ITER_STATS
+
+
+def _identity_fields(runtime: Any) -> dict[str, Any]:
+    ident = runtime.identity
+    return {
+        "job": str(ident.job),
+        "rank": int(ident.rank),
+        "world_size": int(ident.world_size),
+        "local_rank": int(ident.local_rank),
+        "pid": int(ident.pid),
+        "training_tid": int(ident.training_tid),
+        "host": str(ident.host),
+    }
+
+
+def _phase() -> str:
+    try:
+        import perftracker
+
+        st = perftracker.status()  # type: ignore[attr-defined]
+        return str(st.get("phase", "")) if isinstance(st, Mapping) else str(getattr(st, "phase", ""))
+    except Exception:  # status() is best-effort here
+        return ""
+
+
+def _json_safe(detail: Mapping[str, object]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in dict(detail).items():
+        if isinstance(v, (str, int, bool)) or v is None:
+            out[str(k)] = v
+        elif isinstance(v, float):
+            out[str(k)] = v if v == v and abs(v) != float("inf") else None
+        elif isinstance(v, (list, tuple)):
+            out[str(k)] = [x if isinstance(x, (str, int, float, bool)) else str(x) for x in v][:1000]
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+class AgentChannel:
+    """The worker's connection to its node agent; implements perftracker.sinks.TriggerSink."""
+
+    def __init__(
+        self,
+        runtime: Any,
+        config: Config,
+        options: ChannelOptions | None = None,
+        window_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.config = config
+        self.options = options or ChannelOptions()
+        self.path = wire.socket_path(config.run_dir)
+        self._window_factory = window_factory or self._default_window
+        self._window: Any = None
+        self._out: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.queue_max)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread: threading.Thread | None = None
+        self._connected = threading.Event()
+        self._warned: set[str] = set()
+        self._last_autostart = -1e18
+        self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
+        self.connects = 0  # successful registrations, for status and tests
+        self.sent_triggers = 0
+
+    # --- TriggerSink ---------------------------------------------------------------------------
+
+    def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
+        try:
+            self._enqueue(wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=_json_safe(detail)))
+        except Exception as exc:  # never raise into the caller
+            self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
+
+    def on_blocked(self, detail: Mapping[str, object]) -> None:
+        try:
+            self._enqueue(wire.make_message(MessageType.BLOCKED, detail=_json_safe(detail)))
+            with self._lock:
+                self._snapshot_wanted.append("")
+            self._wake()
+        except Exception as exc:
+            self._warn_once("blocked", "perftracker: could not queue a blocked report: %s", exc)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    def start(self) -> AgentChannel:
+        self._thread = threading.Thread(target=self._run, name="perftracker-channel", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
+        if key in self._warned:
+            log.debug(fmt, *args)
+        else:
+            self._warned.add(key)
+            log.warning(fmt, *args)
+
+    def _enqueue(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._out.append(msg)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # pipe full (already awake) or closed
+            pass
+
+    def _run(self) -> None:
+        delay = self.options.backoff_min_s
+        while not self._stop.is_set():
+            try:
+                sock = self._connect()
+            except Exception as exc:  # noqa: BLE001 - a bug here must not kill the thread silently
+                self._warn_once("connect-bug", "perftracker: agent connection failed: %r", exc)
+                sock = None
+            if sock is None:
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.options.backoff_max_s)
+                continue
+            delay = self.options.backoff_min_s
+            try:
+                self._serve(sock)
+            except (TransportError, OSError) as exc:
+                if not self._stop.is_set():
+                    self._warn_once("lost", "perftracker: lost the node agent (%s); training continues, reconnecting", exc)
+            except Exception as exc:  # noqa: BLE001
+                self._warn_once("serve-bug", "perftracker: agent channel error: %r; reconnecting", exc)
+            finally:
+                self._connected.clear()
+                sock.close()
+
+    def _connect(self) -> socket.socket | None:
+        try:
+            return wire.connect(self.path, self.options.connect_timeout_s)
+        except TransportError as exc:
+            first_error = exc
+        if self.config.autostart_agent:
+            now = time.monotonic()
+            if now - self._last_autostart >= self.options.autostart_every_s:
+                self._last_autostart = now
+                from perftracker import autostart
+
+                if autostart.ensure_agent(self.config):
+                    try:
+                        return wire.connect(self.path, self.options.connect_timeout_s)
+                    except TransportError as exc:
+                        first_error = exc
+        self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with backoff",
+                        self.path, first_error)
+        return None
+
+    def _serve(self, sock: socket.socket) -> None:
+        opts = self.options
+        reg = wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **_identity_fields(self.runtime))
+        wire.send_message(sock, reg)
+        sock.settimeout(opts.ack_timeout_s)
+        ack = wire.recv_message(sock)
+        if ack.get("type") != MessageType.ACK.value or not ack.get("ok"):
+            raise TransportError(f"agent refused the registration: {ack.get('error', ack)}")
+        sock.settimeout(opts.connect_timeout_s)
+        self.connects += 1
+        self._connected.set()
+        self._warned.discard("connect")
+        self._warned.discard("lost")
+        log.info("perftracker: registered with the node agent at %s", self.path)
+        decoder = wire.FrameDecoder()
+        next_beat = 0.0
+        next_stats = time.monotonic() + opts.stats_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_beat:
+                self._send(sock, self._heartbeat())
+                next_beat = now + opts.heartbeat_s
+            if now >= next_stats:
+                stats = self._iter_stats()
+                if stats is not None:
+                    self._send(sock, stats)
+                next_stats = now + opts.stats_s
+            self._take_wanted_snapshots()
+            self._flush(sock)
+            timeout = max(0.0, min(next_beat, next_stats) - time.monotonic())
+            readable, _, _ = select.select([sock, self._wake_r], [], [], timeout)
+            if self._wake_r in readable:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+            if sock in readable:
+                data = sock.recv(1 << 16)
+                if not data:
+                    raise wire.ConnectionClosed("agent closed the socket")
+                for msg in decoder.feed(data):
+                    self._handle(msg)
+
+    def _send(self, sock: socket.socket, msg: Mapping[str, Any]) -> None:
+        wire.send_message(sock, msg)
+
+    def _flush(self, sock: socket.socket) -> None:
+        while True:
+            with self._lock:
+                if not self._out:
+                    return
+                msg = self._out[0]
+            wire.send_message(sock, msg)  # on failure the message stays queued for the next agent
+            with self._lock:
+                if self._out and self._out[0] is msg:
+                    self._out.popleft()
+            if msg["type"] == MessageType.TRIGGER.value:
+                self.sent_triggers += 1
+
+    def _heartbeat(self) -> dict[str, Any]:
+        rt = self.runtime
+        last = None
+        try:
+            last = rt.last_event()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        fields: dict[str, Any] = {"iteration": int(getattr(rt, "iteration", 0) or 0), "phase": _phase(),
+                                  "t_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+        if last:
+            fields["last_event"] = str(last[0])
+            fields["idle_s"] = max(0.0, (time.monotonic_ns() - int(last[1])) / 1e9)
+        return wire.make_message(MessageType.HEARTBEAT, **fields)
+
+    def _iter_stats(self) -> dict[str, Any] | None:
+        try:
+            recent = [float(x) for x in list(self.runtime.recent_iteration_ms())[-self.options.recent_iterations:]]
+        except Exception:  # noqa: BLE001
+            return None
+        recent = [x for x in recent if x == x and x >= 0 and x != float("inf")]
+        if not recent:
+            return None
+        return wire.make_message(
+            MessageType.ITER_STATS, iteration=int(getattr(self.runtime, "iteration", 0) or 0), recent_ms=recent,
+            mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=_phase(),
+        )
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == MessageType.START_WINDOW.value:
+            self._start_window(str(msg["session"]), float(msg["window_s"]))
+        elif kind == MessageType.SNAPSHOT.value:
+            with self._lock:
+                self._snapshot_wanted.append(str(msg["session"]))
+        else:
+            log.debug("perftracker: ignoring %s from the agent", kind)
+
+    def _default_window(self) -> Any:
+        from perftracker.window import ProfileWindow
+
+        out_dir = os.path.join(self.config.run_dir, "windows")
+        os.makedirs(out_dir, exist_ok=True)
+        return ProfileWindow(self.runtime.identity, out_dir)
+
+    def _start_window(self, session: str, window_s: float) -> None:
+        def done(result: Any) -> None:
+            try:
+                self._enqueue(wire.make_message(
+                    MessageType.WINDOW_DONE, session=str(getattr(result, "session", session) or session),
+                    raw_path=str(getattr(result, "raw_path", "") or ""),
+                    start_ns=int(getattr(result, "start_ns", 0) or 0), end_ns=int(getattr(result, "end_ns", 0) or 0),
+                    error=str(getattr(result, "error", "") or ""),
+                ))
+            except Exception as exc:  # noqa: BLE001 - runs in the training thread
+                self._warn_once("done", "perftracker: could not report a finished window: %s", exc)
+
+        error = ""
+        try:
+            if self._window is None:
+                self._window = self._window_factory()
+            if not self._window.arm(session, window_s, done):
+                error = "a profile window is already active"
+        except (PerftrackerError, ImportError, OSError) as exc:
+            error = f"profile window unavailable: {exc}"
+        except Exception as exc:  # noqa: BLE001
+            error = f"profile window failed: {exc!r}"
+        if error:
+            log.warning("perftracker: session %s: %s", session, error)
+            self._enqueue(wire.make_message(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0,
+                                            end_ns=0, error=error))
+
+    def _take_wanted_snapshots(self) -> None:
+        with self._lock:
+            wanted, self._snapshot_wanted = self._snapshot_wanted, []
+        for session in dict.fromkeys(wanted):
+            try:
+                from perftracker.hang import take_snapshot
+
+                snap = take_snapshot(self.runtime, session=session)
+                self._enqueue(wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snap.to_dict()))
+            except Exception as exc:  # noqa: BLE001 - hang snapshots are best effort
+                self._warn_once("snapshot", "perftracker: could not take a hang snapshot: %r", exc)
+
+
+_channel: AgentChannel | None = None
+_channel_lock = threading.Lock()
+
+
+def start_channel(runtime: Any, config: Config, options: ChannelOptions | None = None) -> AgentChannel | None:
+    """Connect this training process to its node agent (once per process) and make the channel the
+    runtime's trigger sink. Never raises; returns None when disabled or on failure."""
+    global _channel
+    try:
+        if config.disable:
+            return None
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:  # a DataLoader/multiprocessing child
+            return None
+        with _channel_lock:
+            if _channel is not None and _channel.runtime is runtime and not _channel._stop.is_set():
+                return _channel
+            if _channel is not None:
+                _channel.stop(0.5)
+            ch = AgentChannel(runtime, config, options)
+            runtime.set_sink(ch)
+            _channel = ch.start()
+            return ch
+    except Exception as exc:  # noqa: BLE001 - never break training
+        log.warning("perftracker: agent channel not started: %r; detection goes on without an agent", exc)
+        return None
+
+
+def get_channel() -> AgentChannel | None:
+    return _channel
+
+
+def stop_channel() -> None:
+    global _channel
+    with _channel_lock:
+        if _channel is not None:
+            _channel.stop()
+            _channel = None
