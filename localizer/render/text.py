@@ -1,0 +1,173 @@
+"""Terminal renderer (rich): header, findings grouped by function, hang table, top functions.
+
+Writes a Report as it is; computes nothing beyond layout (grouping rows for display, compressing
+rank lists into ranges). Colors only when ``color`` is true or the file is a terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TextIO
+
+from rich import box
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
+
+_STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "waiting": "yellow", "paused": "cyan", "ok": "green"}
+_DIMS = ("beta", "mu", "sigma")
+_DIM_LABELS = {"beta": "\u03b2 critical share", "mu": "\u03bc utilization", "sigma": "\u03c3 util. std"}
+
+
+def render(report: Report, file: TextIO, *, color: bool | None = None, width: int = 110) -> None:
+    """Write ``report`` to ``file`` as rich terminal text."""
+    console = Console(
+        file=file,
+        width=width,
+        force_terminal=color,
+        no_color=color is False,
+        highlight=False,
+        emoji=False,
+        soft_wrap=False,
+    )
+    console.print(_header(report))
+    if report.kind == "hang" or report.hang_states:
+        console.print(_hang_table(report.hang_states))
+    if report.findings:
+        for key, group in _group_by_function(report.findings):
+            console.print(_function_panel(key, group))
+    elif report.kind != "hang":
+        console.print(Text("No abnormal functions.", style="bold green"))
+        if report.top_functions:
+            console.print(_top_table(report))
+
+
+def _fmt_time(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    rs = list(ranks)
+    return f"{compress_ranks(rs)} ({len(rs)})" if rs else "none"
+
+
+def _header(report: Report) -> Panel:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("job", report.job)
+    grid.add_row("session", f"{report.session}  ({report.kind}, {report.status})")
+    grid.add_row("created", _fmt_time(report.created_ns))
+    if report.window_s > 0:
+        grid.add_row("window", f"{report.window_s:g} s" + (f"  profile {report.profile}" if report.profile else ""))
+    grid.add_row("trigger", report.trigger_reason or "-")
+    grid.add_row("ranks reported", _ranks_text(report.ranks_reported))
+    missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
+    grid.add_row("ranks missing", missing)
+    parts: list[object] = [grid]
+    if report.summary:
+        parts = [Text(report.summary, style="bold"), Text(""), grid]
+    return Panel(Group(*parts), title="perftracker report", title_align="left", box=box.ROUNDED)
+
+
+def _group_by_function(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
+    groups: dict[str, list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(f.key, []).append(f)
+    return list(groups.items())
+
+
+def _num(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _outside(x: float, lo: float, hi: float) -> bool:
+    return x < lo - 1e-12 or x > hi + 1e-12
+
+
+def _pattern_table(f: Finding) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("")
+    table.add_column(f"ranks {compress_ranks(f.ranks)}", justify="right")
+    table.add_column("median rank", justify="right")
+    table.add_column("expected", justify="right")
+    for dim in _DIMS:
+        obs = getattr(f.observed, dim)
+        lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
+        med = getattr(f.median, dim)
+        style = "bold red" if _outside(obs, lo, hi) else "bold"
+        table.add_row(_DIM_LABELS[dim], Text(_num(obs), style=style), _num(med), f"[{lo:g}, {hi:g}]")
+    return table
+
+
+def _function_panel(key: str, group: list[Finding]) -> Panel:
+    first = group[0]
+    body: list[object] = []
+    if first.key != first.label:
+        body.append(Text(_short_stack(first.key), style="dim"))
+    for f in group:
+        body.append(Text(f.sentence, style="bold"))
+        meta = Text()
+        meta.append("test ", style="dim")
+        meta.append(", ".join(f.tests) or "-", style="cyan")
+        meta.append("   kind ", style="dim")
+        meta.append(f.kind, style="cyan")
+        meta.append("   ranks ", style="dim")
+        meta.append(_ranks_text(f.ranks), style="bold red")
+        body.append(meta)
+        body.append(_pattern_table(f))
+    title = Text()
+    title.append(first.category.value, style="magenta")
+    title.append("  ")
+    title.append(first.label or key, style="bold")
+    return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED, border_style="red")
+
+
+def _short_stack(key: str, keep: int = 4) -> str:
+    frames = key.split(";")
+    if len(frames) <= keep:
+        return " > ".join(frames)
+    return "... > " + " > ".join(frames[-keep:])
+
+
+def _hang_table(states: Iterable[RankState]) -> Table:
+    table = Table(title="ranks by state", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("state")
+    table.add_column("ranks")
+    table.add_column("where")
+    table.add_column("idle s", justify="right")
+    table.add_column("last iter", justify="right")
+    table.add_column("detail")
+    rows: dict[tuple[str, str, str], list[RankState]] = {}
+    for s in states:
+        rows.setdefault((s.state, s.where, s.detail), []).append(s)
+    order = list(_STATE_STYLE)
+    ranked = sorted(rows.items(), key=lambda kv: order.index(kv[0][0]) if kv[0][0] in order else len(order))
+    for (state, where, detail), members in ranked:
+        idle = max(m.idle_s for m in members)
+        last = max(m.last_iteration for m in members)
+        table.add_row(
+            Text(state, style=_STATE_STYLE.get(state, "")),
+            compress_ranks([m.rank for m in members]),
+            where,
+            f"{idle:.1f}" if idle > 0 else "-",
+            str(last) if last >= 0 else "-",
+            detail,
+        )
+    return table
+
+
+def _top_table(report: Report) -> Table:
+    table = Table(title="top critical-path functions (median rank)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("function")
+    table.add_column("category")
+    for dim in _DIMS:
+        table.add_column(_DIM_LABELS[dim].split()[0], justify="right")
+    for t in report.top_functions:
+        m: Triple = t.median
+        table.add_row(t.label or t.key, t.category.value, _num(m.beta), _num(m.mu), _num(m.sigma))
+    return table
