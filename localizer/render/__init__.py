@@ -1,1 +1,23 @@
-"""Renderers: take a Report, write it. They compute nothing."""
+"""Renderers: take a Report, write it. They compute nothing.
+
+``write(report, fmt, file)`` picks one by name; ``perftracker report`` and ``perftracker analyze``
+both go through it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TextIO
+
+from perftracker.errors import PerftrackerError
+from perftracker.model import Report
+
+FORMATS = ("text", "json", "html")
+
+
+def write(report: Report, fmt: str, file: TextIO, **options: object) -> None:
+    """Render ``report`` in format ``fmt`` ("text", "json" or "html") to ``file``."""
+    if fmt not in FORMATS:
+        raise PerftrackerError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
+    module = importlib.import_module(f"localizer.render.{fmt}")
+    module.render(report, file, **options)
