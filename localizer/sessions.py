@@ -1,0 +1,299 @@
+"""Sessions: the state machine from a trigger to a stored report.
+
+A trigger opens one session per job; triggers that arrive while that session is open join it. The
+expected workers are the job's registered ranks (plus every rank below the largest registered
+world size, so that a node whose agent never registered is named as missing). A session is *due*
+when every expected rank has uploaded (patterns or a hang snapshot) or is known dead, or when its
+deadline passes; it is then localized and ends ``done`` with a report whose ``ranks_missing``
+names who did not upload (status "partial"), or ``failed`` with an error.
+
+States: ``open`` -> ``localizing`` -> ``done`` | ``failed``. A restart puts ``localizing`` sessions
+back to ``open`` so that they are localized again; nothing acknowledged is lost because it is in
+the store.
+
+The manager does no networking and no waiting; time comes from an injected Clock (wall-clock ns,
+so deadlines survive a restart). ``build_report`` is the CPU-heavy step the service runs in an
+executor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localizer.store import HeartbeatRecord, SessionRecord, Store, WorkerRecord
+from localizer.validate import Heartbeat, Registration, RequestError
+from perftracker.clock import Clock
+from perftracker.model import HangSnapshot, PatternSet, Report
+
+log = logging.getLogger(__name__)
+
+OPEN, LOCALIZING, DONE, FAILED = "open", "localizing", "done", "failed"
+SLOWDOWN, HANG = "slowdown", "hang"
+
+
+class WallClock:
+    """Wall-clock ns. Sessions use it because their times are stored and shown to people."""
+
+    def now_ns(self) -> int:
+        return time.time_ns()
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    default_window_s: float = 20.0
+    collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
+    hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
+    max_expected_ranks: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """What a long-polling agent receives."""
+
+    session: str
+    window_s: float
+    reason: str
+    kind: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session": self.session, "window_s": self.window_s, "reason": self.reason, "kind": self.kind}
+
+
+def _new_session_id(now_ns: int) -> str:
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now_ns / 1e9)) + "-" + secrets.token_hex(3)
+
+
+def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> tuple[int, ...]:
+    """Registered ranks plus every rank below the largest registered world size."""
+    ranks = {w.rank for w in workers}
+    world = max((w.world_size for w in workers), default=0)
+    ranks.update(range(min(world, limit)))
+    return tuple(sorted(ranks))
+
+
+class SessionManager:
+    """Opens, joins, fills and closes sessions over a Store."""
+
+    def __init__(self, store: Store, clock: Clock | None = None, options: SessionOptions | None = None) -> None:
+        self.store = store
+        self.clock: Clock = clock or WallClock()
+        self.options = options or SessionOptions()
+        self._lock = threading.RLock()  # the service's loop and the executor both call in
+
+    # ---------------------------------------------------------------- startup
+    def recover(self) -> list[str]:
+        """After a restart: sessions caught mid-localization go back to open. Returns their ids."""
+        back = []
+        for s in self.store.sessions(states=(LOCALIZING,)):
+            self.store.update_session(s.session, state=OPEN)
+            back.append(s.session)
+        if back:
+            log.info("re-opened %d session(s) interrupted while localizing: %s", len(back), back)
+        return back
+
+    # ---------------------------------------------------------------- agents
+    def register(self, reg: Registration) -> list[str]:
+        """Store a registration. Open sessions of the job now also expect its ranks; returns them."""
+        now = self.clock.now_ns()
+        records = [WorkerRecord(reg.job, w.rank, reg.agent_id, w.local_rank, w.world_size, w.pid, w.tid,
+                                w.host or reg.host) for w in reg.workers]
+        with self._lock:
+            self.store.register(reg.job, reg.agent_id, reg.host, records, now)
+            grown = []
+            for s in self.store.sessions(job=reg.job, states=(OPEN,)):
+                exp = set(s.expected) | set(expected_ranks(records, self.options.max_expected_ranks))
+                if exp != set(s.expected):
+                    self.store.update_session(s.session, expected=sorted(exp))
+                    grown.append(s.session)
+            return grown
+
+    def heartbeat(self, hb: Heartbeat) -> None:
+        now = self.clock.now_ns()
+        self.store.put_heartbeats([HeartbeatRecord(hb.job, r.rank, hb.agent_id, r.iteration, r.phase,
+                                                   r.last_event_age_s, r.alive, r.iteration_ms, now)
+                                   for r in hb.ranks])
+        self.store.touch_agent(hb.job, hb.agent_id, now)
+
+    # ---------------------------------------------------------------- triggers
+    def trigger(self, job: str, reason: str, window_s: float | None = None,
+                kind: str = SLOWDOWN) -> tuple[SessionRecord, bool]:
+        """Open a session for the job, or join the open one. Returns (session, joined)."""
+        now = self.clock.now_ns()
+        with self._lock:
+            open_ = self.store.sessions(job=job, states=(OPEN,))
+            if open_:
+                s = open_[-1]
+                self.store.update_session(s.session, joins=s.joins + 1)
+                log.info("trigger %r joined open session %s of job %s", reason, s.session, job)
+                return dataclasses.replace(s, joins=s.joins + 1), True
+            window = float(window_s if window_s is not None else self.options.default_window_s)
+            wait_s = self.options.hang_collect_s if kind == HANG else window + self.options.collect_grace_s
+            rec = SessionRecord(
+                seq=0, session=_new_session_id(now), job=job, kind=kind, reason=reason, window_s=window,
+                state=OPEN, opened_ns=now, deadline_ns=now + int(wait_s * 1e9),
+                expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks))
+            rec = self.store.insert_session(rec)
+            log.info("opened session %s for job %s (%s, %s, %d expected rank(s))", rec.session, job, kind,
+                     reason, len(rec.expected))
+            return rec, False
+
+    def next_trigger(self, job: str, after: str | None = None) -> Trigger | None:
+        """The open session an agent that last saw ``after`` should act on, or None."""
+        after_seq = 0
+        if after:
+            prev = self.store.get_session(after)
+            after_seq = prev.seq if prev is not None and prev.job == job else 0
+        open_ = self.store.sessions(job=job, states=(OPEN,), after_seq=after_seq, limit=1)
+        if not open_:
+            return None
+        s = open_[0]
+        return Trigger(s.session, s.window_s, s.reason, s.kind)
+
+    # ---------------------------------------------------------------- uploads
+    def _open_session_for(self, session: str, job: str, rank: int) -> SessionRecord:
+        s = self.store.get_session(session)
+        if s is None:
+            raise RequestError(f"unknown session {session!r}", status=404)
+        if s.job != job:
+            raise RequestError(f"session {session!r} belongs to job {s.job!r}, not {job!r}", status=422)
+        if s.state != OPEN:
+            raise RequestError(f"session {session!r} is already {s.state}; uploads are closed", status=409)
+        if rank not in s.expected and rank not in {w.rank for w in self.store.workers(job)}:
+            raise RequestError(f"rank {rank} is not registered for job {job!r} "
+                               f"(register the agent first)", status=422)
+        return s
+
+    def accept_patterns(self, ps: PatternSet) -> SessionRecord:
+        """Validate against the session and persist. Returns the session after the upload."""
+        with self._lock:
+            s = self._open_session_for(ps.session, ps.job, ps.rank)
+            self.store.put_patterns(ps, self.clock.now_ns())
+            if ps.rank not in s.expected:
+                self.store.update_session(s.session, expected=sorted({*s.expected, ps.rank}))
+            got = self.store.get_session(s.session)
+            assert got is not None
+            return got
+
+    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
+        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
+        now = self.clock.now_ns()
+        with self._lock:
+            if snap.session:
+                s = self._open_session_for(snap.session, snap.job, snap.rank)
+            else:
+                s, _ = self.trigger(snap.job, f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s", kind=HANG)
+                self._open_session_for(s.session, snap.job, snap.rank)
+            if s.kind != HANG:  # a hang during a slowdown session: no window will complete
+                deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
+                self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
+            self.store.put_hang_snapshot(snap, s.session, now)
+            got = self.store.get_session(s.session)
+            assert got is not None
+            return got
+
+    # ---------------------------------------------------------------- closing
+    def dead_ranks(self, s: SessionRecord) -> set[int]:
+        """Ranks whose latest heartbeat, received after the session opened, says the process is dead."""
+        return {h.rank for h in self.store.heartbeats(s.job) if not h.alive and h.received_ns >= s.opened_ns}
+
+    def is_complete(self, s: SessionRecord) -> bool:
+        if not s.expected:
+            return False
+        outstanding = set(s.missing) - self.dead_ranks(s)
+        return not outstanding and bool(s.uploaded)
+
+    def due(self) -> list[SessionRecord]:
+        """Open sessions that are complete or past their deadline."""
+        now = self.clock.now_ns()
+        return [s for s in self.store.sessions(states=(OPEN,)) if now >= s.deadline_ns or self.is_complete(s)]
+
+    def next_deadline_ns(self) -> int | None:
+        return min((s.deadline_ns for s in self.store.sessions(states=(OPEN,))), default=None)
+
+    def begin_localizing(self, session: str) -> SessionRecord | None:
+        """open -> localizing, once. None if the session is not open (another caller took it)."""
+        with self._lock:
+            s = self.store.get_session(session)
+            if s is None or s.state != OPEN:
+                return None
+            self.store.update_session(session, state=LOCALIZING)
+            return dataclasses.replace(s, state=LOCALIZING)
+
+    def build_report(self, s: SessionRecord, localize_options: object | None = None) -> Report:
+        """The CPU-heavy step (run it in an executor): localize the stored uploads of a session."""
+        if s.kind == HANG:
+            return build_hang_report(s, self.store.hang_snapshots(s.session), self.store.heartbeats(s.job),
+                                     self.clock.now_ns())
+        sets = self.store.pattern_sets(s.session)
+        missing = tuple(r for r in s.expected if r not in {p.rank for p in sets})
+        if not sets:
+            return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
+                          trigger_reason=s.reason, window_s=s.window_s, ranks_reported=(),
+                          ranks_missing=missing, status="partial",
+                          summary="no worker uploaded patterns before the deadline")
+        from localizer.localize import localize  # lazy: the numpy/statsmodels stage
+
+        report = localize(sets, localize_options)  # type: ignore[arg-type]
+        return dataclasses.replace(
+            report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
+            ranks_missing=missing, status="partial" if missing else report.status)
+
+    def finish(self, session: str, report: Report) -> None:
+        with self._lock:
+            self.store.put_report(report)
+            self.store.update_session(session, state=DONE, closed_ns=self.clock.now_ns())
+        log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
+                 report.status, len(report.findings), list(report.ranks_missing))
+
+    def fail(self, session: str, error: str) -> None:
+        with self._lock:
+            self.store.update_session(session, state=FAILED, closed_ns=self.clock.now_ns(), error=error[:2000])
+        log.error("session %s failed: %s", session, error)
+
+    def localize_now(self, session: str, localize_options: object | None = None) -> SessionRecord | None:
+        """Synchronously localize one due session (tests and single-threaded callers)."""
+        s = self.begin_localizing(session)
+        if s is None:
+            return None
+        try:
+            self.finish(session, self.build_report(s, localize_options))
+        except Exception as exc:  # noqa: BLE001 - a failed localization must not kill the service
+            self.fail(session, f"{type(exc).__name__}: {exc}")
+        return self.store.get_session(session)
+
+
+def liveness(heartbeats: Sequence[HeartbeatRecord], now_ns: int) -> dict[int, str]:
+    """A short liveness note per rank from the latest heartbeats."""
+    notes = {}
+    for h in heartbeats:
+        age_s = (now_ns - h.received_ns) / 1e9
+        if not h.alive:
+            notes[h.rank] = "process dead"
+        else:
+            notes[h.rank] = f"alive, last heartbeat {age_s:.0f} s ago, phase {h.phase or '?'}, idle {h.last_event_age_s:.0f} s"
+    return notes
+
+
+def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
+                      heartbeats: Sequence[HeartbeatRecord], now_ns: int,
+                      options: object | None = None) -> Report:
+    """The hang seam: snapshots + liveness -> a Report of kind "hang" via localizer.hang.localize_hang."""
+    got = {snap.rank for snap in snapshots}
+    live = liveness(heartbeats, now_ns)
+    silent: Mapping[int, str] = {r: live.get(r, "no heartbeat") for r in s.expected if r not in got}
+    from localizer.hang import localize_hang  # lazy: owned by the hangs stage
+
+    report = localize_hang(list(snapshots), silent, list(s.expected), options)
+    if report is None:
+        return Report(job=s.job, session=s.session, kind=HANG, created_ns=time.time_ns(),
+                      trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
+                      ranks_missing=tuple(sorted(silent)), status="resolved",
+                      summary="the snapshots show no hang: the ranks were making progress")
+    return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)

@@ -1,0 +1,326 @@
+"""The localizer's store: one sqlite file in WAL mode.
+
+Every row carries ``schema_version``. Writes commit before the method returns, so the service
+acknowledges an upload only after it is on disk (``synchronous=FULL``): a localizer restart, even a
+``kill -9``, loses nothing that was acknowledged.
+
+Tables: ``agents`` and ``workers`` (registrations), ``sessions``, ``patterns`` (one PatternSet per
+session and rank, stored as ``PatternSet.to_bytes()``), ``hang_snapshots``, ``heartbeats`` (latest
+per rank) and ``reports``. Nothing read back is unpickled: bodies are JSON or zlib-compressed JSON
+and go through the model's ``from_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perftracker.errors import PerftrackerError, SchemaError
+from perftracker.model import HangSnapshot, PatternSet, Report
+
+log = logging.getLogger(__name__)
+
+STORE_SCHEMA_VERSION = 1
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS agents (
+    job TEXT NOT NULL, agent_id TEXT NOT NULL, host TEXT NOT NULL,
+    registered_ns INTEGER NOT NULL, last_seen_ns INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, PRIMARY KEY (job, agent_id));
+CREATE TABLE IF NOT EXISTS workers (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, local_rank INTEGER NOT NULL,
+    world_size INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, host TEXT NOT NULL,
+    registered_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL, PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS sessions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL UNIQUE, job TEXT NOT NULL,
+    kind TEXT NOT NULL, reason TEXT NOT NULL, window_s REAL NOT NULL, state TEXT NOT NULL,
+    opened_ns INTEGER NOT NULL, deadline_ns INTEGER NOT NULL, closed_ns INTEGER NOT NULL DEFAULT 0,
+    expected TEXT NOT NULL, joins INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '',
+    schema_version INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS sessions_job ON sessions (job, state);
+CREATE TABLE IF NOT EXISTS patterns (
+    session TEXT NOT NULL, rank INTEGER NOT NULL, body BLOB NOT NULL, received_ns INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, PRIMARY KEY (session, rank));
+CREATE TABLE IF NOT EXISTS hang_snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, session TEXT NOT NULL,
+    rank INTEGER NOT NULL, taken_ns INTEGER NOT NULL, body TEXT NOT NULL,
+    received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS hang_session ON hang_snapshots (session, rank);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, iteration INTEGER NOT NULL,
+    phase TEXT NOT NULL, last_event_age_s REAL NOT NULL, alive INTEGER NOT NULL,
+    iteration_ms REAL NOT NULL, received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL,
+    PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS reports (
+    session TEXT PRIMARY KEY, job TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    created_ns INTEGER NOT NULL, body TEXT NOT NULL, schema_version INTEGER NOT NULL);
+"""
+
+
+class StoreError(PerftrackerError):
+    """The store file cannot be opened or written (disk full, wrong version, not a database)."""
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One registered worker."""
+
+    job: str
+    rank: int
+    agent_id: str
+    local_rank: int
+    world_size: int
+    pid: int
+    tid: int
+    host: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
+                "pid": self.pid, "tid": self.tid, "host": self.host, "agent_id": self.agent_id}
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """One session row. Times are wall-clock ns (they survive a restart)."""
+
+    seq: int
+    session: str
+    job: str
+    kind: str  # "slowdown" | "hang"
+    reason: str
+    window_s: float
+    state: str  # "open" | "localizing" | "done" | "failed"
+    opened_ns: int
+    deadline_ns: int
+    closed_ns: int = 0
+    expected: tuple[int, ...] = ()
+    joins: int = 0
+    error: str = ""
+    uploaded: tuple[int, ...] = field(default=())
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        got = set(self.uploaded)
+        return tuple(r for r in self.expected if r not in got)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": STORE_SCHEMA_VERSION, "session": self.session, "job": self.job,
+            "kind": self.kind, "reason": self.reason, "window_s": self.window_s, "state": self.state,
+            "opened_ns": self.opened_ns, "deadline_ns": self.deadline_ns, "closed_ns": self.closed_ns,
+            "expected": list(self.expected), "uploaded": list(self.uploaded),
+            "missing": list(self.missing), "joins": self.joins, "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class HeartbeatRecord:
+    job: str
+    rank: int
+    agent_id: str
+    iteration: int
+    phase: str
+    last_event_age_s: float
+    alive: bool
+    iteration_ms: float
+    received_ns: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "agent_id": self.agent_id, "iteration": self.iteration,
+                "phase": self.phase, "last_event_age_s": self.last_event_age_s, "alive": self.alive,
+                "iteration_ms": self.iteration_ms, "received_ns": self.received_ns}
+
+
+_SESSION_COLS = ("seq, session, job, kind, reason, window_s, state, opened_ns, deadline_ns, "
+                 "closed_ns, expected, joins, error")
+
+
+class Store:
+    """A thread-safe handle on one sqlite store. Every write commits before it returns."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
+                                       timeout=30.0)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.executescript(_DDL)
+            self._check_version()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: cannot open the localizer store ({exc})") from None
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot create the localizer store ({exc})") from None
+
+    def _check_version(self) -> None:
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(STORE_SCHEMA_VERSION),))
+        elif int(row[0]) != STORE_SCHEMA_VERSION:
+            raise SchemaError(f"{self.path}: store schema_version {row[0]} is not supported "
+                              f"(this perftracker reads {STORE_SCHEMA_VERSION})")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.OperationalError as exc:  # disk full, I/O error, locked
+                raise StoreError(f"{self.path}: write failed ({exc})") from None
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, tuple(args)).fetchall()
+
+    # ---------------------------------------------------------------- registrations
+    def register(self, job: str, agent_id: str, host: str, workers: Sequence[WorkerRecord],
+                 now_ns: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO agents VALUES (?,?,?,?,?,?) ON CONFLICT(job, agent_id) DO UPDATE SET "
+                "host=excluded.host, last_seen_ns=excluded.last_seen_ns",
+                (job, agent_id, host, now_ns, now_ns, STORE_SCHEMA_VERSION))
+            db.executemany(
+                "INSERT OR REPLACE INTO workers VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(job, w.rank, agent_id, w.local_rank, w.world_size, w.pid, w.tid, w.host, now_ns,
+                  STORE_SCHEMA_VERSION) for w in workers])
+
+    def workers(self, job: str) -> list[WorkerRecord]:
+        rows = self._query("SELECT job, rank, agent_id, local_rank, world_size, pid, tid, host "
+                           "FROM workers WHERE job=? ORDER BY rank", (job,))
+        return [WorkerRecord(*r) for r in rows]
+
+    def jobs(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT DISTINCT job FROM agents ORDER BY job")]
+
+    def touch_agent(self, job: str, agent_id: str, now_ns: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE agents SET last_seen_ns=? WHERE job=? AND agent_id=?", (now_ns, job, agent_id))
+
+    # ---------------------------------------------------------------- heartbeats
+    def put_heartbeats(self, beats: Sequence[HeartbeatRecord]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO heartbeats VALUES (?,?,?,?,?,?,?,?,?,?)",
+                [(b.job, b.rank, b.agent_id, b.iteration, b.phase, b.last_event_age_s, int(b.alive),
+                  b.iteration_ms, b.received_ns, STORE_SCHEMA_VERSION) for b in beats])
+
+    def heartbeats(self, job: str) -> list[HeartbeatRecord]:
+        rows = self._query("SELECT job, rank, agent_id, iteration, phase, last_event_age_s, alive, "
+                           "iteration_ms, received_ns FROM heartbeats WHERE job=? ORDER BY rank", (job,))
+        return [HeartbeatRecord(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    # ---------------------------------------------------------------- sessions
+    def insert_session(self, s: SessionRecord) -> SessionRecord:
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO sessions (session, job, kind, reason, window_s, state, opened_ns, "
+                "deadline_ns, closed_ns, expected, joins, error, schema_version) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (s.session, s.job, s.kind, s.reason, s.window_s, s.state, s.opened_ns, s.deadline_ns,
+                 s.closed_ns, json.dumps(list(s.expected)), s.joins, s.error, STORE_SCHEMA_VERSION))
+            seq = int(cur.lastrowid or 0)
+        return dataclasses.replace(s, seq=seq)
+
+    def update_session(self, session: str, **values: Any) -> None:
+        allowed = {"kind", "state", "deadline_ns", "closed_ns", "expected", "joins", "error"}
+        bad = set(values) - allowed
+        if bad:
+            raise ValueError(f"cannot update session fields {sorted(bad)}")
+        if "expected" in values:
+            values["expected"] = json.dumps(sorted(int(r) for r in values["expected"]))
+        cols = ", ".join(f"{k}=?" for k in values)
+        with self._tx() as db:
+            db.execute(f"UPDATE sessions SET {cols} WHERE session=?", (*values.values(), session))
+
+    def _session_from_row(self, r: tuple[Any, ...]) -> SessionRecord:
+        uploaded = tuple(x[0] for x in self._query(
+            "SELECT rank FROM patterns WHERE session=? UNION SELECT rank FROM hang_snapshots "
+            "WHERE session=? ORDER BY rank", (r[1], r[1])))
+        return SessionRecord(seq=r[0], session=r[1], job=r[2], kind=r[3], reason=r[4], window_s=r[5],
+                             state=r[6], opened_ns=r[7], deadline_ns=r[8], closed_ns=r[9],
+                             expected=tuple(json.loads(r[10])), joins=r[11], error=r[12],
+                             uploaded=uploaded)
+
+    def get_session(self, session: str) -> SessionRecord | None:
+        rows = self._query(f"SELECT {_SESSION_COLS} FROM sessions WHERE session=?", (session,))
+        return self._session_from_row(rows[0]) if rows else None
+
+    def sessions(self, job: str | None = None, states: Sequence[str] = (), after_seq: int = 0,
+                 limit: int = 1000) -> list[SessionRecord]:
+        sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE seq > ?"
+        args: list[Any] = [after_seq]
+        if job is not None:
+            sql += " AND job=?"
+            args.append(job)
+        if states:
+            sql += f" AND state IN ({','.join('?' * len(states))})"
+            args.extend(states)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(limit)
+        return [self._session_from_row(r) for r in self._query(sql, args)]
+
+    # ---------------------------------------------------------------- patterns and snapshots
+    def put_patterns(self, ps: PatternSet, now_ns: int) -> None:
+        """Persist one worker's patterns (a repeat upload of the same rank replaces the old one)."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO patterns VALUES (?,?,?,?,?)",
+                       (ps.session, ps.rank, ps.to_bytes(), now_ns, STORE_SCHEMA_VERSION))
+
+    def pattern_ranks(self, session: str) -> list[int]:
+        return [r[0] for r in self._query("SELECT rank FROM patterns WHERE session=? ORDER BY rank", (session,))]
+
+    def pattern_sets(self, session: str) -> list[PatternSet]:
+        rows = self._query("SELECT body, schema_version FROM patterns WHERE session=? ORDER BY rank", (session,))
+        return [PatternSet.from_bytes(bytes(body)) for body, _ in rows]
+
+    def put_hang_snapshot(self, snap: HangSnapshot, session: str, now_ns: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO hang_snapshots (job, session, rank, taken_ns, body, received_ns, "
+                       "schema_version) VALUES (?,?,?,?,?,?,?)",
+                       (snap.job, session, snap.rank, snap.taken_ns, json.dumps(snap.to_dict()), now_ns,
+                        STORE_SCHEMA_VERSION))
+
+    def hang_snapshots(self, session: str) -> list[HangSnapshot]:
+        """The latest snapshot per rank for a session."""
+        rows = self._query("SELECT rank, body FROM hang_snapshots WHERE session=? ORDER BY id", (session,))
+        latest: dict[int, str] = {}
+        for rank, body in rows:
+            latest[rank] = body
+        return [HangSnapshot.from_dict(json.loads(latest[r])) for r in sorted(latest)]
+
+    # ---------------------------------------------------------------- reports
+    def put_report(self, report: Report) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO reports VALUES (?,?,?,?,?,?,?)",
+                       (report.session, report.job, report.kind, report.status, report.created_ns,
+                        json.dumps(report.to_dict()), STORE_SCHEMA_VERSION))
+
+    def get_report(self, session: str) -> Report | None:
+        rows = self._query("SELECT body FROM reports WHERE session=?", (session,))
+        return Report.from_dict(json.loads(rows[0][0])) if rows else None
+
+    def get_report_dict(self, session: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT body FROM reports WHERE session=?", (session,))
+        return json.loads(rows[0][0]) if rows else None
