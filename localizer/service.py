@@ -1,0 +1,369 @@
+"""The localizer HTTP service (aiohttp): JSON under /v1/, bearer-token auth, size limit, sessions.
+
+Every request except ``GET /v1/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
+Bodies over ``max_body_bytes`` get 413 before they are read. Bodies are JSON, or for patterns
+zlib-compressed JSON (``application/x-perftracker-patterns+zlib``, inflated with a bound); they go
+through the request schemas in ``localizer.validate`` and the model's ``from_dict``. Nothing from
+the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status.
+
+An upload is acknowledged only after the store committed it. Localization runs in a one-thread
+executor so that the event loop keeps answering while a session is localized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import signal
+import zlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from localizer.sessions import SessionManager, SessionOptions
+from localizer.store import Store
+from localizer.validate import (
+    RequestError,
+    parse_heartbeat,
+    parse_name,
+    parse_registration,
+    parse_timeout,
+    parse_trigger,
+)
+from perftracker.clock import Clock
+from perftracker.errors import PerftrackerError, SchemaError
+from perftracker.model import HangSnapshot, PatternSet
+
+log = logging.getLogger(__name__)
+
+PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
+API_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    max_body_bytes: int = 2 * 1024 * 1024  # on the wire
+    max_inflated_bytes: int = 16 * 1024 * 1024  # after zlib
+    max_poll_s: float = 60.0  # longest long poll
+    check_interval_s: float = 0.25  # how often deadlines are checked
+    sessions: SessionOptions = field(default_factory=SessionOptions)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+class LocalizerService:
+    """The aiohttp application and its background deadline checker."""
+
+    def __init__(self, store: Store, token: str, options: ServiceOptions | None = None,
+                 clock: Clock | None = None, localize_options: object | None = None) -> None:
+        if not token:
+            raise PerftrackerError("the localizer needs a bearer token (--token, PERFTRACKER_TOKEN or a token file)")
+        self.store = store
+        self.options = options or ServiceOptions()
+        self.sessions = SessionManager(store, clock, self.options.sessions)
+        self.localize_options = localize_options
+        self._token = token.encode()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._localizing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._checker: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.app = self._build_app()
+
+    # ---------------------------------------------------------------- app
+    def _build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors, self._auth],
+                              client_max_size=self.options.max_body_bytes)
+        r = app.router
+        r.add_get("/v1/healthz", self.healthz)
+        r.add_post("/v1/agents/register", self.register)
+        r.add_post("/v1/heartbeat", self.heartbeat)
+        r.add_get("/v1/jobs", self.jobs)
+        r.add_get("/v1/jobs/{job}/triggers", self.poll_trigger)
+        r.add_post("/v1/jobs/{job}/triggers", self.create_trigger)
+        r.add_post("/v1/sessions/{session}/patterns", self.upload_patterns)
+        r.add_post("/v1/hang-snapshots", self.upload_hang_snapshot)
+        r.add_get("/v1/sessions", self.list_sessions)
+        r.add_get("/v1/sessions/{session}", self.get_session)
+        r.add_get("/v1/sessions/{session}/report", self.get_report)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return _error(exc.status, str(exc))
+        except SchemaError as exc:
+            return _error(422, str(exc))
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body larger than {self.options.max_body_bytes} bytes")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _error(exc.status, exc.reason)
+            raise
+        except PerftrackerError as exc:  # store errors: disk full, I/O
+            log.error("%s %s: %s", request.method, request.path, exc)
+            return _error(503, str(exc))
+        except Exception:  # noqa: BLE001 - never let one request take the service down
+            log.exception("%s %s failed", request.method, request.path)
+            return _error(500, "internal error (see the localizer log)")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/v1/healthz":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+            resp = _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
+            return resp
+        length = request.content_length
+        if length is not None and length > self.options.max_body_bytes:
+            return _error(413, f"request body of {length} bytes is larger than {self.options.max_body_bytes}")
+        return await handler(request)
+
+    async def _json(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"body is not valid JSON ({exc})") from None
+
+    def _wake(self, job: str) -> None:
+        ev = self._waiters.pop(job, None)
+        if ev is not None:
+            ev.set()
+
+    # ---------------------------------------------------------------- lifecycle
+    async def _on_startup(self, app: web.Application) -> None:
+        self.sessions.recover()
+        self._checker = asyncio.get_running_loop().create_task(self._check_deadlines())
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checker
+        for t in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(t, 30)
+        for ev in self._waiters.values():
+            ev.set()
+        self._executor.shutdown(wait=True)
+
+    async def _check_deadlines(self) -> None:
+        while True:
+            try:
+                for s in self.sessions.due():
+                    self._schedule_localize(s.session)
+            except Exception:  # noqa: BLE001 - keep checking
+                log.exception("deadline check failed")
+            await asyncio.sleep(self.options.check_interval_s)
+
+    def _schedule_localize(self, session: str) -> None:
+        if session in self._localizing:
+            return
+        self._localizing.add(session)
+        task = asyncio.get_running_loop().create_task(self._localize(session))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _localize(self, session: str) -> None:
+        try:
+            s = self.sessions.begin_localizing(session)
+            if s is None:
+                return
+            loop = asyncio.get_running_loop()
+            try:
+                report = await loop.run_in_executor(self._executor, self.sessions.build_report, s,
+                                                    self.localize_options)
+            except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
+                log.exception("localizing session %s failed", session)
+                self.sessions.fail(session, f"{type(exc).__name__}: {exc}")
+                return
+            self.sessions.finish(session, report)
+        finally:
+            self._localizing.discard(session)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Start listening; returns the bound port."""
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, backlog=4096, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ---------------------------------------------------------------- handlers
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "api_version": API_VERSION,
+                                  "localizing": len(self._localizing)})
+
+    async def register(self, request: web.Request) -> web.Response:
+        reg = parse_registration(await self._json(request))
+        grown = self.sessions.register(reg)
+        trig = self.sessions.next_trigger(reg.job)
+        return web.json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
+                                  "ranks": [w.rank for w in reg.workers], "sessions_grown": grown,
+                                  "open_session": trig.to_dict() if trig else None})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        self.sessions.heartbeat(parse_heartbeat(await self._json(request)))
+        return web.json_response({"ok": True})
+
+    async def jobs(self, request: web.Request) -> web.Response:
+        return web.json_response({"jobs": self.store.jobs()})
+
+    async def poll_trigger(self, request: web.Request) -> web.StreamResponse:
+        job = parse_name(request.match_info["job"], "job")
+        after = request.query.get("after") or None
+        if after is not None:
+            after = parse_name(after, "after")
+        timeout_s = parse_timeout(request.query.get("timeout_s"), self.options.max_poll_s)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while True:
+            ev = self._waiters.setdefault(job, asyncio.Event())
+            trig = self.sessions.next_trigger(job, after)
+            if trig is not None:
+                return web.json_response(trig.to_dict())
+            left = end - loop.time()
+            if left <= 0:
+                return web.Response(status=204)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ev.wait(), left)
+
+    async def create_trigger(self, request: web.Request) -> web.Response:
+        job = parse_name(request.match_info["job"], "job")
+        req = parse_trigger(await self._json(request))
+        kind = "hang" if req.reason.startswith("hang") else "slowdown"
+        s, joined = self.sessions.trigger(job, req.reason, req.window_s, kind=kind)
+        self._wake(job)
+        return web.json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
+                                  "reason": s.reason, "kind": s.kind, "expected": list(s.expected)},
+                                 status=200 if joined else 201)
+
+    async def upload_patterns(self, request: web.Request) -> web.Response:
+        session = parse_name(request.match_info["session"], "session")
+        raw = await request.read()
+        if request.content_type == PATTERNS_ZLIB:
+            d = self._inflate_json(raw)
+        else:
+            try:
+                d = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise RequestError(f"body is not valid JSON ({exc})") from None
+        try:
+            ps = PatternSet.from_dict(d)
+        except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
+            raise RequestError(f"PatternSet: bad shape ({exc})", status=422) from None
+        if ps.session != session:
+            raise RequestError(f"PatternSet.session {ps.session!r} does not match the URL's session {session!r}",
+                               status=422)
+        s = self.sessions.accept_patterns(ps)  # committed to the store before we answer
+        if self.sessions.is_complete(s):
+            self._schedule_localize(s.session)
+        return web.json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
+                                  "uploaded": len(s.uploaded), "expected": len(s.expected)})
+
+    def _inflate_json(self, raw: bytes) -> Any:
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(raw, self.options.max_inflated_bytes)
+        except zlib.error as exc:
+            raise RequestError(f"body is not zlib data ({exc})") from None
+        if inflater.unconsumed_tail:
+            raise RequestError(f"body inflates past {self.options.max_inflated_bytes} bytes", status=413)
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestError(f"inflated body is not valid JSON ({exc})") from None
+
+    async def upload_hang_snapshot(self, request: web.Request) -> web.Response:
+        d = await self._json(request)
+        try:
+            snap = HangSnapshot.from_dict(d)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise RequestError(f"HangSnapshot: bad shape ({exc})", status=422) from None
+        parse_name(snap.job, "job")
+        s = self.sessions.accept_hang_snapshot(snap)
+        self._wake(snap.job)
+        if self.sessions.is_complete(s):
+            self._schedule_localize(s.session)
+        return web.json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
+
+    async def list_sessions(self, request: web.Request) -> web.Response:
+        job = request.query.get("job") or None
+        if job is not None:
+            job = parse_name(job, "job")
+        recs = self.store.sessions(job=job)
+        return web.json_response({"sessions": [s.to_dict() for s in recs]})
+
+    async def get_session(self, request: web.Request) -> web.Response:
+        session = parse_name(request.match_info["session"], "session")
+        s = self.store.get_session(session)
+        if s is None:
+            return _error(404, f"unknown session {session!r}")
+        return web.json_response(s.to_dict())
+
+    async def get_report(self, request: web.Request) -> web.Response:
+        session = parse_name(request.match_info["session"], "session")
+        s = self.store.get_session(session)
+        if s is None:
+            return _error(404, f"unknown session {session!r}")
+        body = self.store.get_report_dict(session)
+        if body is not None:
+            return web.json_response(body)
+        if s.state == "failed":
+            return _error(409, f"session {session!r} failed: {s.error}", state=s.state)
+        return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
+                                  "deadline_ns": s.deadline_ns}, status=202)
+
+
+def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,
+                on_ready: Callable[[str], None] | None = None) -> None:
+    """Run the service until SIGINT/SIGTERM. ``on_ready(url)`` is called once it listens."""
+
+    async def main() -> None:
+        store = Store(store_path)
+        service = LocalizerService(store, token, options)
+        bound = await service.start(host, port)
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
+        log.info("localizer listening on %s (store %s)", url, store_path)
+        if on_ready is not None:
+            on_ready(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await stop.wait()
+        finally:
+            await service.stop()
+            store.close()
+
+    asyncio.run(main())

@@ -1,0 +1,167 @@
+"""The localizer service over real sockets: a `perftracker localizer` subprocess and the agent uplink."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.uplink import TriggerNotice, Uplink, UplinkError
+from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
+
+HAVE_LOCALIZE = importlib.util.find_spec("localizer.localize") is not None
+
+
+@pytest.fixture(scope="module")
+def localizer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalizerProcess]:
+    tmp = tmp_path_factory.mktemp("loc")
+    proc = LocalizerProcess(tmp, tmp / "store.sqlite", extra=["--window-s", "0.5", "--collect-grace-s", "1.5"],
+                            max_body_bytes=64 * 1024)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def _raw(url: str, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def _wait_report(up: Uplink, session: str, timeout_s: float = 20.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        s = up.get_session(session)
+        if s["state"] in ("done", "failed"):
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"session {session} did not close: {up.get_session(session)}")
+
+
+def test_unauthenticated_requests_get_401(localizer: LocalizerProcess) -> None:
+    assert _raw(localizer.url + "/v1/healthz")[0] == 200  # probes need no token
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                    {"Authorization": "Bearer"}):
+        status, body = _raw(localizer.url + "/v1/sessions", headers=headers)
+        assert status == 401 and "bearer token" in body["error"]
+    status, _ = _raw(localizer.url + "/v1/agents/register", "POST", b'{"job": "j"}', {"Authorization": "Bearer nope"})
+    assert status == 401
+    with pytest.raises(UplinkError) as e:
+        Uplink(localizer.url, "wrong-token").list_sessions()
+    assert e.value.status == 401
+    status, body = _raw(localizer.url + "/v1/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert status == 200 and isinstance(body["sessions"], list)
+
+
+def test_trigger_long_poll_upload_and_report(localizer: LocalizerProcess) -> None:
+    up = Uplink(localizer.url, TOKEN)
+    reg = up.register("job-a", "agent-0", "node0", workers(range(4), 4))
+    assert reg["ranks"] == [0, 1, 2, 3] and reg["open_session"] is None
+    assert up.poll_trigger("job-a", timeout_s=0.2) is None  # 204 after the timeout
+
+    got: list[TriggerNotice | None] = []
+    poller = threading.Thread(target=lambda: got.append(up.poll_trigger("job-a", timeout_s=10)))
+    poller.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    session, joined = up.create_trigger("job-a", "cli", window_s=0.5)
+    poller.join(10)
+    assert not joined and got and got[0] is not None and got[0].session == session
+    assert time.monotonic() - t0 < 2.0  # the long poll woke on the trigger, not on its timeout
+    assert up.create_trigger("job-a", "again") == (session, True)
+    assert up.poll_trigger("job-a", after=session, timeout_s=0.1) is None
+
+    for rank in range(4):
+        ack = up.upload_patterns(make_pattern_set("job-a", session, rank, 4, slow=rank == 2), compressed=rank % 2 == 0)
+        assert ack["stored"] and ack["rank"] == rank and ack["uploaded"] == rank + 1
+    s = _wait_report(up, session)
+    assert s["uploaded"] == [0, 1, 2, 3] and s["missing"] == []
+    assert [x["session"] for x in up.list_sessions("job-a")] == [session]
+    if HAVE_LOCALIZE:
+        assert s["state"] == "done", s["error"]
+        report = up.get_report(session)
+        assert report is not None and report.session == session and report.status == "complete"
+        assert set(report.ranks_reported) == {0, 1, 2, 3}
+    else:
+        assert s["state"] == "failed" and "localizer.localize" in s["error"]
+        with pytest.raises(UplinkError) as e:
+            up.get_report(session)
+        assert e.value.status == 409
+
+
+def test_deadline_closes_partial_and_names_missing_ranks(localizer: LocalizerProcess) -> None:
+    up = Uplink(localizer.url, TOKEN)
+    up.register("job-b", "agent-0", "node0", workers(range(2), 3))  # rank 2's agent never registers
+    session, _ = up.create_trigger("job-b", "cli", window_s=0.5)
+    assert up.get_report(session) is None  # 202 while collecting
+    s = _wait_report(up, session)
+    assert s["missing"] == [0, 1, 2]
+    report = up.get_report(session)
+    assert report is not None and report.status == "partial" and report.ranks_missing == (0, 1, 2)
+
+
+def test_upload_errors_are_clear_4xx(localizer: LocalizerProcess) -> None:
+    up = Uplink(localizer.url, TOKEN)
+    up.register("job-c", "agent-0", "node0", workers(range(2), 2))
+    session, _ = up.create_trigger("job-c", "cli", window_s=30)
+    cases = [
+        (make_pattern_set("job-c", "no-such-session", 0, 2), 404, "unknown session"),
+        (make_pattern_set("job-c", session, 5, 6), 422, "rank 5 is not registered"),
+        (make_pattern_set("job-x", session, 0, 2), 422, "belongs to job"),
+    ]
+    for ps, status, msg in cases:
+        with pytest.raises(UplinkError, match=msg) as e:
+            up.upload_patterns(ps, compressed=False)
+        assert e.value.status == status
+    h = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    d = make_pattern_set("job-c", session, 0, 2).to_dict()
+    d["schema_version"] = 99
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", json.dumps(d).encode(), h)
+    assert status == 422 and "schema_version 99" in body["error"]
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", b"x" * 70_000, h)
+    assert status == 413
+    bomb = zlib.compress(b"[" * 20_000_000)  # a small body that inflates past the bound
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", bomb,
+                        {**h, "Content-Type": "application/x-perftracker-patterns+zlib"})
+    assert status == 413 and "inflates" in body["error"]
+    status, body = _raw(f"{localizer.url}/v1/agents/register", "POST", b'{"job": "a b", "agent_id": "x", "workers": []}', h)
+    assert status == 400 and "register.job" in body["error"]
+    status, body = _raw(f"{localizer.url}/v1/jobs/job-c/triggers", "POST", b'{"window_s": -1}', h)
+    assert status == 400 and "window_s" in body["error"]
+    assert up.get_session(session)["uploaded"] == []  # nothing bad was stored
+
+
+def test_restart_mid_session_loses_no_acknowledged_pattern(tmp_path: Path) -> None:
+    proc = LocalizerProcess(tmp_path, tmp_path / "store.sqlite", extra=["--collect-grace-s", "60"])
+    url = proc.start()
+    try:
+        up = Uplink(url, TOKEN, retries=40, backoff_s=0.1, max_backoff_s=0.5)
+        up.register("job-r", "agent-0", "node0", workers(range(3), 3))
+        session, _ = up.create_trigger("job-r", "cli", window_s=1)
+        acked = [r for r in (0, 1) if up.upload_patterns(make_pattern_set("job-r", session, r, 3))["stored"]]
+        proc.kill()  # SIGKILL: no clean shutdown, no flush
+        assert proc.proc is not None and proc.proc.returncode == -9
+        # bring it back on the same port with the same store while the agent retries
+        restarter = threading.Timer(0.5, proc.start)
+        restarter.start()
+        ack = up.upload_patterns(make_pattern_set("job-r", session, 2, 3))  # retried until the new process answers
+        restarter.join()
+        assert ack["stored"] and ack["uploaded"] == 3
+        s = _wait_report(up, session)
+        assert s["uploaded"] == [0, 1, 2] and acked == [0, 1]
+        if HAVE_LOCALIZE:
+            assert s["state"] == "done", s["error"]
+            report = up.get_report(session)
+            assert report is not None and set(report.ranks_reported) == {0, 1, 2} and report.status == "complete"
+    finally:
+        proc.stop()
