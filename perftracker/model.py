@@ -287,6 +287,9 @@ class HangSnapshot:
     last_event: str = ""  # kind of the last hook event ("dataloader.next", "optimizer.step", ...)
     session: str = ""
     schema_version: int = SCHEMA_VERSION
+    # the blocked thread's kernel state from procfs, "<state letter> <wchan>", e.g.
+    # "S futex_do_wait" (waiting on a lock/condition, e.g. a gloo work), "S hrtimer_nanosleep", "R"
+    kernel_state: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -303,6 +306,7 @@ class HangSnapshot:
             "current_op": self.current_op,
             "last_event": self.last_event,
             "session": self.session,
+            "kernel_state": self.kernel_state,
         }
 
     @classmethod
@@ -327,6 +331,7 @@ class HangSnapshot:
             current_op=_opt(d, "current_op", str, where, ""),
             last_event=_opt(d, "last_event", str, where, ""),
             session=_opt(d, "session", str, where, ""),
+            kernel_state=_opt(d, "kernel_state", str, where, ""),
         )
 
 

@@ -1,0 +1,331 @@
+"""Hang snapshots: what a blocked worker's training thread is doing, seen from the controller thread.
+
+``take_snapshot(runtime)`` runs in a thread other than the training thread. It only reads: the
+training thread's frame from ``sys._current_frames()``, the source text of the call in progress
+(``linecache``), the thread's kernel state from procfs and the runtime's counters. It never
+raises and never touches the training thread's state.
+
+The collective recognition below is grounded in stacks seen on torch 2.13 with gloo (see
+README "Hang diagnosis"):
+
+- a rank that waits in DDP's gradient allreduce shows no ``torch/distributed`` frame at all: its
+  innermost frame is ``torch/autograd/graph.py:_engine_run_backward`` (the C++ engine waits on
+  the reducer's future) and the thread sleeps in ``futex_do_wait``;
+- an explicit collective shows ``torch/distributed/c10d_logger.py:wrapper`` ->
+  ``torch/distributed/distributed_c10d.py:all_reduce`` (``barrier``, ``all_gather``, ...) at the
+  ``work.wait()`` line, also in ``futex_do_wait``;
+- a user ``work.wait()`` on an async collective shows only the user line.
+
+File names are normalized so that stacks compare across hosts: library files become
+``<lib>/torch/autograd/graph.py``, the standard library ``<stdlib>/threading.py``, perftracker's
+own files ``<perftracker>/hooks.py``, and user files are relative to the working directory when
+they lie under it.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Sequence
+from itertools import islice
+from types import FrameType
+from typing import Any
+
+from perftracker.model import Frame, HangSnapshot
+
+log = logging.getLogger(__name__)
+
+MAX_FRAMES = 128  # deeper stacks keep their innermost frames
+
+LIB_PREFIX = "<lib>/"
+STDLIB_PREFIX = "<stdlib>/"
+SELF_PREFIX = "<perftracker>/"
+
+# c10d / DDP function names shown in reports under a common collective name
+_COLLECTIVE_NAMES = {
+    "all_reduce": "allreduce",
+    "all_reduce_coalesced": "allreduce",
+    "all_gather": "allgather",
+    "all_gather_into_tensor": "allgather",
+    "all_gather_object": "allgather",
+    "_all_gather_base": "allgather",
+    "all_to_all": "alltoall",
+    "all_to_all_single": "alltoall",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "broadcast": "broadcast",
+    "broadcast_object_list": "broadcast",
+    "barrier": "barrier",
+    "monitored_barrier": "barrier",
+    "send": "send",
+    "recv": "recv",
+    "isend": "send",
+    "irecv": "recv",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce": "reduce",
+}
+# wrappers that sit between user code and the collective and say nothing themselves
+_WRAPPERS = {"wrapper", "_wrapper", "inner", "wrapped", "_fn", "__call__"}
+COLLECTIVE_PREFIX = "c10d "
+
+
+def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
+    """Snapshot the runtime's training thread. Call it from any other thread; it never raises.
+
+    ``runtime`` is a ``perftracker.runtime.Runtime`` (duck-typed: ``identity``, ``iteration``,
+    ``last_event()`` and optionally ``clock``).
+    """
+    ident = getattr(runtime, "identity", None)
+    taken_ns = time.time_ns()
+    stack: tuple[Frame, ...] = ()
+    current_op = ""
+    kernel_state = ""
+    native_tid = int(getattr(ident, "training_tid", 0) or 0)
+    try:
+        frame, native_tid = _training_frame(native_tid)
+        if frame is not None:
+            stack, call = _walk(frame)
+            kernel_state = read_kernel_state(os.getpid(), native_tid)
+            current_op = recognise_collective(stack, call, kernel_state, _distributed_active()) or call
+    except Exception:  # never disturb training: a partial snapshot beats none
+        log.warning("hang snapshot: could not read the training thread's stack", exc_info=True)
+    last_kind, idle_s = "", 0.0
+    try:
+        last = runtime.last_event()
+        if last is not None:
+            clock = getattr(runtime, "clock", None)
+            now_ns = clock.now_ns() if clock is not None else time.monotonic_ns()
+            last_kind, idle_s = str(last[0]), max(0.0, (now_ns - int(last[1])) / 1e9)
+    except Exception:
+        log.warning("hang snapshot: runtime.last_event() failed", exc_info=True)
+    try:
+        last_iteration = int(getattr(runtime, "iteration", -1))
+    except Exception:
+        last_iteration = -1
+    return HangSnapshot(
+        job=str(getattr(ident, "job", "") or ""),
+        rank=int(getattr(ident, "rank", 0) or 0),
+        world_size=int(getattr(ident, "world_size", 1) or 1),
+        host=str(getattr(ident, "host", "") or ""),
+        pid=int(getattr(ident, "pid", 0) or os.getpid()),
+        taken_ns=taken_ns,
+        last_iteration=last_iteration,
+        idle_s=round(idle_s, 3),
+        stack=stack,
+        current_op=current_op,
+        last_event=last_kind,
+        session=session,
+        kernel_state=kernel_state,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# reading the training thread
+# --------------------------------------------------------------------------------------------
+
+
+def _training_frame(native_tid: int) -> tuple[FrameType | None, int]:
+    """The training thread's current frame and its native id (the main thread by default)."""
+    target = threading.main_thread()
+    if native_tid:
+        for t in threading.enumerate():
+            if t.native_id == native_tid:
+                target = t
+                break
+    frames = sys._current_frames()
+    frame = frames.get(target.ident) if target.ident is not None else None
+    return frame, int(target.native_id or native_tid or 0)
+
+
+def _walk(frame: FrameType) -> tuple[tuple[Frame, ...], str]:
+    """(stack outermost first, the call in progress at the innermost user frame)."""
+    inner_first: list[FrameType] = []
+    f: FrameType | None = frame
+    while f is not None and len(inner_first) < MAX_FRAMES:
+        inner_first.append(f)
+        f = f.f_back
+    stack = tuple(
+        Frame(normalize_path(fr.f_code.co_filename), int(fr.f_lineno or 0), fr.f_code.co_name)
+        for fr in reversed(inner_first)
+    )
+    call = ""
+    for fr, fd in zip(inner_first, reversed(stack), strict=True):
+        if is_user_frame(fd):
+            call = call_in_progress(fr)
+            break
+    return stack, call
+
+
+def call_in_progress(frame: FrameType) -> str:
+    """The callee of the expression the frame is evaluating, e.g. ``time.sleep``; "" if unknown.
+
+    Uses the code object's column table (``co_positions``) at ``f_lasti`` and the source line.
+    """
+    try:
+        pos = next(islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None)
+        if pos is None:
+            return ""
+        line, end_line, col, end_col = pos
+        if line is None or col is None or end_col is None or line != end_line:
+            return ""
+        src = linecache.getline(frame.f_code.co_filename, line).encode()
+        text = src[col:end_col].decode(errors="replace").strip()
+    except Exception:
+        return ""
+    return callee_of(text)
+
+
+def callee_of(expr: str) -> str:
+    """``time.sleep(100)`` -> ``time.sleep``; ``m(x).sum()`` -> ``m(x).sum``; non-calls -> ""."""
+    expr = expr.strip()
+    if not expr.endswith(")"):
+        return ""
+    depth = 0
+    for i in range(len(expr) - 1, -1, -1):
+        ch = expr[i]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            depth -= 1
+            if depth == 0:
+                callee = expr[:i].strip()
+                if len(callee) > 60:
+                    callee = "..." + callee[-57:]
+                return callee
+    return ""
+
+
+def read_kernel_state(pid: int, tid: int) -> str:
+    """``"<state> <wchan>"`` of one thread from procfs, e.g. ``"S futex_do_wait"``; "" if unreadable."""
+    if not tid:
+        return ""
+    base = f"/proc/{pid}/task/{tid}"
+    try:
+        with open(f"{base}/stat", "rb") as fh:
+            stat = fh.read().decode(errors="replace")
+        state = stat[stat.rindex(")") + 2:].split(" ", 1)[0]
+    except (OSError, ValueError):
+        return ""
+    try:
+        with open(f"{base}/wchan", "rb") as fh:
+            wchan = fh.read().decode(errors="replace").strip()
+    except OSError:
+        wchan = ""
+    if wchan in ("", "0"):
+        return state
+    return f"{state} {wchan}"
+
+
+def _distributed_active() -> bool:
+    """Whether a default process group exists, without importing torch.distributed."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# pure helpers, shared with localizer.hang
+# --------------------------------------------------------------------------------------------
+
+
+def normalize_path(path: str) -> str:
+    """Host-independent file names (see the module docstring)."""
+    if path.startswith("<"):
+        return path
+    p = path.replace("\\", "/")
+    for marker in ("/site-packages/", "/dist-packages/"):
+        i = p.rfind(marker)
+        if i >= 0:
+            rest = p[i + len(marker):]
+            if rest.startswith("perftracker/"):
+                return SELF_PREFIX + rest[len("perftracker/"):]
+            return LIB_PREFIX + rest
+    if _SELF_DIR and p.startswith(_SELF_DIR):
+        return SELF_PREFIX + p[len(_SELF_DIR):]
+    for stdlib in _STDLIB_DIRS:
+        if p.startswith(stdlib):
+            return STDLIB_PREFIX + p[len(stdlib):]
+    try:
+        cwd = os.getcwd().replace("\\", "/").rstrip("/") + "/"
+    except OSError:
+        cwd = ""
+    if cwd and p.startswith(cwd):
+        return p[len(cwd):]
+    return p
+
+
+def _stdlib_dirs() -> tuple[str, ...]:
+    dirs = []
+    for key in ("stdlib", "platstdlib"):
+        try:
+            d = sysconfig.get_paths()[key].replace("\\", "/").rstrip("/") + "/"
+        except (KeyError, OSError):
+            continue
+        if d not in dirs:
+            dirs.append(d)
+    return tuple(dirs)
+
+
+_STDLIB_DIRS = _stdlib_dirs()
+_SELF_DIR = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
+
+
+def is_user_frame(frame: Frame) -> bool:
+    """True for the training script's own code (not a library, the stdlib or perftracker)."""
+    return not frame.file.startswith("<")
+
+
+def innermost_user_frame(stack: Sequence[Frame]) -> Frame | None:
+    for fr in reversed(stack):
+        if is_user_frame(fr):
+            return fr
+    return None
+
+
+def is_collective(current_op: str) -> bool:
+    return current_op.startswith(COLLECTIVE_PREFIX)
+
+
+def recognise_collective(
+    stack: Sequence[Frame], call: str, kernel_state: str, distributed_active: bool
+) -> str:
+    """``"c10d <name>"`` if the thread waits in a collective, else "".
+
+    Only the frames inside the innermost user frame count: a rank that sleeps in its own
+    ``forward`` under DDP's ``forward`` is not in a collective.
+    """
+    inner: list[Frame] = []
+    for fr in reversed(stack):
+        if is_user_frame(fr):
+            break
+        inner.append(fr)  # innermost first
+    sleeping = not kernel_state or kernel_state.startswith(("S", "D"))
+    for fr in inner:
+        f = fr.file
+        if f.startswith(LIB_PREFIX + "torch/distributed/") and fr.function not in _WRAPPERS:
+            name = _COLLECTIVE_NAMES.get(fr.function, fr.function.lstrip("_"))
+            return COLLECTIVE_PREFIX + name
+        if f == LIB_PREFIX + "torch/nn/parallel/distributed.py" and fr.function not in _WRAPPERS:
+            return f"{COLLECTIVE_PREFIX}{fr.function.lstrip('_')} (DDP)"
+    if not distributed_active or not sleeping:
+        return ""
+    if inner and inner[0].file == LIB_PREFIX + "torch/autograd/graph.py" and inner[0].function.endswith(
+        "run_backward"
+    ):
+        # the autograd engine sleeping on a futex in a distributed job: DDP's reducer waits for
+        # its bucket allreduce (CPU backward itself runs on this thread, so it would be "R")
+        if not kernel_state or "futex" in kernel_state:
+            return COLLECTIVE_PREFIX + "allreduce (DDP backward)"
+    if not inner and call.split(".")[-1] in ("wait", "wait_stream", "synchronize"):
+        if not kernel_state or "futex" in kernel_state:
+            return COLLECTIVE_PREFIX + "wait (async work)"
+    return ""

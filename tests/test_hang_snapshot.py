@@ -1,0 +1,210 @@
+"""Hang snapshots: the training thread's stack, call in progress, kernel state and counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from localizer.hang import localize_hang
+from perftracker.clock import FakeClock
+from perftracker.hang import (
+    callee_of,
+    normalize_path,
+    recognise_collective,
+    take_snapshot,
+)
+from perftracker.model import Frame, HangSnapshot
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _runtime(clock: FakeClock | None = None, last: tuple[str, int] | None = ("optimizer.step", 0)) -> SimpleNamespace:
+    ident = SimpleNamespace(rank=2, world_size=4, local_rank=2, host="hostA", pid=os.getpid(),
+                            training_tid=threading.main_thread().native_id, job="job1")
+    return SimpleNamespace(identity=ident, iteration=301, clock=clock, last_event=lambda: last)
+
+
+def _stuck_in_forward(started: threading.Event, release: threading.Event) -> None:
+    started.set()
+    release.wait(10)  # the "training thread" blocks here
+
+
+def test_snapshot_of_a_blocked_thread_from_another_thread() -> None:
+    clock = FakeClock(start_ns=50 * 10**9)
+    rt = _runtime(clock, ("optimizer.step", 38 * 10**9))
+    started, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=_stuck_in_forward, args=(started, release))
+    worker.start()
+    try:
+        started.wait(5)
+        time.sleep(0.05)
+        rt.identity.training_tid = worker.native_id
+        snap = take_snapshot(rt, session="s9")
+    finally:
+        release.set()
+        worker.join()
+    assert snap.rank == 2 and snap.world_size == 4 and snap.job == "job1" and snap.host == "hostA"
+    assert snap.session == "s9" and snap.last_iteration == 301 and snap.last_event == "optimizer.step"
+    assert snap.idle_s == pytest.approx(12.0)
+    # outermost first, user frames relative to the cwd (the repo root under pytest) or absolute
+    funcs = [f.function for f in snap.stack]
+    assert funcs[-3:] == ["_stuck_in_forward", "wait", "wait"] and funcs[0] == "_bootstrap"  # Event/Condition
+    assert snap.stack[0].file == "<stdlib>/threading.py" and snap.stack[-1].file == "<stdlib>/threading.py"
+    assert snap.stack[-3].file.endswith("tests/test_hang_snapshot.py") and not snap.stack[-3].file.startswith("/")
+    assert snap.current_op == "release.wait"  # the call in progress at the innermost user frame
+    assert snap.kernel_state.startswith("S")  # sleeping on a futex (threading.Event)
+    assert HangSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+
+
+def test_snapshot_never_raises_on_a_broken_runtime() -> None:
+    def boom() -> None:
+        raise RuntimeError("runtime bug")
+
+    rt = SimpleNamespace(identity=None, iteration="x", last_event=boom)
+    snap = take_snapshot(rt)
+    assert snap.last_iteration == -1 and snap.idle_s == 0.0 and snap.last_event == ""
+    assert snap.stack and snap.stack[-1].function  # the main thread's stack (this test)
+    rt2 = _runtime(last=None)
+    assert take_snapshot(rt2).idle_s == 0.0
+
+
+def test_snapshot_is_fast() -> None:
+    rt = _runtime(FakeClock(10**9))
+    take_snapshot(rt)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        take_snapshot(rt)
+    assert (time.perf_counter() - t0) / 20 < 0.05
+
+
+def test_callee_of() -> None:
+    assert callee_of("time.sleep(100)") == "time.sleep"
+    assert callee_of("m(x).sum()") == "m(x).sum"
+    assert callee_of("torch.save({'a': (1, 2)}, path)") == "torch.save"
+    assert callee_of("loader") == ""
+    assert callee_of("f(") == ""
+
+
+def test_normalize_path() -> None:
+    assert normalize_path("/usr/lib/python3/dist-packages/torch/autograd/graph.py") == "<lib>/torch/autograd/graph.py"
+    assert normalize_path("/x/venv/lib/python3.11/site-packages/perftracker/hooks.py") == "<perftracker>/hooks.py"
+    assert normalize_path(str(REPO / "perftracker" / "hooks.py")) == "<perftracker>/hooks.py"
+    assert normalize_path(threading.__file__) == "<stdlib>/threading.py"
+    assert normalize_path(os.path.join(os.getcwd(), "examples", "train.py")) == "examples/train.py"
+    assert normalize_path("<frozen runpy>") == "<frozen runpy>"
+
+
+def test_recognise_collective_only_inside_the_innermost_user_frame() -> None:
+    user = Frame("train.py", 10, "step")
+    ddp = [Frame("<lib>/torch/nn/modules/module.py", 1, "_call_impl"),
+           Frame("<lib>/torch/nn/parallel/distributed.py", 2, "forward")]
+    # sleeping in user forward under DDP.forward: not a collective
+    assert recognise_collective([user, *ddp, Frame("train.py", 88, "forward")], "time.sleep", "S hrtimer_nanosleep", True) == ""
+    # DDP syncing buffers in its forward: a collective
+    assert recognise_collective([user, *ddp, Frame("<lib>/torch/nn/parallel/distributed.py", 3, "_sync_buffers")],
+                                "", "S futex_do_wait", True) == "c10d sync_buffers (DDP)"
+    backward = [user, Frame("<lib>/torch/_tensor.py", 623, "backward"),
+                Frame("<lib>/torch/autograd/graph.py", 979, "_engine_run_backward")]
+    assert recognise_collective(backward, "loss.backward", "S futex_do_wait", True) == "c10d allreduce (DDP backward)"
+    assert recognise_collective(backward, "loss.backward", "R", True) == ""  # computing, not waiting
+    assert recognise_collective(backward, "loss.backward", "S futex_do_wait", False) == ""  # no process group
+    explicit = [user, Frame("<lib>/torch/distributed/c10d_logger.py", 83, "wrapper"),
+                Frame("<lib>/torch/distributed/distributed_c10d.py", 3252, "all_reduce")]
+    assert recognise_collective(explicit, "dist.all_reduce", "S futex_do_wait", True) == "c10d allreduce"
+    assert recognise_collective([user], "work.wait", "S futex_do_wait", True) == "c10d wait (async work)"
+    assert recognise_collective([user], "time.sleep", "S hrtimer_nanosleep", True) == ""
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from types import SimpleNamespace
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from perftracker.hang import take_snapshot
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    out = sys.argv[1]
+    HANG_AT = 3
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 32)
+            self.b = torch.nn.Linear(32, 1)
+            self.it = 0
+
+        def forward(self, x):
+            if rank == 1 and self.it == HANG_AT:
+                time.sleep(600)
+            return self.b(torch.relu(self.a(x)))
+
+    state = SimpleNamespace(iteration=0, last=None)
+    runtime = SimpleNamespace(
+        identity=SimpleNamespace(rank=rank, world_size=2, local_rank=rank, host="h", pid=os.getpid(),
+                                 training_tid=threading.get_native_id(), job="j"),
+        last_event=lambda: state.last)
+    net = Net()
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def controller():
+        while state.iteration < HANG_AT:
+            time.sleep(0.05)
+        time.sleep(2.0)  # both ranks are blocked by now
+        runtime.iteration = state.iteration
+        snap = take_snapshot(runtime, session="t")
+        with open(os.path.join(out, f"snap{rank}.json"), "w") as fh:
+            json.dump(snap.to_dict(), fh)
+        os._exit(0)
+
+    threading.Thread(target=controller, daemon=True).start()
+    for it in range(10):
+        net.it = it
+        loss = model(torch.randn(16, 32)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        state.iteration = it + 1
+        state.last = ("optimizer.step", time.monotonic_ns())
+    time.sleep(30)
+    """
+)
+
+
+def test_real_gloo_ddp_hang_snapshots(tmp_path: Path, free_port: int) -> None:
+    """2 ranks, gloo, DDP: rank 1 sleeps in forward; rank 0 must be seen waiting in allreduce."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port), str(script), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snaps = [HangSnapshot.from_dict(json.loads((tmp_path / f"snap{r}.json").read_text())) for r in (0, 1)]
+    waiter, culprit = snaps
+    # what a gloo rank shows while its peer is missing in DDP backward (grounded, torch 2.13)
+    assert waiter.stack[-1] == Frame("<lib>/torch/autograd/graph.py", waiter.stack[-1].line, "_engine_run_backward")
+    assert "futex" in waiter.kernel_state
+    assert waiter.current_op == "c10d allreduce (DDP backward)"
+    assert culprit.stack[-1].file == "worker.py" and culprit.stack[-1].function == "forward"
+    assert culprit.current_op == "time.sleep" and culprit.kernel_state.startswith("S")
+    assert culprit.last_iteration == 3 and culprit.idle_s >= 1.5
+    report = localize_hang(snaps, {}, [0, 1])
+    assert report is not None
+    assert [s.rank for s in report.hang_states if s.state == "culprit"] == [1]
+    line = culprit.stack[-1].line
+    assert report.summary == (f"hang: rank 1 stopped at worker.py:{line} in forward (time.sleep) since "
+                              "iteration 3; all other ranks wait in c10d allreduce (DDP backward)")
