@@ -1,0 +1,252 @@
+"""Summarize one worker's raw window into its PatternSet (DESIGN.md section 5).
+
+Pipeline, all numpy over whole columns:
+  categorize (agent.categories) -> recognise DDP reducer waits (agent.victims)
+  -> nest per thread/stream and cut self-time segments (agent.timeline)
+  -> critical-path sweep (agent.critical_path) -> (β, μ, σ) per function (agent.patterns)
+
+Command line (one core, run by the agent as a subprocess)::
+
+    python -m agent.summarize RAW_FILE [--samples FILE] --out PATTERNS_FILE [--max-zero-run C]
+
+writes ``PatternSet.to_bytes()`` (or JSON when PATTERNS_FILE ends in ``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agent import categories as cat
+from agent.critical_path import critical_ns
+from agent.patterns import DEFAULT_MAX_ZERO_RUN, utilization
+from agent.timeline import nest, self_segments, stack_ids, stack_names
+from agent.victims import add_reducer_waits
+from perftracker.errors import InputError, PerftrackerError
+from perftracker.model import Pattern, PatternSet
+from perftracker.rawdata import EventKind, RawWindow, SampleSet, UtilSeries
+
+log = logging.getLogger(__name__)
+
+GC_KEY = "Python GC"
+
+
+@dataclass(frozen=True)
+class SummarizeOptions:
+    max_zero_run: int = DEFAULT_MAX_ZERO_RUN  # c of Algorithm 1, in samples
+    beta_floor: float = 1e-4  # functions below this share of the window are dropped
+    max_patterns: int = 256  # at most this many functions, highest β first
+    max_bytes: int = 10_000  # PatternSet.to_bytes() budget per worker
+    attribute_reducer_wait: bool = True  # CPU jobs: DDP reducer wait inside run_backward -> collective
+
+
+# resource series per category, first present wins: (GPU window, CPU-only window)
+_RESOURCES: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    cat.COMPUTE: (("sm",), ("cpu",)),
+    cat.MEMORY: (("pcie", "mem"), ("mem",)),
+    cat.COLLECTIVE: (("nvlink", "nic"), ("nic",)),
+    cat.PYTHON: (("cpu",), ("cpu",)),
+}
+
+
+def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries | None:
+    if samples is None:
+        return None
+    for name in _RESOURCES[level][0 if gpu else 1]:
+        s = samples.get(name)
+        if s is not None and len(s.t_ns):
+            return s
+    return None
+
+
+def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
+                     options: SummarizeOptions | None = None) -> PatternSet:
+    """Reduce one worker's window to its behavior patterns."""
+    opt = options or SummarizeOptions()
+    meta = raw.meta
+    window_ns = meta.window_end_ns - meta.window_start_ns
+    if window_ns <= 0:
+        raise InputError(f"raw window {meta.file or meta.session!r}: empty window "
+                         f"[{meta.window_start_ns}, {meta.window_end_ns}]")
+    kind = raw.col("kind").astype(np.int64)
+    tid = raw.col("tid").astype(np.int64)
+    device = raw.col("device").astype(np.int64)
+    start = raw.col("start_ns").astype(np.int64)
+    end = raw.col("end_ns").astype(np.int64)
+    stack_col = raw.col("stack_id").astype(np.int64)
+
+    # one normalized name table (per-process addresses removed)
+    norm_index: dict[str, int] = {}
+    norm_of_name = np.array([norm_index.setdefault(cat.normalize_name(x), len(norm_index)) for x in raw.names]
+                            or [0], dtype=np.int64)
+    names = list(norm_index)
+    name_id = norm_of_name[raw.col("name_id").astype(np.int64)] if len(raw) else np.zeros(0, dtype=np.int64)
+
+    gpu = bool(np.isin(kind, (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)).any())
+    role = cat.classify(kind, name_id, tuple(names), gpu).astype(np.int64)
+    on_training = (tid == meta.training_tid) & (device < 0)
+    host_like = (role == cat.PYTHON) | (role == cat.HOST)
+    role[host_like & ~on_training] = cat.SKIP
+    has_python = bool(((kind == EventKind.PYTHON) & on_training).any())
+    role[role == cat.HOST] = cat.SKIP if has_python else cat.PYTHON
+    role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
+
+    if opt.attribute_reducer_wait and not gpu:
+        extra = add_reducer_waits(kind, name_id, names, role, tid, start, end, meta.training_tid)
+        if len(extra.start_ns):
+            wait_id = len(names)
+            names.append(extra.name)
+            n_extra = len(extra.start_ns)
+            kind = np.r_[kind, np.full(n_extra, int(EventKind.CPU_OP))]
+            name_id = np.r_[name_id, np.full(n_extra, wait_id)]
+            role = np.r_[role, np.full(n_extra, cat.COLLECTIVE)]
+            tid = np.r_[tid, np.full(n_extra, meta.training_tid)]
+            device = np.r_[device, np.full(n_extra, -1)]
+            start = np.r_[start, extra.start_ns]
+            end = np.r_[end, extra.end_ns]
+            stack_col = np.r_[stack_col, np.full(n_extra, -1)]
+
+    frames = np.flatnonzero((role >= 0) & (end > start))
+    f_kind, f_name, f_role = kind[frames], name_id[frames], role[frames]
+    f_start, f_end = start[frames], end[frames]
+    group = (device[frames] + 2) * (1 << 40) + (tid[frames] & ((1 << 40) - 1))
+    nesting = nest(group, f_start, f_end)
+    segs = self_segments(f_start, f_end, nesting.parent)
+    crit = critical_ns(segs.start_ns, segs.end_ns, f_role[segs.owner], meta.window_start_ns, meta.window_end_ns)
+    crit_of_frame = np.bincount(segs.owner, weights=crit, minlength=len(frames))
+
+    # function identity: Python frames by whole stack, everything else by name
+    member = (f_role == cat.PYTHON) & (f_kind != EventKind.GC)
+    sid, table = stack_ids(nesting.parent, nesting.depth, f_name, member)
+    f_stack = stack_col[frames]
+    n_stacks = len(table)
+    func_raw = np.where(member, sid, n_stacks + f_name)
+    func_raw = np.where(f_kind == EventKind.GC, n_stacks + len(names), func_raw)
+    ext_stacks = member & (f_stack >= 0)  # the producer recorded the Python stack itself
+    if ext_stacks.any():
+        func_raw = np.where(ext_stacks, n_stacks + len(names) + 1 + f_stack, func_raw)
+    funcs, func_of_frame = np.unique(func_raw, return_inverse=True)
+    func_of_frame = func_of_frame.reshape(-1)
+    n_funcs = len(funcs)
+    crit_f = np.bincount(func_of_frame, weights=crit_of_frame, minlength=n_funcs)
+    execs_f = np.bincount(func_of_frame, minlength=n_funcs)
+    level_f = np.full(n_funcs, cat.PYTHON, dtype=np.int64)
+    level_f[func_of_frame] = f_role
+    beta_f = crit_f / window_ns
+
+    keep = np.flatnonzero(beta_f >= opt.beta_floor)
+    keep = keep[np.argsort(-beta_f[keep], kind="stable")][: opt.max_patterns]
+
+    def key_of(f: int) -> tuple[str, str]:
+        code = int(funcs[f])
+        if code < n_stacks:
+            frames_ = stack_names(code, table, names)
+            return ";".join(frames_), frames_[-1]
+        code -= n_stacks
+        if code < len(names):
+            return names[code], names[code]
+        if code == len(names):
+            return GC_KEY, GC_KEY
+        st = raw.stacks[code - len(names) - 1]
+        frames_ = [cat.normalize_name(raw.names[i]) for i in st]
+        return ";".join(frames_), frames_[-1] if frames_ else "?"
+
+    mu_f = np.zeros(n_funcs)
+    sigma_f = np.zeros(n_funcs)
+    resource_f = [""] * n_funcs
+    kept_mask = np.zeros(n_funcs, dtype=bool)
+    kept_mask[keep] = True
+    for level in range(cat.N_LEVELS):
+        series = pick_series(level, gpu, samples)
+        sel_funcs = kept_mask & (level_f == level)
+        if series is None or not sel_funcs.any():
+            continue
+        seg_sel = sel_funcs[func_of_frame[segs.owner]]
+        func_map = np.where(sel_funcs[func_of_frame], func_of_frame, -1)
+        util = utilization(func_map, n_funcs, segs.owner[seg_sel], segs.start_ns[seg_sel], segs.end_ns[seg_sel],
+                           series, opt.max_zero_run)
+        mu_f[sel_funcs] = util.mu[sel_funcs]
+        sigma_f[sel_funcs] = util.sigma[sel_funcs]
+        for f in np.flatnonzero(sel_funcs):
+            resource_f[f] = series.resource
+
+    patterns = []
+    for f in keep.tolist():
+        key, label = key_of(f)
+        patterns.append(Pattern(
+            key=key, category=cat.CATEGORY_OF_LEVEL[int(level_f[f])], beta=float(min(beta_f[f], 1.0)),
+            mu=float(mu_f[f]), sigma=float(sigma_f[f]), label=label, executions=int(execs_f[f]),
+            critical_ns=int(round(crit_f[f])), resource=resource_f[f]))
+    ps = _pattern_set(raw, tuple(patterns), gpu)
+    return _fit_budget(ps, opt.max_bytes)
+
+
+def _pattern_set(raw: RawWindow, patterns: tuple[Pattern, ...], gpu: bool) -> PatternSet:
+    m = raw.meta
+    return PatternSet(job=m.job, session=m.session, rank=m.rank, world_size=m.world_size, host=m.host,
+                      window_start_ns=m.window_start_ns, window_end_ns=m.window_end_ns, patterns=patterns,
+                      local_rank=m.local_rank, pid=m.pid, source=m.source, gpu=gpu,
+                      iteration_ms=tuple(m.iteration_ms))
+
+
+def _fit_budget(ps: PatternSet, max_bytes: int) -> PatternSet:
+    """Drop the lowest-β patterns until the compact form fits (patterns are sorted by β)."""
+    if len(ps.to_bytes()) <= max_bytes:
+        return ps
+    lo, hi = 0, len(ps.patterns)  # lo fits, hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(_replace(ps, ps.patterns[:mid]).to_bytes()) <= max_bytes:
+            lo = mid
+        else:
+            hi = mid
+    log.info("pattern set of rank %d trimmed from %d to %d functions to fit %d bytes",
+             ps.rank, len(ps.patterns), lo, max_bytes)
+    return _replace(ps, ps.patterns[:lo])
+
+
+def _replace(ps: PatternSet, patterns: tuple[Pattern, ...]) -> PatternSet:
+    import dataclasses
+
+    return dataclasses.replace(ps, patterns=patterns)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.summarize",
+                                     description="Summarize one raw window into a PatternSet (one core).")
+    parser.add_argument("raw", help="RawWindow file (RawWindow.save) or a Kineto .json/.json.gz trace")
+    parser.add_argument("--samples", help="SampleSet file from agent.samplers")
+    parser.add_argument("--out", required=True, help="PatternSet file: compact bytes, or JSON if it ends in .json")
+    parser.add_argument("--max-zero-run", type=int, default=DEFAULT_MAX_ZERO_RUN, help="c of Algorithm 1 (samples)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.raw.endswith((".json", ".json.gz")):
+            from agent.kineto import read_kineto_trace
+
+            raw = read_kineto_trace(args.raw)
+        else:
+            raw = RawWindow.load(args.raw)
+        samples = SampleSet.load(args.samples) if args.samples else None
+        ps = summarize_window(raw, samples, SummarizeOptions(max_zero_run=args.max_zero_run))
+        out = Path(args.out)
+        tmp = out.with_name(out.name + ".tmp")
+        if out.suffix == ".json":
+            tmp.write_text(json.dumps(ps.to_dict()))
+        else:
+            tmp.write_bytes(ps.to_bytes())
+        tmp.replace(out)
+    except PerftrackerError as exc:
+        sys.stderr.write(f"agent.summarize: error: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Thread timelines in numpy: nesting, self-time segments and Python call-stack identities.
+
+Every function here works on whole columns at once. The only Python-level loops run over nesting
+depth levels (tens), never over events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Nesting:
+    parent: np.ndarray  # int64 index of the enclosing event in the same group, -1 at the root
+    depth: np.ndarray  # int64 number of enclosing events
+
+
+def nest(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> Nesting:
+    """Parent and depth of each interval among the intervals of its group (thread or stream).
+
+    An event's parent is the latest-starting event of its group still open when it starts. Events
+    that start together nest longest-outermost. Partly overlapping events (clock jitter) nest
+    too; ``self_segments`` clips them.
+    """
+    n = len(start_ns)
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return Nesting(z, z)
+    order = np.lexsort((-end_ns, start_ns, group))
+    g = group[order]
+    _, grank = np.unique(g, return_inverse=True)
+    grank = grank.reshape(-1).astype(np.int64)
+    t0 = int(start_ns.min())
+    span = int(max(end_ns.max(), start_ns.max())) - t0 + 2
+    s = start_ns[order] - t0
+    e = end_ns[order] - t0
+    key_s = grank * span + s
+    key_e = np.sort(grank * span + e)
+    ended = np.searchsorted(key_e, key_s, side="right") - np.searchsorted(key_e, grank * span, side="left")
+    first = np.r_[0, np.flatnonzero(np.diff(grank)) + 1]
+    counts = np.diff(np.r_[first, n])
+    pos = np.arange(n, dtype=np.int64) - np.repeat(first, counts)
+    depth = np.maximum(pos - ended, 0)
+    # parent: the last earlier event of the group at depth - 1
+    dmax = int(depth.max()) + 2
+    idx = np.arange(n, dtype=np.int64)
+    key = (grank * dmax + depth) * n + idx
+    korder = np.argsort(key, kind="stable")
+    ksorted = key[korder]
+    want = (grank * dmax + depth - 1) * n + idx
+    j = np.searchsorted(ksorted, want, side="left") - 1
+    ok = (depth > 0) & (j >= 0)
+    jj = np.where(ok, j, 0)
+    cand = korder[jj]
+    ok &= (grank[cand] == grank) & (depth[cand] == depth - 1) & (e[cand] > s)
+    parent_sorted = np.where(ok, cand, -1)
+    parent = np.full(n, -1, dtype=np.int64)
+    parent[order] = np.where(parent_sorted >= 0, order[np.maximum(parent_sorted, 0)], -1)
+    out_depth = np.empty(n, dtype=np.int64)
+    out_depth[order] = np.where(ok | (depth == 0), depth, 0)
+    return Nesting(parent, out_depth)
+
+
+@dataclass(frozen=True)
+class Segments:
+    owner: np.ndarray  # int64 event index owning the segment
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+
+def self_segments(start_ns: np.ndarray, end_ns: np.ndarray, parent: np.ndarray) -> Segments:
+    """Each event's self time as disjoint segments: its interval minus its children's."""
+    n = len(start_ns)
+    children = np.flatnonzero(parent >= 0)
+    has_child = np.zeros(n, dtype=bool)
+    has_child[parent[children]] = True
+    leaves = np.flatnonzero(~has_child)
+    owners = [leaves]
+    starts = [start_ns[leaves]]
+    ends = [end_ns[leaves]]
+    if len(children):
+        c = children[np.lexsort((start_ns[children], parent[children]))]
+        p = parent[c]
+        cs = np.clip(start_ns[c], start_ns[p], end_ns[p])
+        ce = np.clip(end_ns[c], start_ns[p], end_ns[p])
+        first = np.r_[True, p[1:] != p[:-1]]
+        last = np.r_[p[1:] != p[:-1], True]
+        prev_end = np.where(first, start_ns[p], np.r_[0, ce[:-1]])
+        owners += [p, p[last]]
+        starts += [prev_end, ce[last]]
+        ends += [cs, end_ns[p[last]]]
+    owner = np.concatenate(owners)
+    s = np.concatenate(starts)
+    e = np.concatenate(ends)
+    keep = e > s
+    return Segments(owner[keep], s[keep], e[keep])
+
+
+def stack_ids(parent: np.ndarray, depth: np.ndarray, name_id: np.ndarray, member: np.ndarray
+              ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Intern each member event's call stack (member ancestors' names, outermost first).
+
+    Returns (stack id per event, -1 for non-members) and the table of (parent stack id, name id)
+    per stack id, from which ``stack_names`` rebuilds the frames.
+    """
+    n = len(parent)
+    sid = np.full(n, -1, dtype=np.int64)
+    # nearest member ancestor, resolved level by level
+    anc = np.full(n, -1, dtype=np.int64)
+    table: list[tuple[int, int]] = []
+    known: dict[int, int] = {}
+    if n == 0:
+        return sid, table
+    m_names = int(name_id.max()) + 2 if n else 1
+    order = np.argsort(depth, kind="stable")
+    d_sorted = depth[order]
+    bounds = np.r_[0, np.flatnonzero(np.diff(d_sorted)) + 1, n]
+    for b0, b1 in zip(bounds[:-1], bounds[1:], strict=False):
+        lvl = order[b0:b1]
+        par = parent[lvl]
+        has_par = par >= 0
+        pp = np.maximum(par, 0)
+        anc_lvl = np.where(has_par, np.where(member[pp], pp, anc[pp]), -1)
+        anc[lvl] = anc_lvl
+        mem = lvl[member[lvl]]
+        if len(mem) == 0:
+            continue
+        a = anc[mem]
+        psid = np.where(a >= 0, sid[np.maximum(a, 0)], -1)
+        key = (psid + 1) * m_names + name_id[mem].astype(np.int64)
+        uniq, inv = np.unique(key, return_inverse=True)
+        ids = np.empty(len(uniq), dtype=np.int64)
+        for i, k in enumerate(uniq.tolist()):  # one pass per distinct stack, not per event
+            got = known.get(k)
+            if got is None:
+                got = known[k] = len(table)
+                table.append((int(k // m_names) - 1, int(k % m_names)))
+            ids[i] = got
+        sid[mem] = ids[inv.reshape(-1)]
+    return sid, table
+
+
+def stack_names(sid: int, table: list[tuple[int, int]], names: tuple[str, ...] | list[str]) -> list[str]:
+    frames: list[str] = []
+    while sid >= 0:
+        psid, nid = table[sid]
+        frames.append(names[nid])
+        sid = psid
+    frames.reverse()
+    return frames

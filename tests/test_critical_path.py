@@ -1,0 +1,174 @@
+"""Critical path on hand-built timelines: exact β per function (DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.critical_path import critical_ns
+from agent.summarize import summarize_window
+from agent.timeline import nest, self_segments
+from agent.victims import REDUCER_WAIT
+from perftracker.model import Category
+from perftracker.rawdata import EventKind as K
+from tests.rawbuild import TRAIN_TID as T
+from tests.rawbuild import by_key, raw_window
+
+
+def test_compute_overlapping_python_cpu_job() -> None:
+    raw = raw_window([
+        (K.PYTHON, "main", T, 0, 1000),
+        (K.PYTHON, "f", T, 100, 600),
+        (K.CPU_OP, "aten::mm", T, 200, 400),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p["aten::mm"].beta == pytest.approx(0.2)
+    assert p["aten::mm"].category is Category.COMPUTE
+    assert p["main;f"].beta == pytest.approx(0.3)  # self time: 500 - 200 under the op
+    assert p["main"].beta == pytest.approx(0.5)
+    assert p["main;f"].category is Category.PYTHON
+    assert sum(x.beta for x in p.values()) == pytest.approx(1.0)
+
+
+def test_compute_kernel_overlapping_python_gpu_job() -> None:
+    raw = raw_window([
+        (K.PYTHON, "main", T, 0, 1000),
+        (K.PYTHON, "f", T, 100, 600),
+        (K.CPU_OP, "aten::mm", T, 150, 250),  # host-side launch: self time of f on a GPU job
+        (K.KERNEL, "volta_sgemm", 7, 300, 700, 0),
+    ])
+    p = by_key(summarize_window(raw))
+    assert "aten::mm" not in p
+    assert p["volta_sgemm"].beta == pytest.approx(0.4)
+    assert p["main;f"].beta == pytest.approx(0.2)  # [100, 300): the kernel takes the rest
+    assert p["main"].beta == pytest.approx(0.4)  # [0, 100) + [700, 1000)
+
+
+def test_collective_partly_hidden_under_compute() -> None:
+    raw = raw_window([
+        (K.KERNEL, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 20, 200, 600, 0),
+        (K.KERNEL, "gemm", 7, 100, 400, 0),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p["ncclDevKernel_AllReduce_Sum_f32_RING_LL"].category is Category.COLLECTIVE
+    assert p["ncclDevKernel_AllReduce_Sum_f32_RING_LL"].beta == pytest.approx(0.2)  # only [400, 600) exposed
+    assert p["gemm"].beta == pytest.approx(0.3)
+
+
+def test_cpu_collective_hidden_under_compute_on_another_thread() -> None:
+    raw = raw_window([
+        (K.CPU_OP, "c10d::allreduce_", T, 0, 500),
+        (K.CPU_OP, "aten::addmm", 7, 100, 300),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p["c10d::allreduce_"].beta == pytest.approx(0.3)
+    assert p["aten::addmm"].beta == pytest.approx(0.2)
+
+
+def test_nested_python_self_time_and_memory_priority() -> None:
+    raw = raw_window([
+        (K.PYTHON, "a", T, 0, 900),
+        (K.PYTHON, "b", T, 100, 800),
+        (K.PYTHON, "c", T, 200, 300),
+        (K.PYTHON, "c", T, 400, 500),
+        (K.CPU_OP, "aten::copy_", T, 600, 700),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p["a"].beta == pytest.approx(0.2)  # [0,100) + [800,900)
+    assert p["a;b"].beta == pytest.approx(0.4)  # 700 - 2*100 - 100 under the copy
+    assert p["a;b;c"].beta == pytest.approx(0.2)
+    assert p["a;b;c"].executions == 2
+    assert p["aten::copy_"].category is Category.MEMORY
+    assert p["aten::copy_"].beta == pytest.approx(0.1)
+
+
+def test_non_training_thread_python_is_excluded() -> None:
+    raw = raw_window([
+        (K.PYTHON, "train", T, 0, 500),
+        (K.PYTHON, "threading.py(1): _bootstrap", 999, 0, 1000),
+        (K.PYTHON, "worker_loop", 999, 0, 1000),
+    ])
+    p = by_key(summarize_window(raw))
+    assert set(p) == {"train"}
+    assert p["train"].beta == pytest.approx(0.5)
+
+
+def test_concurrent_same_level_share_the_moment() -> None:
+    raw = raw_window([(K.KERNEL, "k1", 7, 0, 400, 0), (K.KERNEL, "k2", 8, 200, 600, 0)])
+    p = by_key(summarize_window(raw))
+    assert p["k1"].beta == pytest.approx(0.3)
+    assert p["k2"].beta == pytest.approx(0.3)
+
+
+def test_gc_is_its_own_function() -> None:
+    raw = raw_window([(K.PYTHON, "step", T, 0, 1000), (K.GC, "Python GC", T, 300, 450)])
+    p = by_key(summarize_window(raw))
+    assert p["Python GC"].beta == pytest.approx(0.15)
+    assert p["step"].beta == pytest.approx(0.85)
+
+
+def test_window_clips_events() -> None:
+    raw = raw_window([(K.CPU_OP, "aten::mm", T, -500, 250)], window=(0, 1000))
+    assert by_key(summarize_window(raw))["aten::mm"].beta == pytest.approx(0.25)
+
+
+def test_reducer_wait_inside_run_backward_is_collective() -> None:
+    rb = "<built-in method run_backward of torch._C._EngineBase object at 0x7f00>"
+    raw = raw_window([
+        (K.PYTHON, "step", T, 0, 1000),
+        (K.PYTHON, rb, T, 100, 900),
+        (K.CPU_OP, "aten::mm", T, 150, 250),
+        (K.CPU_OP, "c10d::allreduce_", T, 250, 300),
+        (K.CPU_OP, "aten::mm", T, 300, 350),  # last gradient, after the launch
+        (K.CPU_OP, "torch.distributed.ddp.reducer::copy_bucket_to_grad", T, 800, 850),
+    ])
+    p = by_key(summarize_window(raw))
+    wait = p[REDUCER_WAIT]
+    assert wait.category is Category.COLLECTIVE
+    assert wait.beta == pytest.approx(0.45)  # [300, 800) minus the op [300, 350)
+    engine = p["step;<built-in method run_backward of torch._C._EngineBase object>"]
+    assert engine.beta == pytest.approx(0.1)  # [100,150) + [850,900)
+    assert p["aten::mm"].beta == pytest.approx(0.15)
+
+
+def test_no_collective_no_reattribution() -> None:
+    raw = raw_window([
+        (K.PYTHON, "<built-in method run_backward of X>", T, 0, 1000),
+        (K.CPU_OP, "aten::mm", T, 100, 200),
+    ])
+    p = by_key(summarize_window(raw))
+    assert REDUCER_WAIT not in p
+    assert p["<built-in method run_backward of X>"].beta == pytest.approx(0.9)
+
+
+def test_sweep_is_vectorized_and_exact_at_scale() -> None:
+    rng = np.random.default_rng(0)
+    n = 200_000
+    s = np.sort(rng.integers(0, 10**9, n))
+    e = s + rng.integers(1, 5000, n)
+    lv = rng.integers(0, 4, n)
+    crit = critical_ns(s, e, lv, 0, 10**9 + 10000)
+    # independent check on a dense grid for a small slice of time
+    lo, hi = 10**6, 10**6 + 20000
+    grid = np.arange(lo, hi)
+    sel = np.flatnonzero((s < hi) & (e > lo))
+    act = (s[sel, None] <= grid) & (grid < e[sel, None])
+    best = np.where(act, lv[sel, None], 9).min(axis=0)
+    share = np.where(act & (lv[sel, None] == best), 1.0, 0.0)
+    share /= np.maximum(share.sum(axis=0), 1)
+    inside = sel[(s[sel] >= lo) & (e[sel] <= hi)]
+    got = crit[inside]
+    want = share[np.isin(sel, inside)].sum(axis=1)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_nest_and_self_segments() -> None:
+    start = np.array([0, 10, 20, 50, 0], dtype=np.int64)
+    end = np.array([100, 40, 30, 60, 5], dtype=np.int64)
+    group = np.array([1, 1, 1, 1, 2])
+    n = nest(group, start, end)
+    assert n.parent.tolist() == [-1, 0, 1, 0, -1]
+    assert n.depth.tolist() == [0, 1, 2, 1, 0]
+    seg = self_segments(start, end, n.parent)
+    per = np.bincount(seg.owner, weights=seg.end_ns - seg.start_ns, minlength=5)
+    assert per.tolist() == [60, 20, 10, 10, 5]
