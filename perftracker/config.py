@@ -28,7 +28,7 @@ class Config:
     log_level: str = "WARNING"
 
     # --- detection (DESIGN.md section 3) --------------------------------------------------------
-    detector_mode: str = "paper"  # "paper" | "changepoint"; default chosen by bench/detector.py
+    detector_mode: str = "changepoint"  # "paper" | "changepoint"; default chosen by bench/detector.py
     learn_sequences: int = 10  # N: identical consecutive sequences before the sequence is learned
     slowdown_window_iters: int = 50  # W: iterations in the slowdown mean
     slowdown_threshold: float = 0.05  # mean of last W > (1 + threshold) * recent shortest
@@ -37,6 +37,8 @@ class Config:
     blocked_min_s: float = 5.0  # ... and at least this long
     hang_pause_s: float = 60.0  # a pause of all ranks in user code shorter than this is not a hang
     trigger_cooldown_s: float = 120.0  # no second automatic trigger within this time
+    changepoint_z: float = 5.0  # changepoint mode: noise standard errors a window must exceed
+    changepoint_ref_iters: int = 300  # changepoint mode: reference window (iterations)
 
     # --- profile window (DESIGN.md section 4) ---------------------------------------------------
     window_s: float = 20.0

@@ -1,0 +1,262 @@
+"""The iteration detector (DESIGN.md section 3). Pure: a clock is injected and it does no I/O.
+
+Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader iterator's
+``__next__`` was entered) or ``STEP`` (an ``Optimizer.step`` returned).
+
+- **Learning.** The event stream is cut into segments at every STEP -> DATALOADER transition, so
+  each segment reads ``D..D O..O``. When the last N segments are identical (or, for iterations
+  made of 2 or 3 different segments such as ``D O O | D O``, the last N groups), that group
+  becomes the *iteration sequence*. A stream with no DataLoader at all learns ``O``.
+- **Tracking.** Each event is matched against the sequence; the event that completes it is an
+  *iteration boundary*. Iteration duration = time between consecutive boundaries, so it covers
+  everything the loop does (zero_grad, logging, a checkpoint save). Iterations during which an
+  event did not match are counted but not fed to the slowdown rule.
+- **Re-detection.** M consecutive unmatched events (no boundary in between) send the detector back
+  to learning. History survives if the same sequence is learned again.
+- **Slowdown.** Each clean iteration duration goes to a ``SlowdownRule`` (``perftracker.slowdown``).
+- **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
+  iteration, blocked_min_s). It only reads attributes, so another thread may call it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from perftracker.clock import Clock, MonotonicClock
+from perftracker.config import Config
+from perftracker.slowdown import SlowdownRule, make_rule
+
+DATALOADER = 0
+STEP = 1
+KIND_NAMES = ("dataloader.next", "optimizer.step")
+MAX_PERIOD_SEGMENTS = 3
+MAX_SEGMENT_EVENTS = 4096
+
+
+@dataclass(frozen=True)
+class DetectorOptions:
+    mode: str = "changepoint"
+    learn_sequences: int = 10  # N
+    slowdown_window_iters: int = 50  # W
+    slowdown_threshold: float = 0.05
+    redetect_events: int = 200  # M
+    blocked_factor: float = 5.0
+    blocked_min_s: float = 5.0
+    trigger_cooldown_s: float = 120.0
+    changepoint_z: float = 5.0
+    changepoint_ref_iters: int = 300
+
+    @classmethod
+    def from_config(cls, config: Config) -> DetectorOptions:
+        return cls(
+            mode=config.detector_mode,
+            learn_sequences=config.learn_sequences,
+            slowdown_window_iters=config.slowdown_window_iters,
+            slowdown_threshold=config.slowdown_threshold,
+            redetect_events=config.redetect_events,
+            blocked_factor=config.blocked_factor,
+            blocked_min_s=config.blocked_min_s,
+            trigger_cooldown_s=config.trigger_cooldown_s,
+            changepoint_z=config.changepoint_z,
+            changepoint_ref_iters=config.changepoint_ref_iters,
+        )
+
+
+class Detector:
+    """Learns the iteration sequence from hook events and watches for slowdowns and blocks."""
+
+    def __init__(self, options: DetectorOptions | None = None, clock: Clock | None = None) -> None:
+        o = self.options = options or DetectorOptions()
+        self.clock = clock or MonotonicClock()
+        self.rule: SlowdownRule = make_rule(
+            o.mode, o.slowdown_threshold, o.slowdown_window_iters, o.changepoint_z, o.changepoint_ref_iters
+        )
+        self.phase = "learning"
+        self.sequence: tuple[int, ...] = ()
+        self.iteration = 0  # completed iterations (before learning: every STEP is one)
+        self.learned_at_iteration = -1
+        self.relearn_count = 0
+        self.last_kind = -1
+        self.last_t_ns = -1
+        self.last_boundary_ns = -1
+        self.mean_iteration_ns = 0.0  # mean over the last W iteration durations (0: unknown)
+        self.durations_ns: deque[int] = deque(maxlen=max(o.slowdown_window_iters, 1))
+        self._durations_sum = 0
+        self.pending: dict[str, object] | None = None  # a slowdown trigger waiting to be collected
+        self._last_trigger_ns = -(1 << 62)
+        # learning state
+        self._cur: list[int] = []
+        self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
+        self._saw_dataloader = False
+        # tracking state
+        self._pos = 0
+        self._unmatched = 0
+        self._dirty = False
+
+    # ----------------------------------------------------------------------------------------
+    # the hot path
+    # ----------------------------------------------------------------------------------------
+    def on_event(self, kind: int, t_ns: int) -> bool:
+        """Feed one hook event; True when it completes an iteration (an iteration boundary)."""
+        self.last_kind = kind
+        self.last_t_ns = t_ns
+        if self.phase == "tracking":
+            seq = self.sequence
+            if kind == seq[self._pos]:
+                self._pos += 1
+                if self._pos == len(seq):
+                    self._pos = 0
+                    self._unmatched = 0
+                    self._complete(t_ns)
+                    return True
+                return False
+            self._mismatch(kind)
+            return False
+        return self._learn(kind, t_ns)
+
+    def _complete(self, t_ns: int) -> None:
+        self.iteration += 1
+        last = self.last_boundary_ns
+        self.last_boundary_ns = t_ns
+        if last < 0:
+            return
+        duration_ns = t_ns - last
+        durations = self.durations_ns
+        if len(durations) == durations.maxlen:
+            self._durations_sum -= durations[0]
+        durations.append(duration_ns)
+        self._durations_sum += duration_ns
+        self.mean_iteration_ns = self._durations_sum / len(durations)
+        if self._dirty:
+            self._dirty = False
+            return
+        if self.phase != "tracking":
+            return
+        detail = self.rule.observe(duration_ns)
+        if detail is not None:
+            if t_ns - self._last_trigger_ns < self.options.trigger_cooldown_s * 1e9:
+                return
+            self._last_trigger_ns = t_ns
+            detail["iteration"] = self.iteration
+            detail["mode"] = self.options.mode
+            self.pending = detail
+
+    def _mismatch(self, kind: int) -> None:
+        self._unmatched += 1
+        self._dirty = True
+        if self._unmatched >= self.options.redetect_events:
+            self._relearn()
+            return
+        seq = self.sequence
+        if kind == seq[0]:
+            self._pos = 1
+        else:
+            self._pos = 0
+
+    # ----------------------------------------------------------------------------------------
+    # learning
+    # ----------------------------------------------------------------------------------------
+    def _learn(self, kind: int, t_ns: int) -> bool:
+        cur = self._cur
+        if kind == DATALOADER:
+            self._saw_dataloader = True
+            if cur and cur[-1] == STEP:
+                self._segments.append(tuple(cur))
+                cur.clear()
+                cur.append(DATALOADER)
+                if self._try_learn():
+                    return False
+            else:
+                cur.append(DATALOADER)
+                if len(cur) > MAX_SEGMENT_EVENTS:
+                    cur.clear()
+            return False
+        # STEP: before learning, every optimizer step is an iteration boundary
+        if not self._saw_dataloader:
+            self._segments.append((STEP,))
+            self._try_learn()
+        else:
+            cur.append(STEP)
+            if len(cur) > MAX_SEGMENT_EVENTS:
+                cur.clear()
+        self._complete(t_ns)
+        return True
+
+    def _try_learn(self) -> bool:
+        segs = self._segments
+        n = self.options.learn_sequences
+        for period in range(1, MAX_PERIOD_SEGMENTS + 1):
+            need = n * period
+            if len(segs) < need:
+                break
+            tail = list(segs)[-need:]
+            if all(tail[i] == tail[i + period] for i in range(need - period)):
+                if period > 1 and all(seg == tail[-1] for seg in tail[-period:]):
+                    continue  # a shorter period already describes it
+                sequence = tuple(k for seg in tail[-period:] for k in seg)
+                self._start_tracking(sequence)
+                return True
+        return False
+
+    def _start_tracking(self, sequence: tuple[int, ...]) -> None:
+        if self.sequence and sequence != self.sequence:
+            self.rule.reset()
+        self.sequence = sequence
+        self.phase = "tracking"
+        self.learned_at_iteration = self.iteration
+        self._segments.clear()
+        # the event that closed the last segment (a DATALOADER, or a STEP for the "O" sequence)
+        if sequence == (STEP,):
+            self._pos = 0
+        else:
+            self._pos = 1
+        self._cur = []
+        self._unmatched = 0
+        self._dirty = False
+
+    def _relearn(self) -> None:
+        self.phase = "learning"
+        self.relearn_count += 1
+        self._cur = [self.last_kind]
+        self._segments.clear()
+        self._pos = 0
+        self._unmatched = 0
+        self._dirty = True
+
+    # ----------------------------------------------------------------------------------------
+    # queries (any thread)
+    # ----------------------------------------------------------------------------------------
+    def pop_trigger(self) -> dict[str, object] | None:
+        detail, self.pending = self.pending, None
+        return detail
+
+    def blocked_limit_ns(self) -> float:
+        """Idle time after which the job counts as blocked; inf while the mean is unknown."""
+        mean = self.mean_iteration_ns
+        if mean <= 0:
+            return float("inf")
+        return max(self.options.blocked_factor * mean, self.options.blocked_min_s * 1e9)
+
+    def check_blocked(self, now_ns: int | None = None) -> dict[str, object] | None:
+        """A detail mapping if no event came for the blocked limit, else None. Thread-safe reads."""
+        last_t_ns = self.last_t_ns
+        if last_t_ns < 0:
+            return None
+        now = self.clock.now_ns() if now_ns is None else now_ns
+        limit_ns = self.blocked_limit_ns()
+        idle_ns = now - last_t_ns
+        if idle_ns < limit_ns:
+            return None
+        return {
+            "idle_s": idle_ns / 1e9,
+            "limit_s": limit_ns / 1e9,
+            "mean_iteration_ms": self.mean_iteration_ns / 1e6,
+            "last_event": KIND_NAMES[self.last_kind] if self.last_kind >= 0 else "",
+            "last_event_ns": last_t_ns,
+            "iteration": self.iteration,
+            "phase": self.phase,
+        }
+
+    def sequence_names(self) -> list[str]:
+        return [KIND_NAMES[k] for k in self.sequence]

@@ -1,0 +1,246 @@
+"""The pure detector and slowdown rules on synthetic event series (fake clock), exact to the parameters."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from perftracker.clock import FakeClock
+from perftracker.config import Config
+from perftracker.detector import DATALOADER as D
+from perftracker.detector import STEP as O
+from perftracker.detector import Detector, DetectorOptions
+from perftracker.errors import ConfigError
+from perftracker.slowdown import ChangepointRule, PaperOptions, PaperRule
+
+MS = 1_000_000
+
+
+def opts(**kw: object) -> DetectorOptions:
+    return replace(DetectorOptions(trigger_cooldown_s=0.0), **kw)  # type: ignore[arg-type]
+
+
+class Feeder:
+    """Feeds iterations of a given event pattern; returns boundaries and triggers."""
+
+    def __init__(self, det: Detector, pattern: tuple[int, ...]) -> None:
+        self.det, self.pattern, self.t = det, pattern, 1_000 * MS
+        self.boundaries: list[int] = []
+        self.triggers: list[tuple[int, dict[str, object]]] = []
+        self.iters = 0
+
+    def iteration(self, duration_ns: int) -> None:
+        step = duration_ns // len(self.pattern)
+        for i, kind in enumerate(self.pattern):
+            self.t += step if i < len(self.pattern) - 1 else duration_ns - step * (len(self.pattern) - 1)
+            if self.det.on_event(kind, self.t):
+                self.boundaries.append(self.t)
+                trig = self.det.pop_trigger()
+                if trig is not None:
+                    self.triggers.append((self.iters, trig))
+        self.iters += 1
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [(D, O), (D, D, D, O), (D, O, O), (D, D, O, O, O)],
+    ids=["plain", "grad-accum-DDDO", "pipeline-DOO", "DDOOO"],
+)
+def test_sequence_learned_after_exactly_n_identical(pattern: tuple[int, ...]) -> None:
+    det = Detector(opts(learn_sequences=10), FakeClock())
+    f = Feeder(det, pattern)
+    # a segment closes when the next iteration's first dataloader.next arrives: after 10 full
+    # iterations, the 11th's first event completes the 10th identical segment
+    for _ in range(10):
+        f.iteration(50 * MS)
+    assert det.phase == "learning"
+    f.iteration(50 * MS)
+    assert det.phase == "tracking"
+    assert det.sequence == pattern
+    # after learning, exactly one boundary per iteration, at its last optimizer.step
+    n_before = len(f.boundaries)
+    for _ in range(5):
+        f.iteration(50 * MS)
+    assert len(f.boundaries) - n_before == 5
+    assert f.boundaries[-1] == f.t
+
+
+def test_before_learning_every_step_is_a_boundary() -> None:
+    det = Detector(opts(), FakeClock())
+    f = Feeder(det, (D, O, O))
+    for _ in range(3):
+        f.iteration(30 * MS)
+    assert len(f.boundaries) == 6
+    assert det.iteration == 6
+
+
+def test_period_of_two_segments_is_learned() -> None:
+    det = Detector(opts(learn_sequences=10), FakeClock())
+    f = Feeder(det, (D, O, O, D, O))  # e.g. alternating generator/discriminator updates
+    for _ in range(11):
+        f.iteration(50 * MS)
+    assert det.phase == "tracking"
+    assert det.sequence == (D, O, O, D, O)
+
+
+def test_optimizer_only_stream_learns_step() -> None:
+    det = Detector(opts(learn_sequences=10), FakeClock())
+    f = Feeder(det, (O,))
+    for _ in range(10):
+        f.iteration(20 * MS)
+    assert det.phase == "tracking" and det.sequence == (O,)
+
+
+def test_redetection_after_exactly_m_unmatched_events() -> None:
+    det = Detector(opts(redetect_events=200), FakeClock())
+    f = Feeder(det, (D, O))
+    for _ in range(20):
+        f.iteration(50 * MS)
+    assert det.phase == "tracking"
+    t = f.t
+    # a long evaluation pass: dataloader events only. The first D matches seq[0]; every further D
+    # is unmatched.
+    for i in range(200):
+        t += MS
+        det.on_event(D, t)
+        assert det.phase == "tracking", i
+    t += MS
+    det.on_event(D, t)  # the 200th unmatched event
+    assert det.phase == "learning"
+    assert det.relearn_count == 1
+    f.t = t
+    for _ in range(12):
+        f.iteration(50 * MS)
+    assert det.phase == "tracking" and det.sequence == (D, O)
+
+
+def test_epoch_end_stop_iteration_does_not_break_tracking() -> None:
+    det = Detector(opts(), FakeClock())
+    f = Feeder(det, (D, O))
+    for _ in range(20):
+        f.iteration(50 * MS)
+    it = det.iteration
+    f.t += MS
+    det.on_event(D, f.t)  # the StopIteration call of __next__
+    for _ in range(3):
+        f.iteration(50 * MS)
+    assert det.phase == "tracking"
+    assert det.iteration == it + 3
+
+
+def test_paper_rule_exact_threshold() -> None:
+    rule = PaperRule(PaperOptions(window_iters=50, threshold=0.05))
+    # 49 iterations at 100 ms and one at 100 ms: nothing (mean == min)
+    for _ in range(50):
+        assert rule.observe(100 * MS) is None
+    # replace window contents: min stays 100 ms while the mean climbs. With k iterations at
+    # 110 ms in the last 50, mean = 100 + k * 10 / 50 ms; "more than 5 %" needs k > 25.
+    fired_at = None
+    for k in range(1, 51):
+        if rule.observe(110 * MS) is not None:
+            fired_at = k
+            break
+    assert fired_at == 26
+
+
+def test_paper_rule_needs_full_window_and_resets_after_firing() -> None:
+    rule = PaperRule(PaperOptions(window_iters=50, threshold=0.05))
+    rule.observe(100 * MS)
+    for _ in range(48):
+        assert rule.observe(200 * MS) is None  # 49 values: window not full
+    assert rule.observe(200 * MS) is not None  # 50th value: mean 198 ms vs min 100 ms
+    for _ in range(49):
+        assert rule.observe(200 * MS) is None  # refilling after the reset
+
+
+def _run_rule(rule: object, series: np.ndarray) -> list[int]:
+    return [i for i, d in enumerate(series.tolist()) if rule.observe(int(d)) is not None]  # type: ignore[attr-defined]
+
+
+def test_changepoint_detects_steps_fast_and_ignores_spikes() -> None:
+    rng = np.random.default_rng(7)
+    base = 50 * MS * np.exp(rng.normal(0, 0.03, 3000))
+    clean = base.copy()
+    clean[499::500] *= 20  # checkpoint-like spikes
+    assert _run_rule(ChangepointRule(), clean) == []
+    for step, max_delay in ((0.20, 5), (0.10, 10)):
+        series = base.copy()
+        series[1200:] *= 1 + step
+        fired = _run_rule(ChangepointRule(), series)
+        assert fired, step
+        assert 1200 <= fired[0] < 1200 + max_delay, (step, fired[0])
+
+
+def test_changepoint_catches_slow_drift() -> None:
+    rng = np.random.default_rng(3)
+    series = 50 * MS * np.exp(rng.normal(0, 0.01, 4000))
+    series[1000:3000] *= 1 + 0.2 * np.arange(1, 2001) / 2000
+    series[3000:] *= 1.2
+    fired = _run_rule(ChangepointRule(), series)
+    assert fired and 1000 < fired[0] < 3000
+
+
+def test_detector_trigger_detail_and_cooldown() -> None:
+    det = Detector(replace(DetectorOptions(), trigger_cooldown_s=120.0), FakeClock())
+    f = Feeder(det, (D, O))
+    for _ in range(200):
+        f.iteration(50 * MS)
+    for _ in range(20):
+        f.iteration(100 * MS)
+    assert len(f.triggers) == 1
+    it, detail = f.triggers[0]
+    assert 200 <= it < 205
+    assert detail["mode"] == "changepoint" and 1.3 < float(detail["ratio"]) <= 2.05  # type: ignore[arg-type]
+    # another doubling within 120 s of the first trigger: suppressed by the cooldown
+    for _ in range(300):
+        f.iteration(200 * MS)
+    assert len(f.triggers) == 1
+
+
+def test_blocked_limit_is_factor_times_mean_or_min_seconds() -> None:
+    clock = FakeClock()
+    det = Detector(opts(blocked_factor=5.0, blocked_min_s=5.0), clock)
+    assert det.check_blocked(10**12) is None  # no event yet
+    f = Feeder(det, (D, O))
+    for _ in range(60):
+        f.iteration(2000 * MS)  # 2 s iterations: limit = max(10 s, 5 s) = 10 s
+    last = f.t
+    assert det.check_blocked(last + 9_999 * MS) is None
+    detail = det.check_blocked(last + 10_000 * MS)
+    assert detail is not None and detail["last_event"] == "optimizer.step"
+    assert detail["limit_s"] == pytest.approx(10.0)
+    det2 = Detector(opts(blocked_factor=5.0, blocked_min_s=5.0), clock)
+    f2 = Feeder(det2, (D, O))
+    for _ in range(60):
+        f2.iteration(50 * MS)  # short iterations: the 5 s floor applies (a checkpoint is not a hang)
+    assert det2.check_blocked(f2.t + 4_999 * MS) is None
+    assert det2.check_blocked(f2.t + 5_000 * MS) is not None
+
+
+def test_check_blocked_from_another_thread_uses_injected_clock() -> None:
+    clock = FakeClock()
+    det = Detector(opts(), clock)
+    f = Feeder(det, (D, O))
+    for _ in range(30):
+        f.iteration(50 * MS)
+    clock.t_ns = f.t + 6_000 * MS
+    out: list[object] = []
+    th = threading.Thread(target=lambda: out.append(det.check_blocked()))
+    th.start()
+    th.join()
+    assert out[0] is not None
+
+
+def test_config_fields_from_env() -> None:
+    cfg = Config.from_env(
+        {"PERFTRACKER_DETECTOR_MODE": "paper", "PERFTRACKER_LEARN_SEQUENCES": "4", "PERFTRACKER_CHANGEPOINT_Z": "3.5"}
+    )
+    o = DetectorOptions.from_config(cfg)
+    assert (o.mode, o.learn_sequences, o.changepoint_z) == ("paper", 4, 3.5)
+    with pytest.raises(ConfigError, match="PERFTRACKER_BLOCKED_FACTOR"):
+        Config.from_env({"PERFTRACKER_BLOCKED_FACTOR": "lots"})
+    with pytest.raises(ConfigError, match="PERFTRACKER_DETECTOR_MODE"):
+        Detector(DetectorOptions(mode="magic"))
