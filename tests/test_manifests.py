@@ -1,0 +1,179 @@
+"""k8s/: every kustomization renders with `kubectl kustomize`, every rendered object validates
+against the Kubernetes schema of a pinned version (kubernetes-validate, strict: unknown fields
+fail), and the objects fit together (labels, selectors, names, volumes, RBAC)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
+
+REPO = Path(__file__).resolve().parents[1]
+K8S_VERSION = "1.30.0"  # pinned: native sidecars (initContainers restartPolicy) need >= 1.28 schemas
+KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/example", "k8s/overlays/example-nsys"]
+RUN_DIR = "/var/run/perftracker"
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not on PATH (.ci/run installs Debian's kubernetes-client)")
+
+_cache: dict[str, list[dict[str, Any]]] = {}
+
+
+def render(path: str) -> list[dict[str, Any]]:
+    if path not in _cache:
+        proc = subprocess.run([str(KUBECTL), "kustomize", str(REPO / path)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
+        _cache[path] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return _cache[path]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _pod(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["template"]["spec"]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_renders_and_validates_against_pinned_schema(path: str) -> None:
+    docs = render(path)
+    assert docs
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+@needs_kubectl
+def test_validation_is_strict_and_pinned() -> None:
+    """The check can fail: a misspelled field, and the sidecar field on a schema that predates it."""
+    job = one(render("k8s/overlays/example"), "Job")
+    typo = copy.deepcopy(job)
+    _pod(typo)["shareProcessNamespce"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, K8S_VERSION, strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError, match="restartPolicy"):
+        kubernetes_validate.validate(job, "1.27.0", strict=True)
+
+
+@needs_kubectl
+def test_agent_is_a_native_sidecar_sharing_pid_namespace_and_run_dir() -> None:
+    job = one(render("k8s/overlays/example"), "Job")
+    pod = _pod(job)
+    assert pod["shareProcessNamespace"] is True
+    agent = next(c for c in pod["initContainers"] if c["name"] == "perftracker-agent")
+    assert agent["restartPolicy"] == "Always"
+    assert agent["args"][0] == "agent"
+    assert not agent.get("securityContext", {}).get("privileged", False)
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    (trainer,) = pod["containers"]
+    run_vols = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    for c in (agent, trainer):
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts[RUN_DIR] in run_vols, c["name"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["PERFTRACKER_RUN_DIR"]["value"] == RUN_DIR
+    assert {m["name"] for m in agent["volumeMounts"] if m["mountPath"] == RUN_DIR} == {
+        m["name"] for m in trainer["volumeMounts"] if m["mountPath"] == RUN_DIR
+    }
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "perftracker-token"
+    assert env["PERFTRACKER_LOCALIZER_URL"]["value"].startswith("http://perftracker-localizer:")
+    assert "startupProbe" not in agent  # training never waits for perftracker
+
+
+@needs_kubectl
+def test_training_job_is_indexed_torchrun_behind_headless_service() -> None:
+    docs = render("k8s/overlays/example")
+    job = one(docs, "Job")
+    svc = one(docs, "Service", "train")
+    pod = _pod(job)
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    cmd = " ".join(pod["containers"][0]["command"] + pod["containers"][0]["args"])
+    assert "torchrun" in cmd and "--nnodes=2" in cmd and "JOB_COMPLETION_INDEX" in cmd
+    assert f"--master_addr={job['metadata']['name']}-0.{svc['metadata']['name']}" in cmd
+    nproc = job["spec"]["template"]["metadata"]["annotations"]["perftracker.io/nproc-per-node"]
+    assert f"--nproc_per_node={nproc}" in cmd
+
+
+@needs_kubectl
+def test_localizer_deployment_service_pvc_secret() -> None:
+    docs = render("k8s/overlays/example")
+    dep = one(docs, "Deployment", "perftracker-localizer")
+    svc = one(docs, "Service", "perftracker-localizer")
+    pvc = one(docs, "PersistentVolumeClaim")
+    secret = one(docs, "Secret", "perftracker-token")
+    assert all(d["metadata"].get("namespace") == "perftracker" for d in docs if d["kind"] != "Namespace")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    pod = dep["spec"]["template"]["spec"]
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    claim = next(v for v in pod["volumes"] if "persistentVolumeClaim" in v)
+    assert claim["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    (c,) = pod["containers"]
+    store_mount = next(m for m in c["volumeMounts"] if m["name"] == claim["name"])
+    assert c["args"][0] == "localizer" and c["args"][c["args"].index("--store") + 1].startswith(store_mount["mountPath"] + "/")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "token"}
+    assert "token" in secret["stringData"]
+    assert pod["serviceAccountName"] == "perftracker-localizer"
+    port = c["ports"][0]["containerPort"]
+    assert f":{port}" in next(
+        e["value"] for e in _pod(one(docs, "Job"))["initContainers"][0]["env"] if e["name"] == "PERFTRACKER_LOCALIZER_URL"
+    )
+
+
+@needs_kubectl
+def test_rbac_reads_pods_and_creates_events_only() -> None:
+    docs = render("k8s/overlays/example")
+    role = one(docs, "Role")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    grants = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    allowed = {("", "pods", v) for v in ("get", "list", "watch")} | {("", "events", "create"), ("events.k8s.io", "events", "create")}
+    assert grants <= allowed and ("", "pods", "list") in grants and ("", "events", "create") in grants
+    rb = one(docs, "RoleBinding")
+    assert rb["roleRef"]["name"] == role["metadata"]["name"]
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "perftracker-localizer", "namespace": "perftracker"}]
+
+
+@needs_kubectl
+def test_network_policy_admits_only_agent_pods() -> None:
+    docs = render("k8s/overlays/example")
+    np_ = one(docs, "NetworkPolicy")
+    dep = one(docs, "Deployment", "perftracker-localizer")
+    assert np_["spec"]["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert np_["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = np_["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}
+    job_labels = one(docs, "Job")["spec"]["template"]["metadata"]["labels"]
+    assert peer["podSelector"]["matchLabels"].items() <= job_labels.items()
+    assert [p["port"] for p in rule["ports"]] == [dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]]
+
+
+@needs_kubectl
+def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> None:
+    default = render("k8s/overlays/example")
+    for d in default:
+        text = yaml.safe_dump(d)
+        assert "privileged: true" not in text and "agent-nsys" not in text
+    job = one(render("k8s/overlays/example-nsys"), "Job")
+    agent = next(c for c in _pod(job)["initContainers"] if c["name"] == "perftracker-agent")
+    assert agent["image"].startswith("perftracker/agent-nsys:")
+    assert agent["securityContext"]["privileged"] is True
+    assert agent["restartPolicy"] == "Always"  # the patch kept the sidecar a sidecar
+    # the rest of the job is unchanged
+    base_job = one(default, "Job")
+    assert _pod(job)["containers"] == _pod(base_job)["containers"]
