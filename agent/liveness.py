@@ -17,6 +17,9 @@ business.
 from __future__ import annotations
 
 import logging
+import os
+import select
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -89,3 +92,68 @@ def start_ticks_of(pid: int, proc_root: str = "/proc") -> int:
     """The process start time to remember at registration; 0 if the process is gone."""
     st = read_stat(pid, proc_root)
     return st[1] if st else 0
+
+
+class ExitWatch:
+    """Exact exit times of processes that are not our children, from pidfds (Linux >= 5.3).
+
+    A pidfd becomes readable when its process terminates, so the order in which workers die is
+    known to the millisecond: when one rank is SIGKILLed, torchrun SIGTERMs the others some tens
+    of milliseconds later, and the first to go is the culprit. ``fileno(pid)`` lets an asyncio
+    loop ``add_reader`` the pidfd; ``poll`` serves threads and tests. Where pidfds are missing,
+    ``add`` returns False and the caller falls back to ``probe``.
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[int, int] = {}  # pid -> pidfd
+        self.exited_ns: dict[int, int] = {}  # pid -> wall-clock ns when the exit was seen
+
+    def add(self, pid: int, start_ticks: int = 0) -> bool:
+        if pid in self._fds or pid in self.exited_ns:
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError) as exc:
+            log.debug("liveness: no pidfd for pid %d: %s", pid, exc)
+            return False
+        if start_ticks and start_ticks_of(pid) != start_ticks:  # reused before we got here
+            os.close(fd)
+            self.exited_ns[pid] = time.time_ns()
+            return True
+        self._fds[pid] = fd
+        return True
+
+    def fileno(self, pid: int) -> int:
+        return self._fds[pid]
+
+    def mark_exited(self, pid: int) -> int:
+        """Record ``pid``'s exit now (call it when its pidfd is readable); returns the time."""
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+        return self.exited_ns.setdefault(pid, time.time_ns())
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple[int, int]]:
+        """Wait up to ``timeout_s`` for exits; returns the new (pid, exited_ns), in order seen."""
+        if not self._fds:
+            return []
+        p = select.poll()
+        by_fd = {fd: pid for pid, fd in self._fds.items()}
+        for fd in by_fd:
+            p.register(fd, select.POLLIN)
+        out = []
+        for fd, _ev in p.poll(max(0, int(timeout_s * 1000))):
+            pid = by_fd[fd]
+            out.append((pid, self.mark_exited(pid)))
+        return out
+
+    def discard(self, pid: int) -> None:
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+        self.exited_ns.pop(pid, None)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.liveness import ProcState, probe, read_stat, start_ticks_of
+from agent.liveness import ExitWatch, ProcState, probe, read_stat, start_ticks_of
 
 
 def _wait_state(pid: int, letter: str, timeout_s: float = 5.0) -> None:
@@ -70,3 +70,33 @@ def test_stat_parsing_survives_odd_command_names_and_disk_wait(tmp_path: Path) -
     assert info.state is ProcState.DISK_WAIT
     (d / "stat").write_text("garbage")
     assert probe(4242, proc_root=str(tmp_path)).state is ProcState.DEAD
+
+
+def test_exit_watch_orders_deaths_of_non_children() -> None:
+    # the watched processes are grandchildren (like torchrun's workers seen from the agent)
+    code = ("import subprocess, sys, time\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']) for _ in range(2)]\n"
+            "print(' '.join(str(p.pid) for p in ps), flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        first, second = (int(x) for x in parent.stdout.readline().split())  # type: ignore[union-attr]
+        watch = ExitWatch()
+        assert watch.add(first, start_ticks_of(first)) and watch.add(second, start_ticks_of(second))
+        assert watch.poll(0.05) == []
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.05)
+        os.kill(second, signal.SIGTERM)
+        seen: list[tuple[int, int]] = []
+        end = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < end:
+            seen += watch.poll(0.5)
+        assert [pid for pid, _ in seen] == [first, second]
+        assert seen[0][1] < seen[1][1]
+        assert watch.exited_ns[first] == seen[0][1]
+        assert watch.poll(0.01) == []  # reported once
+        assert not watch.add(2**22 + 12345)  # no such process: no pidfd
+        watch.close()
+    finally:
+        parent.kill()
+        parent.wait()
