@@ -1,0 +1,191 @@
+"""Read a Kineto trace file (``.json`` or ``.json.gz``, as torch.profiler exports it) into a RawWindow.
+
+Kineto's Chrome-trace JSON is the offline input of ``perftracker analyze``. Only complete ('X')
+events become rows; flows, metadata and instants are dropped. Times become integer nanoseconds on
+the trace's own clock (``WindowMeta.clock == "trace"``). GPU rows carry the device index and the
+stream as ``tid``.
+
+The rank comes from ``distributedInfo``; when that is missing, from the caller's ``rank`` or the
+file name (``rank3``, ``worker3``, ``rank_3`` ...), and the choice is logged.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perftracker.errors import TraceError
+from perftracker.rawdata import COLUMNS, EventKind, RawWindow, WindowMeta
+
+log = logging.getLogger(__name__)
+
+_KIND_OF_CAT: dict[str, EventKind] = {
+    "cpu_op": EventKind.CPU_OP,
+    "operator": EventKind.CPU_OP,
+    "python_function": EventKind.PYTHON,
+    "kernel": EventKind.KERNEL,
+    "gpu_memcpy": EventKind.MEMCPY,
+    "gpu_memset": EventKind.MEMSET,
+    "cuda_runtime": EventKind.RUNTIME,
+    "cuda_driver": EventKind.RUNTIME,
+    "user_annotation": EventKind.ANNOTATION,
+    "gpu_user_annotation": EventKind.ANNOTATION,
+}
+_GC_NAME = "Python GC"
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|proc|node)[_\-.]?(\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    world_size: int  # 0 when the trace does not say
+    source: str  # "distributedInfo" | "flag" | "file name"
+
+
+def rank_from_filename(path: str | Path) -> int | None:
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def load_trace_json(path: str | Path) -> dict[str, Any]:
+    """The parsed trace document; TraceError (one line, naming the file) when it is not one."""
+    path = Path(path)
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                data = fh.read()
+        else:
+            data = path.read_bytes()
+        doc = json.loads(data)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
+        what = "truncated or invalid" if not isinstance(exc, FileNotFoundError) else "missing"
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TraceError(f"{path}: {what} Kineto trace ({type(exc).__name__}: {detail})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
+    return doc
+
+
+def resolve_rank(doc: dict[str, Any], path: str | Path, rank: int | None = None, prefer_filename: bool = False
+                 ) -> RankInfo:
+    info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    world = int(info.get("world_size", 0) or 0) if isinstance(info.get("world_size", 0), int) else 0
+    if not prefer_filename and rank is None and isinstance(info.get("rank"), int):
+        return RankInfo(int(info["rank"]), world, "distributedInfo")
+    if rank is not None:
+        log.warning("%s: rank %d taken from the command line", path, rank)
+        return RankInfo(rank, world, "flag")
+    from_name = rank_from_filename(path)
+    if from_name is None:
+        raise TraceError(f"{path}: no distributedInfo.rank in the trace and no rank in the file name "
+                         "(name files like rank3.json, or pass the rank)")
+    log.warning("%s: no distributedInfo rank used; rank %d taken from the file name", path, from_name)
+    return RankInfo(from_name, world, "file name")
+
+
+def read_kineto_trace(path: str | Path, *, rank: int | None = None, prefer_filename: bool = False,
+                      job: str = "", session: str = "kineto") -> RawWindow:
+    """One rank's Kineto trace as a RawWindow (see the module doc)."""
+    path = Path(path)
+    doc = load_trace_json(path)
+    who = resolve_rank(doc, path, rank, prefer_filename)
+    names: dict[str, int] = {}
+    kinds, name_ids, tids, devs, starts, ends = [], [], [], [], [], []
+    cpu_pids: Counter[int] = Counter()
+    step_tids: Counter[int] = Counter()
+    py_tids: Counter[int] = Counter()
+    iteration_ms: list[float] = []
+    span_lo, span_hi = None, None
+    try:
+        for ev in doc["traceEvents"]:
+            if not isinstance(ev, dict) or ev.get("ph") != "X":
+                continue
+            kind = _KIND_OF_CAT.get(ev.get("cat", ""))
+            if kind is None:
+                continue
+            tid = ev.get("tid")
+            if not isinstance(tid, int):
+                continue
+            name = str(ev.get("name", ""))
+            ts = float(ev["ts"])
+            dur = float(ev.get("dur", 0.0))
+            if kind is EventKind.PYTHON and name == _GC_NAME:
+                kind = EventKind.GC
+            gpu = kind in (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET) or (
+                ev.get("cat") == "gpu_user_annotation")
+            if gpu:
+                args = ev.get("args") or {}
+                dev = args.get("device", ev.get("pid", 0))
+                devs.append(int(dev) if isinstance(dev, int) else 0)
+            else:
+                devs.append(-1)
+                pid = ev.get("pid")
+                if isinstance(pid, int):
+                    cpu_pids[pid] += 1
+                if kind is EventKind.ANNOTATION and name.startswith("ProfilerStep#"):
+                    step_tids[tid] += 1
+                    iteration_ms.append(dur / 1000.0)
+                elif kind is EventKind.PYTHON:
+                    py_tids[tid] += 1
+            kinds.append(int(kind))
+            name_ids.append(names.setdefault(name, len(names)))
+            tids.append(tid)
+            starts.append(ts)
+            ends.append(ts + dur)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(f"{path}: invalid Kineto event ({type(exc).__name__}: {exc})") from None
+    if not kinds:
+        raise TraceError(f"{path}: Kineto trace has no complete events")
+    start_ns = np.rint(np.asarray(starts, dtype=np.float64) * 1000.0).astype(np.int64)
+    end_ns = np.rint(np.asarray(ends, dtype=np.float64) * 1000.0).astype(np.int64)
+    for ev in doc["traceEvents"]:  # the profiler's own span, when present, bounds the window too
+        if isinstance(ev, dict) and ev.get("cat") == "Trace" and ev.get("ph") == "X":
+            try:
+                span_lo = int(round(float(ev["ts"]) * 1000))
+                span_hi = span_lo + int(round(float(ev.get("dur", 0)) * 1000))
+            except (KeyError, TypeError, ValueError):
+                pass
+    w_lo = int(start_ns.min()) if span_lo is None else min(span_lo, int(start_ns.min()))
+    w_hi = int(end_ns.max()) if span_hi is None else max(span_hi, int(end_ns.max()))
+    pid = cpu_pids.most_common(1)[0][0] if cpu_pids else 0
+    training_tid = _training_tid(np.asarray(tids, dtype=np.int64), np.asarray(devs), pid, step_tids, py_tids)
+    n = len(kinds)
+    cols = {
+        "kind": np.asarray(kinds, dtype=COLUMNS["kind"]),
+        "name_id": np.asarray(name_ids, dtype=COLUMNS["name_id"]),
+        "tid": np.asarray(tids, dtype=COLUMNS["tid"]),
+        "device": np.asarray(devs, dtype=COLUMNS["device"]),
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "stack_id": np.full(n, -1, dtype=COLUMNS["stack_id"]),
+        "parent": np.full(n, -1, dtype=COLUMNS["parent"]),
+    }
+    meta = WindowMeta(job=job or path.parent.name, session=session, rank=who.rank, world_size=who.world_size,
+                      host=str(doc.get("host_name", "")), pid=int(pid), training_tid=int(training_tid),
+                      window_start_ns=w_lo, window_end_ns=w_hi, clock="trace", source="kineto", file=str(path),
+                      iteration_ms=tuple(iteration_ms))
+    return RawWindow(meta=meta, columns=cols, names=tuple(names))
+
+
+def _training_tid(tids: np.ndarray, devs: np.ndarray, pid: int, step_tids: Counter[int], py_tids: Counter[int]) -> int:
+    """The main thread: tid == pid, else the thread with ProfilerStep#, else the most Python events."""
+    cpu = tids[devs < 0]
+    if pid and (cpu == pid).any():
+        return pid
+    if step_tids:
+        return step_tids.most_common(1)[0][0]
+    if py_tids:
+        return py_tids.most_common(1)[0][0]
+    if len(cpu):
+        vals, counts = np.unique(cpu, return_counts=True)
+        return int(vals[np.argmax(counts)])
+    return 0
