@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import signal
 import zlib
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from localizer.sessions import SessionManager, SessionOptions
-from localizer.store import Store
+from localizer.store import SessionRecord, Store
 from localizer.validate import (
     RequestError,
     parse_heartbeat,
@@ -39,7 +40,7 @@ from localizer.validate import (
 )
 from perftracker.clock import Clock
 from perftracker.errors import PerftrackerError, SchemaError
-from perftracker.model import HangSnapshot, PatternSet
+from perftracker.model import HangSnapshot, PatternSet, Report
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class ServiceOptions:
     max_inflated_bytes: int = 16 * 1024 * 1024  # after zlib
     max_poll_s: float = 60.0  # longest long poll
     check_interval_s: float = 0.25  # how often deadlines are checked
+    report_dir: str | None = None  # also write each report as <report_dir>/<session>.json
     sessions: SessionOptions = field(default_factory=SessionOptions)
 
 
@@ -199,8 +201,32 @@ class LocalizerService:
                 self.sessions.fail(session, f"{type(exc).__name__}: {exc}")
                 return
             self.sessions.finish(session, report)
+            self._write_report_file(report)
         finally:
             self._localizing.discard(session)
+
+    def report_path(self, session: str) -> Path | None:
+        if not self.options.report_dir:
+            return None
+        return Path(self.options.report_dir).resolve() / f"{session}.json"
+
+    def _write_report_file(self, report: Report) -> None:
+        path = self.report_path(report.session)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:  # the store has it; the file is a convenience
+            log.warning("could not write report file %s: %s", path, exc)
+
+    def _session_dict(self, s: SessionRecord) -> dict[str, Any]:
+        d = s.to_dict()
+        path = self.report_path(s.session)
+        d["report_path"] = str(path) if path is not None and s.state == "done" else None
+        return d
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start listening; returns the bound port."""
@@ -320,14 +346,14 @@ class LocalizerService:
         if job is not None:
             job = parse_name(job, "job")
         recs = self.store.sessions(job=job)
-        return web.json_response({"sessions": [s.to_dict() for s in recs]})
+        return web.json_response({"sessions": [self._session_dict(s) for s in recs]})
 
     async def get_session(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
         if s is None:
             return _error(404, f"unknown session {session!r}")
-        return web.json_response(s.to_dict())
+        return web.json_response(self._session_dict(s))
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")

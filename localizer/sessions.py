@@ -23,7 +23,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,31 +269,38 @@ class SessionManager:
         return self.store.get_session(session)
 
 
-def liveness(heartbeats: Sequence[HeartbeatRecord], now_ns: int) -> dict[int, str]:
-    """A short liveness note per rank from the latest heartbeats."""
-    notes = {}
-    for h in heartbeats:
-        age_s = (now_ns - h.received_ns) / 1e9
-        if not h.alive:
-            notes[h.rank] = "process dead"
-        else:
-            notes[h.rank] = f"alive, last heartbeat {age_s:.0f} s ago, phase {h.phase or '?'}, idle {h.last_event_age_s:.0f} s"
-    return notes
+def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
+                 now_ns: int) -> dict[int, Any]:
+    """Expected ranks without a snapshot, each with what its latest heartbeat says."""
+    from localizer.hang import SilentRank  # lazy: owned by the hangs stage
+
+    beats = {h.rank: h for h in heartbeats}
+    out: dict[int, Any] = {}
+    for r in expected:
+        if r in got:
+            continue
+        h = beats.get(r)
+        if h is None:
+            out[r] = SilentRank(r, "no heartbeat from its agent")
+            continue
+        age_s = max(0.0, (now_ns - h.received_ns) / 1e9)
+        detail = "process dead" if not h.alive else f"process running but silent (phase {h.phase or '?'})"
+        out[r] = SilentRank(r, detail, silent_s=h.last_event_age_s + age_s, last_iteration=h.iteration)
+    return out
 
 
 def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
                       heartbeats: Sequence[HeartbeatRecord], now_ns: int,
                       options: object | None = None) -> Report:
     """The hang seam: snapshots + liveness -> a Report of kind "hang" via localizer.hang.localize_hang."""
-    got = {snap.rank for snap in snapshots}
-    live = liveness(heartbeats, now_ns)
-    silent: Mapping[int, str] = {r: live.get(r, "no heartbeat") for r in s.expected if r not in got}
     from localizer.hang import localize_hang  # lazy: owned by the hangs stage
 
-    report = localize_hang(list(snapshots), silent, list(s.expected), options)
+    got = {snap.rank for snap in snapshots}
+    silent = silent_ranks(s.expected, got, heartbeats, now_ns)
+    report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)
     if report is None:
         return Report(job=s.job, session=s.session, kind=HANG, created_ns=time.time_ns(),
                       trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
                       ranks_missing=tuple(sorted(silent)), status="resolved",
-                      summary="the snapshots show no hang: the ranks were making progress")
+                      summary="the snapshots show no hang: the ranks were pausing, not blocked")
     return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)

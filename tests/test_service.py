@@ -165,3 +165,34 @@ def test_restart_mid_session_loses_no_acknowledged_pattern(tmp_path: Path) -> No
             assert report is not None and set(report.ranks_reported) == {0, 1, 2} and report.status == "complete"
     finally:
         proc.stop()
+
+
+def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from localizer.embedded import discover, start_embedded
+    from localizer.service import ServiceOptions
+    from localizer.sessions import SessionOptions
+
+    runs = tmp_path / "perftracker-runs"
+    opts = ServiceOptions(sessions=SessionOptions(default_window_s=0.2, collect_grace_s=0.3))
+    with start_embedded(runs, options=opts) as emb:
+        assert emb.owned and emb.url.startswith("http://127.0.0.1:")
+        assert (runs / "token").stat().st_mode & 0o777 == 0o600
+        assert discover(runs) == (emb.url, emb.token)
+        # another process on the same runs dir attaches instead of starting a second one
+        out = subprocess.run([sys.executable, "-c", "from localizer.embedded import start_embedded as s; "
+                              f"h = s({str(runs)!r}); print(h.url, h.owned)"],
+                             capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+        assert out.stdout.split() == [emb.url, "False"], out.stderr[-2000:]
+        up = Uplink(emb.url, emb.token)
+        up.register("job-e", "agent-0", "node0", workers(range(2), 2))
+        session, _ = up.create_trigger("job-e", "cli")
+        s = _wait_report(up, session)
+        assert s["state"] == "done" and s["report_path"] == str(runs.resolve() / "reports" / f"{session}.json")
+        written = json.loads(Path(s["report_path"]).read_text())
+        assert written["session"] == session and written["ranks_missing"] == [0, 1]
+    assert discover(runs) is None  # stopped: localizer.json removed, nothing answers

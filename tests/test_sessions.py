@@ -162,11 +162,14 @@ def test_hang_snapshot_opens_hang_session_and_converts_a_slowdown_session(mgr: S
     assert conv.session == slow.session and conv.kind == "hang" and conv.deadline_ns == T0 + 5 * 10**9
 
 
-def test_hang_session_reaches_the_hang_seam(mgr: SessionManager) -> None:
-    mgr.register(_reg("j", "a", [0, 1], 2))
+def test_hang_session_reaches_the_hang_seam_with_liveness(mgr: SessionManager) -> None:
+    mgr.register(_reg("j", "a", [0, 1, 2], 3))
     snap = HangSnapshot("j", 0, 2, "h", 100, T0, 41, 30.0, (Frame("dist.py", 10, "all_reduce"),),
                         current_op="c10d::allreduce_")
     s = mgr.accept_hang_snapshot(snap)
+    mgr.heartbeat(Heartbeat("j", "a", (RankBeat(1, 41, "blocked", 30.0, False, 0.0),)))  # rank 1 died
+    s = mgr.store.get_session(s.session)  # type: ignore[assignment]
+    assert s is not None and not mgr.is_complete(s)  # rank 2 is alive and may still send
     mgr.clock.advance_s(6)  # type: ignore[attr-defined]
     assert [d.session for d in mgr.due()] == [s.session]
     end = mgr.localize_now(s.session)
@@ -175,5 +178,8 @@ def test_hang_session_reaches_the_hang_seam(mgr: SessionManager) -> None:
         assert end.state == "done", end.error
         report = mgr.store.get_report(s.session)
         assert report is not None and report.kind == "hang" and report.session == s.session
+        states = {st.rank: st for st in report.hang_states}
+        assert states[1].detail == "process dead" and states[2].state == "silent"
+        assert "no heartbeat" in states[2].detail
     else:
         assert end.state == "failed" and "localizer.hang" in end.error

@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a session waits window + this for uploads before it localizes partial (default %(default)s)")
     p.add_argument("--hang-collect-s", type=float, default=20.0,
                    help="a hang session waits this long for snapshots (default %(default)s)")
+    p.add_argument("--report-dir", default=None,
+                   help="also write each report as DIR/<session>.json (default: reports/ beside the store)")
     p.add_argument("--ready-file", default=None, help="write {url, pid, store} as JSON here once listening")
 
 
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: not a TCP port")
     token = resolve_or_create_token(args)
-    options = ServiceOptions(max_body_bytes=args.max_body_bytes,
+    report_dir = args.report_dir or str(Path(args.store).parent / "reports")
+    options = ServiceOptions(max_body_bytes=args.max_body_bytes, report_dir=report_dir,
                              sessions=SessionOptions(default_window_s=args.window_s,
                                                      collect_grace_s=args.collect_grace_s,
                                                      hang_collect_s=args.hang_collect_s))
