@@ -1,10 +1,84 @@
 """perftracker: `import perftracker` in a training script starts always-on slowdown/hang detection.
 
-Placeholder until the runtime lands (issue 2): it must stay light (torch, numpy, psutil, nvtx, stdlib).
+On import, detection is activated from the environment (``Config.from_env``) unless
+``PERFTRACKER_DISABLE=1``, or unless this process is the ``perftracker`` command line itself. A bad
+``PERFTRACKER_*`` value or any other activation error is logged and leaves training untouched.
+
+Public API: ``activate(config=None)``, ``deactivate()``, ``trigger(reason)``, ``status()``.
+The import stays light: torch, numpy, psutil, nvtx and the standard library only.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+from collections.abc import Mapping
+
+from perftracker.config import Config
 from perftracker.errors import PerftrackerError
 
-__all__ = ["PerftrackerError"]
+__all__ = ["Config", "PerftrackerError", "activate", "deactivate", "status", "trigger"]
+__version__ = "0.1.0"
+
+log = logging.getLogger(__name__)
+
+
+def activate(config: Config | None = None):  # type: ignore[no-untyped-def]
+    """Start detection in this process (idempotent with no config); returns the Runtime."""
+    from perftracker import runtime
+
+    return runtime.activate(config)
+
+
+def deactivate() -> None:
+    """Stop detection and leave torch exactly as it was before activation."""
+    from perftracker import runtime
+
+    runtime.deactivate()
+
+
+def trigger(reason: str = "manual", detail: Mapping[str, object] | None = None) -> bool:
+    """Ask for a profile window now. Returns False (and logs) if perftracker is not active."""
+    from perftracker import runtime
+
+    rt = runtime.get_runtime()
+    if rt is None:
+        log.warning("perftracker.trigger(%r) ignored: perftracker is not active", reason)
+        return False
+    return rt.trigger(reason, detail)
+
+
+def status() -> dict[str, object]:
+    """Phase, learned sequence, iteration count, recent mean/min iteration time, triggers."""
+    from perftracker import runtime
+
+    rt = runtime.get_runtime() or runtime.last_runtime()
+    if rt is None:
+        return {"active": False, "phase": "inactive", "sequence": [], "iteration": 0,
+                "recent_mean_ms": None, "recent_min_ms": None, "triggers": []}
+    return rt.status()
+
+
+def _is_cli_process() -> bool:
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if sys.argv and os.path.basename(sys.argv[0]) == "perftracker":
+        return True
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m":
+            return argv[i + 1] == "perftracker" or argv[i + 1].startswith("perftracker.")
+    return False
+
+
+def _activate_from_env() -> None:
+    if os.environ.get("PERFTRACKER_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return
+    if _is_cli_process():
+        return
+    try:
+        activate(Config.from_env())
+    except Exception:  # never hurt training: a bad setting or a torch mismatch disables us
+        log.exception("perftracker: activation failed; detection is off in this process")
+
+
+_activate_from_env()

@@ -1,0 +1,306 @@
+"""The per-process Runtime: hooks -> detector -> sink, plus the contract API other stages build on.
+
+One Runtime per training process (``get_runtime()``). The hook callbacks are the hot path: they
+read the clock, feed the detector and, only at an iteration boundary, collect a pending trigger and
+call the boundary listeners. Anything that raises inside a hook or the detector disables
+perftracker in this process (logged once); training goes on.
+
+Thread model:
+- hooks, boundary listeners and detector triggers run in the training (main) thread;
+- ``check_blocked`` is meant to be polled by another thread (the controller): it only reads;
+- ``trigger``, ``status``, ``last_event``, ``recent_iteration_ms`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+
+from perftracker import hooks
+from perftracker.clock import Clock, MonotonicClock
+from perftracker.config import Config
+from perftracker.detector import DATALOADER, KIND_NAMES, STEP, Detector, DetectorOptions
+from perftracker.sinks import LoggingSink, TriggerSink
+
+log = logging.getLogger(__name__)
+
+BoundaryListener = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class RuntimeIdentity:
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    pid: int
+    training_tid: int
+    job: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def identity_from_env(config: Config, environ: Mapping[str, str] | None = None) -> RuntimeIdentity:
+    """Rank and sizes from torchrun's environment; job from config, TORCHELASTIC_RUN_ID or script."""
+    env = os.environ if environ is None else environ
+
+    def _int(name: str, default: int) -> int:
+        try:
+            return int(env.get(name, default))
+        except ValueError:
+            log.warning("perftracker: ignoring non-integer %s=%r", name, env.get(name))
+            return default
+
+    job = config.job_id or env.get("TORCHELASTIC_RUN_ID", "")
+    if not job or job == "none":
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        job = os.path.splitext(script)[0] or "python"
+    return RuntimeIdentity(
+        rank=_int("RANK", 0),
+        world_size=_int("WORLD_SIZE", 1),
+        local_rank=_int("LOCAL_RANK", 0),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        training_tid=threading.main_thread().native_id or threading.get_native_id(),
+        job=job,
+    )
+
+
+class Runtime:
+    """Owns the detector of this process and delivers its triggers to a sink."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        clock: Clock | None = None,
+        sink: TriggerSink | None = None,
+        identity: RuntimeIdentity | None = None,
+    ) -> None:
+        self.config = config or Config()
+        self.clock = clock or MonotonicClock()
+        self.identity = identity or identity_from_env(self.config)
+        self.detector = Detector(DetectorOptions.from_config(self.config), self.clock)
+        self._sink: TriggerSink = sink or LoggingSink()
+        self._listeners: tuple[BoundaryListener, ...] = ()
+        self._now_ns = self.clock.now_ns
+        self._on_event = self.detector.on_event
+        self._pre_t_ns = -1
+        self._blocked_episode_ns = -1  # last_t_ns of the episode already reported to the sink
+        self._failed_once: set[str] = set()
+        self.triggers: deque[dict[str, object]] = deque(maxlen=100)
+        self.active = False
+        self.error = ""
+
+    # ----------------------------------------------------------------------------------------
+    # contract API
+    # ----------------------------------------------------------------------------------------
+    @property
+    def iteration(self) -> int:
+        """Completed iterations (before the sequence is learned: optimizer steps)."""
+        return self.detector.iteration
+
+    def add_boundary_listener(self, fn: BoundaryListener) -> None:
+        """``fn(t_ns, iteration)`` runs in the training thread right after each boundary event."""
+        if fn not in self._listeners:
+            self._listeners = (*self._listeners, fn)
+
+    def remove_boundary_listener(self, fn: BoundaryListener) -> None:
+        self._listeners = tuple(f for f in self._listeners if f is not fn and f != fn)
+
+    def set_sink(self, sink: TriggerSink) -> None:
+        self._sink = sink
+
+    @property
+    def sink(self) -> TriggerSink:
+        return self._sink
+
+    def last_event(self) -> tuple[str, int] | None:
+        """(kind, t_ns) of the latest hook event: dataloader.next, optimizer.step(.pre)."""
+        det = self.detector
+        kind, t_ns = det.last_kind, det.last_t_ns
+        pre_t_ns = self._pre_t_ns
+        if pre_t_ns > t_ns:
+            return "optimizer.step.pre", pre_t_ns
+        if t_ns < 0:
+            return None
+        return KIND_NAMES[kind], t_ns
+
+    def recent_iteration_ms(self) -> list[float]:
+        """Durations of the last W completed iterations, oldest first."""
+        return [d / 1e6 for d in list(self.detector.durations_ns)]
+
+    def check_blocked(self, now_ns: int | None = None, notify: bool = True) -> dict[str, object] | None:
+        """Poll from any thread. A detail mapping while blocked, else None.
+
+        Blocked: no hook event for max(blocked_factor x mean iteration, blocked_min_s). With
+        ``notify`` the sink's ``on_blocked`` is called once per episode (an episode ends with the
+        next hook event), in the calling thread.
+        """
+        if not self.active:
+            return None
+        detail = self.detector.check_blocked(now_ns)
+        if detail is None:
+            return None
+        detail = {**detail, **self._identity_fields()}
+        episode = int(detail["last_event_ns"])  # type: ignore[call-overload]
+        if notify and episode != self._blocked_episode_ns:
+            self._blocked_episode_ns = episode
+            self.triggers.append({"type": "blocked", **detail})
+            try:
+                self._sink.on_blocked(detail)
+            except Exception as exc:
+                self._log_once("sink.on_blocked", exc)
+        return detail
+
+    def trigger(self, reason: str, detail: Mapping[str, object] | None = None) -> bool:
+        """An on-demand trigger from any thread; False if perftracker is not active."""
+        if not self.active:
+            log.warning("perftracker: trigger(%r) ignored: not active (%s)", reason, self.error or "off")
+            return False
+        full = {"source": "manual", "iteration": self.iteration, **(detail or {}), **self._identity_fields()}
+        self._deliver(reason, full)
+        return True
+
+    def status(self) -> dict[str, object]:
+        det = self.detector
+        durations = list(det.durations_ns)
+        phase = det.phase if self.active else ("failed" if self.error else "inactive")
+        return {
+            "active": self.active,
+            "phase": phase,
+            "mode": det.options.mode,
+            "sequence": det.sequence_names(),
+            "iteration": det.iteration,
+            "learned_at_iteration": det.learned_at_iteration,
+            "relearn_count": det.relearn_count,
+            "recent_mean_ms": (sum(durations) / len(durations) / 1e6) if durations else None,
+            "recent_min_ms": (min(durations) / 1e6) if durations else None,
+            "recent_iteration_ms": [d / 1e6 for d in durations],
+            "blocked_limit_s": det.blocked_limit_ns() / 1e9,
+            "triggers": list(self.triggers),
+            "identity": self.identity.to_dict(),
+            "error": self.error,
+        }
+
+    # ----------------------------------------------------------------------------------------
+    # lifecycle
+    # ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        hooks.install(self)
+        self.active = True
+
+    def stop(self) -> None:
+        self.active = False
+        hooks.uninstall()
+
+    # ----------------------------------------------------------------------------------------
+    # hook callbacks: the hot path (hooks.py catches whatever they raise)
+    # ----------------------------------------------------------------------------------------
+    def on_dataloader_next(self) -> None:
+        t_ns = self._now_ns()
+        if self._on_event(DATALOADER, t_ns):
+            self._boundary(t_ns)
+
+    def on_step_pre(self) -> None:
+        self._pre_t_ns = self._now_ns()
+
+    def on_step_post(self) -> None:
+        t_ns = self._now_ns()
+        if self._on_event(STEP, t_ns):
+            self._boundary(t_ns)
+
+    def _boundary(self, t_ns: int) -> None:
+        if self.detector.pending is not None:
+            detail = self.detector.pop_trigger()
+            if detail is not None:
+                self._deliver("slowdown", {"source": "detector", **detail, **self._identity_fields()})
+        iteration = self.detector.iteration
+        for fn in self._listeners:
+            try:
+                fn(t_ns, iteration)
+            except Exception as exc:
+                self._log_once(f"listener {getattr(fn, '__qualname__', fn)!s}", exc)
+
+    def hook_failed(self, where: str, exc: BaseException) -> None:
+        """Called by hooks.py after a hook raised: log once and disable perftracker here."""
+        self.active = False
+        self.error = f"{where}: {type(exc).__name__}: {exc}"
+        log.error(
+            "perftracker disabled in this process after an internal error in %s; training continues",
+            where,
+            exc_info=exc,
+        )
+        if where == "dataloader.next":
+            hooks.uninstall()  # safe here; optimizer hooks cannot be removed while torch runs them
+
+    # ----------------------------------------------------------------------------------------
+    def _identity_fields(self) -> dict[str, object]:
+        i = self.identity
+        return {"rank": i.rank, "world_size": i.world_size, "host": i.host, "pid": i.pid, "job": i.job}
+
+    def _deliver(self, reason: str, detail: dict[str, object]) -> None:
+        self.triggers.append({"type": "trigger", "reason": reason, **detail})
+        try:
+            self._sink.on_trigger(reason, detail)
+        except Exception as exc:
+            self._log_once("sink.on_trigger", exc)
+
+    def _log_once(self, where: str, exc: BaseException) -> None:
+        if where in self._failed_once:
+            return
+        self._failed_once.add(where)
+        log.error("perftracker: %s raised; ignored (logged once)", where, exc_info=exc)
+
+
+# ----------------------------------------------------------------------------------------------
+# the process-wide runtime
+# ----------------------------------------------------------------------------------------------
+_runtime: Runtime | None = None
+_last: Runtime | None = None
+_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime | None:
+    """The active Runtime of this process, or None (disabled, failed or never activated)."""
+    rt = _runtime
+    return rt if rt is not None and rt.active else None
+
+
+def activate(
+    config: Config | None = None, *, clock: Clock | None = None, sink: TriggerSink | None = None
+) -> Runtime:
+    """Start detection in this process. With no arguments and an active Runtime, return it."""
+    global _runtime, _last
+    with _lock:
+        if _runtime is not None and _runtime.active and config is None and clock is None and sink is None:
+            return _runtime
+        if _runtime is not None:
+            _runtime.stop()
+        rt = Runtime(config or Config.from_env(), clock=clock, sink=sink)
+        rt.start()
+        _runtime = _last = rt
+        return rt
+
+
+def deactivate() -> None:
+    """Stop detection and restore torch exactly as it was before activate()."""
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            _runtime.stop()
+            _runtime = None
+        else:
+            hooks.uninstall()
+
+
+def last_runtime() -> Runtime | None:
+    """The latest Runtime even if it was deactivated or failed (for status)."""
+    return _last

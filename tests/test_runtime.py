@@ -1,0 +1,205 @@
+"""The Runtime contract: listeners, sinks, triggers, blocked polling, identity, import activation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import perftracker
+from perftracker import runtime
+from perftracker.clock import FakeClock
+from perftracker.config import Config
+from perftracker.runtime import Runtime, identity_from_env
+from perftracker.sinks import LoggingSink, TriggerSink
+
+MS = 1_000_000
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.triggers: list[tuple[str, dict[str, object], str]] = []
+        self.blocked: list[dict[str, object]] = []
+
+    def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
+        self.triggers.append((reason, dict(detail), threading.current_thread().name))
+
+    def on_blocked(self, detail: Mapping[str, object]) -> None:
+        self.blocked.append(dict(detail))
+
+
+@pytest.fixture
+def fresh(clean_env: dict[str, str]) -> Iterator[None]:
+    perftracker.deactivate()
+    yield
+    perftracker.deactivate()
+
+
+def _fake_runtime(**cfg: object) -> tuple[Runtime, FakeClock, RecordingSink]:
+    clock = FakeClock(10**12)
+    sink = RecordingSink()
+    rt = Runtime(Config(**cfg), clock=clock, sink=sink)  # type: ignore[arg-type]
+    rt.active = True  # hooks not installed: events are fed by hand
+    return rt, clock, sink
+
+
+def _iterate(rt: Runtime, clock: FakeClock, n: int, duration_ms: float) -> None:
+    for _ in range(n):
+        rt.on_dataloader_next()
+        clock.advance_ns(int(duration_ms * MS))
+        rt.on_step_pre()
+        rt.on_step_post()
+
+
+def test_sinks_satisfy_the_protocol() -> None:
+    assert isinstance(LoggingSink(), TriggerSink)
+    assert isinstance(RecordingSink(), TriggerSink)
+
+
+def test_boundary_listeners_get_time_and_iteration_in_the_calling_thread() -> None:
+    rt, clock, _ = _fake_runtime()
+    seen: list[tuple[int, int, str]] = []
+    rt.add_boundary_listener(lambda t, i: seen.append((t, i, threading.current_thread().name)))
+    _iterate(rt, clock, 25, 40)
+    assert [i for _, i, _ in seen] == list(range(1, 26))
+    assert seen[-1][0] == clock.t_ns  # the time of the completing optimizer.step
+    assert {name for *_, name in seen} == {threading.current_thread().name}
+
+
+def test_failing_listener_is_logged_once_and_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    rt, clock, _ = _fake_runtime()
+    good: list[int] = []
+
+    def bad(t_ns: int, it: int) -> None:
+        raise RuntimeError("listener bug")
+
+    rt.add_boundary_listener(bad)
+    rt.add_boundary_listener(lambda t, i: good.append(i))
+    with caplog.at_level(logging.ERROR, logger="perftracker"):
+        _iterate(rt, clock, 5, 40)
+    assert good == [1, 2, 3, 4, 5]
+    assert sum("listener" in r.getMessage() for r in caplog.records) == 1
+    assert rt.active
+
+
+def test_detector_slowdown_reaches_the_sink_once_with_identity() -> None:
+    rt, clock, sink = _fake_runtime(trigger_cooldown_s=0.0)
+    _iterate(rt, clock, 200, 40)
+    assert sink.triggers == []
+    _iterate(rt, clock, 5, 60)  # +50 %
+    assert len(sink.triggers) == 1
+    reason, detail, thread = sink.triggers[0]
+    assert reason == "slowdown" and detail["source"] == "detector" and detail["rank"] == rt.identity.rank
+    assert thread == threading.current_thread().name
+    assert rt.status()["triggers"][0]["reason"] == "slowdown"  # type: ignore[index]
+
+
+def test_manual_trigger_and_status() -> None:
+    rt, clock, sink = _fake_runtime()
+    _iterate(rt, clock, 30, 40)
+    assert rt.trigger("manual: user asked", {"window_s": 5})
+    reason, detail, _ = sink.triggers[0]
+    assert reason == "manual: user asked" and detail["window_s"] == 5 and detail["iteration"] == rt.iteration
+    st = rt.status()
+    assert st["phase"] == "tracking" and st["sequence"] == ["dataloader.next", "optimizer.step"]
+    assert st["recent_mean_ms"] == pytest.approx(40.0) and st["recent_min_ms"] == pytest.approx(40.0)
+    assert rt.recent_iteration_ms()[-1] == pytest.approx(40.0)
+    rt.active = False
+    assert not rt.trigger("ignored")
+
+
+def test_failing_sink_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    rt, clock, _ = _fake_runtime()
+
+    class Broken:
+        def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
+            raise OSError("agent gone")
+
+        def on_blocked(self, detail: Mapping[str, object]) -> None:
+            raise OSError("agent gone")
+
+    rt.set_sink(Broken())
+    with caplog.at_level(logging.ERROR, logger="perftracker"):
+        assert rt.trigger("a") and rt.trigger("b")
+    assert sum("sink.on_trigger" in r.getMessage() for r in caplog.records) == 1
+    assert len(rt.triggers) == 2
+
+
+def test_check_blocked_polled_from_another_thread_notifies_once_per_episode() -> None:
+    rt, clock, sink = _fake_runtime(blocked_factor=5.0, blocked_min_s=5.0)
+    _iterate(rt, clock, 30, 40)
+    last = rt.last_event()
+    assert last is not None and last[0] == "optimizer.step"
+    results: list[object] = []
+
+    def poll(now_ns: int) -> None:
+        results.append(rt.check_blocked(now_ns))
+
+    for offset_s in (4.9, 5.0, 6.0):  # a normal checkpoint of < 5 s is not a hang
+        th = threading.Thread(target=poll, args=(clock.t_ns + int(offset_s * 1e9),))
+        th.start()
+        th.join()
+    assert results[0] is None and results[1] is not None and results[2] is not None
+    assert len(sink.blocked) == 1 and sink.blocked[0]["rank"] == rt.identity.rank
+    _iterate(rt, clock, 1, 40)  # training moves again: a new episode may be reported
+    assert rt.check_blocked(clock.t_ns + 6 * 10**9) is not None
+    assert len(sink.blocked) == 2
+
+
+def test_last_event_reports_step_begin_during_a_step() -> None:
+    rt, clock, _ = _fake_runtime()
+    rt.on_dataloader_next()
+    clock.advance_ns(MS)
+    rt.on_step_pre()
+    assert rt.last_event() == ("optimizer.step.pre", clock.t_ns)
+
+
+def test_identity_from_torchrun_env() -> None:
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "job42"}
+    ident = identity_from_env(Config(), env)
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.job) == (3, 8, 1, "job42")
+    assert ident.training_tid == threading.main_thread().native_id
+    assert identity_from_env(Config(job_id="mine"), env).job == "mine"
+    assert identity_from_env(Config(), {}).rank == 0
+
+
+def test_real_loop_feeds_runtime_through_hooks(fresh: None) -> None:
+    sink = RecordingSink()
+    rt = runtime.activate(Config(), sink=sink)
+    assert runtime.get_runtime() is rt
+    seen: list[int] = []
+    rt.add_boundary_listener(lambda t, i: seen.append(i))
+    data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters())
+    for x, y in DataLoader(data, batch_size=4):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    assert seen == list(range(1, 65))
+    assert perftracker.trigger("manual: test")
+    assert sink.triggers[-1][0] == "manual: test"
+
+
+def _import_in_subprocess(env: dict[str, str]) -> dict[str, object]:
+    code = "import json, perftracker; print(json.dumps(perftracker.status()))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return {"status": json.loads(out.stdout.strip().splitlines()[-1]), "stderr": out.stderr}
+
+
+def test_import_activates_from_env_unless_disabled(clean_env: dict[str, str]) -> None:
+    on = _import_in_subprocess(dict(clean_env, PERFTRACKER_DETECTOR_MODE="paper"))
+    assert on["status"]["active"] is True and on["status"]["mode"] == "paper"  # type: ignore[index]
+    off = _import_in_subprocess(dict(clean_env, PERFTRACKER_DISABLE="1"))
+    assert off["status"]["active"] is False  # type: ignore[index]
+    bad = _import_in_subprocess(dict(clean_env, PERFTRACKER_BLOCKED_FACTOR="lots"))
+    assert bad["status"]["active"] is False  # type: ignore[index]
+    assert "PERFTRACKER_BLOCKED_FACTOR" in str(bad["stderr"])
