@@ -32,9 +32,10 @@ from perftracker.hang import (
     SELF_PREFIX,
     innermost_user_frame,
     is_collective,
+    is_user_frame,
     recognise_collective,
 )
-from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
+from perftracker.model import Frame, HangSnapshot, RankState, Report, compress_ranks
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ CULPRIT, WAITING, SILENT, PAUSED = "culprit", "waiting", "silent", "paused"
 class HangOptions:
     pause_s: float = 60.0  # Config.hang_pause_s: all ranks in user code for less than this is a pause
     max_listed_groups: int = 3  # groups spelled out in the summary sentence
+    max_callers: int = 3  # enclosing user functions named after the place ("via main > forward")
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,19 @@ def place(snap: HangSnapshot, options: HangOptions | None = None, now_ns: int | 
     where = str(anchor) if anchor is not None else "an unknown place (empty stack)"
     if op:
         where += f" ({op})"
+    callers = _user_callers(frames, anchor, (options or HangOptions()).max_callers)
+    if callers:
+        where += " via " + " > ".join(callers)
     return _Placed(snap, False, where, signature)
+
+
+def _user_callers(frames: Sequence[Frame], anchor: Frame | None, limit: int) -> list[str]:
+    """Names of the user functions that called the anchor frame, outermost first (at most limit)."""
+    if anchor is None or limit <= 0:
+        return []
+    i = max(j for j, f in enumerate(frames) if f is anchor)
+    names = [f.function for f in frames[:i] if is_user_frame(f) and not f.function.startswith("<")]
+    return names[-limit:]
 
 
 def _idle(snap: HangSnapshot, now_ns: int | None) -> float:

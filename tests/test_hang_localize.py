@@ -64,10 +64,10 @@ def test_rank_hanging_in_forward_is_named_with_place_and_call() -> None:
     assert report is not None and report.kind == "hang"
     assert culprits(report) == [2]
     states = {s.rank: s for s in report.hang_states}
-    assert states[2].where == "examples/train.py:88 in forward (time.sleep)"
+    assert states[2].where == "examples/train.py:88 in forward (time.sleep) via main > train_step"
     assert {states[r].state for r in (0, 1, 3)} == {"waiting"}
-    assert report.summary == ("hang: rank 2 stopped at examples/train.py:88 in forward (time.sleep) "
-                              "since iteration 301; all other ranks wait in c10d allreduce (DDP backward)")
+    assert report.summary == ("hang: rank 2 stopped at examples/train.py:88 in forward (time.sleep) via main > "
+                              "train_step since iteration 301; all other ranks wait in c10d allreduce (DDP backward)")
     assert report.ranks_reported == (0, 1, 2, 3) and report.ranks_missing == ()
     assert Report.from_dict(report.to_dict()) == report
 
@@ -145,7 +145,7 @@ def test_a_pause_that_outlasts_pause_s_becomes_a_hang_naming_no_rank() -> None:
     assert report is not None
     assert culprits(report) == []
     assert report.summary.startswith("hang: all 4 ranks stopped at examples/train.py:140 in save_checkpoint "
-                                     "(torch.save) for 33 s")
+                                     "(torch.save) via main for 33 s")
     # below the pause at the same age: still nothing
     assert localize_hang(snaps, {}, range(4), HangOptions(pause_s=60.0), now_ns=T0 + 25 * 10**9) is None
 
