@@ -208,3 +208,33 @@ def test_real_gloo_ddp_hang_snapshots(tmp_path: Path, free_port: int) -> None:
     line = culprit.stack[-1].line
     assert report.summary == (f"hang: rank 1 stopped at worker.py:{line} in forward (time.sleep) since "
                               "iteration 3; all other ranks wait in c10d allreduce (DDP backward)")
+
+
+def test_snapshot_with_the_real_runtime(clean_env: dict[str, str]) -> None:
+    import torch
+
+    from perftracker import runtime as rtmod
+    from perftracker.config import Config
+
+    rt = rtmod.activate(Config.from_env(autostart_agent=False))
+    try:
+        w = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(3):
+            w.sum().backward()
+            opt.step()
+            opt.zero_grad()
+        result: list[HangSnapshot] = []
+        t = threading.Thread(target=lambda: result.append(take_snapshot(rt, session="s")))
+        t.start()
+        t.join()
+    finally:
+        rtmod.deactivate()
+    snap = result[0]
+    assert snap.last_event.startswith("optimizer.step") and 0.0 <= snap.idle_s < 5.0
+    assert snap.last_iteration == rt.iteration >= 1
+    assert snap.pid == os.getpid() and snap.rank == rt.identity.rank and snap.job == rt.identity.job
+    # the main thread was inside t.join(): its stack ends in threading's join/lock wait
+    assert snap.stack[-1].file == "<stdlib>/threading.py"
+    assert any(f.function == "test_snapshot_with_the_real_runtime" for f in snap.stack)
+    assert snap.current_op == "t.join"
