@@ -97,7 +97,12 @@ def read_kineto_trace(path: str | Path, *, rank: int | None = None, prefer_filen
     """One rank's Kineto trace as a RawWindow (see the module doc)."""
     path = Path(path)
     doc = load_trace_json(path)
-    who = resolve_rank(doc, path, rank, prefer_filename)
+    return window_from_trace(doc, path, resolve_rank(doc, path, rank, prefer_filename), job=job, session=session)
+
+
+def window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str = "", session: str = "kineto"
+                      ) -> RawWindow:
+    """The RawWindow of a parsed trace document (``load_trace_json``) whose rank is resolved."""
     names: dict[str, int] = {}
     kinds, name_ids, tids, devs, starts, ends = [], [], [], [], [], []
     cpu_pids: Counter[int] = Counter()
