@@ -1,0 +1,240 @@
+"""`perftracker export-trace`: one rank's profile window as a Chrome/Perfetto trace JSON, with the
+critical path as its own track.
+
+Input: the ``RawWindow`` the profile window saved (``<run_dir>/windows/<session>-rank<R>.raw.npz``;
+the agent keeps it only when started with ``--keep-files``), or any raw window file via ``--raw``.
+Output: Chrome trace-event JSON (``traceEvents`` of complete "X" events, in microseconds from the
+window start), which ui.perfetto.dev and chrome://tracing open.
+
+Tracks: one process for the rank's CPU threads (training thread first), one per GPU (streams as
+threads), and one process "critical path" whose single thread shows, for each moment of the window,
+the function that holds the critical path (DESIGN.md section 5: the highest-priority category
+active; within a category, one of the active executions). The critical path is computed with the
+summarizer's own building blocks (``agent.categories``, ``agent.timeline``) and the same
+priority rule as ``agent.critical_path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perftracker.errors import PerftrackerError
+from perftracker.rawdata import EventKind, RawWindow
+
+HELP = "write one rank's window as a Perfetto/Chrome trace with the critical path"
+DESCRIPTION = """Write one rank's profile window as a Chrome/Perfetto trace (open it in ui.perfetto.dev).
+
+The raw window is looked up under the run directory (--run-dir, default $PERFTRACKER_RUN_DIR),
+in windows/<session>-rank<R>.raw.npz. The node agent deletes raw windows after uploading the
+patterns unless it runs with --keep-files; --raw FILE names a raw window file directly.
+
+examples:
+  perftracker export-trace s-20261122-125301-7f3a --rank 3 -o rank3.trace.json
+  perftracker export-trace any --raw /tmp/perftracker-0/windows/s1-rank3.raw.npz -o rank3.json
+"""
+
+CRITICAL_PID = 1 << 30  # a pid no real process has in the trace
+GPU_PID_BASE = 1 << 29
+_LEVEL_NAMES = ("compute", "memory", "collective", "python")
+_KIND_NAMES = {k.value: k.name.lower() for k in EventKind}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", help="session id (ignored with --raw)")
+    parser.add_argument("--rank", type=int, default=None, help="rank whose window to export (required without --raw)")
+    parser.add_argument("-o", "--output", metavar="FILE", required=True, help="trace JSON file to write")
+    parser.add_argument("--run-dir", default=None, help="run directory holding windows/ (default $PERFTRACKER_RUN_DIR)")
+    parser.add_argument("--raw", metavar="FILE", default=None, help="a raw window file (.raw.npz) to export")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = Path(args.raw) if args.raw else find_raw_window(args.session, args.rank, args.run_dir)
+    raw = RawWindow.load(path)
+    trace = build_trace(raw)
+    out = Path(args.output)
+    try:
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump(trace, fh, separators=(",", ":"))
+    except OSError as exc:
+        raise PerftrackerError(f"-o {out}: cannot write ({exc.strerror})") from None
+    n_crit = sum(1 for e in trace["traceEvents"] if e.get("pid") == CRITICAL_PID and e.get("ph") == "X")
+    sys.stderr.write(
+        f"wrote {out}: rank {raw.meta.rank}, session {raw.meta.session}, {len(raw)} events, "
+        f"{n_crit} critical-path slices; open it in ui.perfetto.dev\n"
+    )
+    return 0
+
+
+def find_raw_window(session: str, rank: int | None, run_dir: str | None) -> Path:
+    """The raw window file of (session, rank) under the run directory."""
+    if rank is None:
+        raise PerftrackerError("--rank R is required (or --raw FILE)")
+    if run_dir is None:
+        from perftracker.config import Config
+
+        run_dir = Config.from_env().run_dir
+    windows = Path(run_dir) / "windows"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
+    candidates = [windows / f"{safe}-rank{rank}.raw.npz", *sorted((windows / safe).glob(f"*rank{rank}.raw.npz"))]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise PerftrackerError(
+        f"no raw window for session {session!r} rank {rank} under {windows} "
+        f"(looked for {candidates[0].name}); the agent deletes raw windows after upload unless it runs "
+        "with --keep-files; pass --raw FILE or --run-dir DIR"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# the critical path as intervals
+# ------------------------------------------------------------------------------------------------
+
+
+def critical_intervals(start_ns: np.ndarray, end_ns: np.ndarray, level: np.ndarray,
+                       window_start_ns: int, window_end_ns: int, n_levels: int = 4
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The critical path as (start_ns, end_ns, segment) rows, merged where one segment holds it.
+
+    Same rule as ``agent.critical_path.critical_ns``: each moment belongs to the highest-priority
+    level (lowest number) with an active segment; of that level's active segments, the one that
+    ends last is shown as the holder."""
+    s = np.clip(start_ns, window_start_ns, window_end_ns).astype(np.int64)
+    e = np.clip(end_ns, window_start_ns, window_end_ns).astype(np.int64)
+    valid = (e > s) & (level >= 0) & (level < n_levels)
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    if not valid.any():
+        return empty
+    bounds = np.unique(np.concatenate([s[valid], e[valid]]))
+    t0, t1 = bounds[:-1], bounds[1:]
+    holder = np.full(len(t0), -1, dtype=np.int64)
+    for lvl in range(n_levels):  # lowest priority first, so higher levels overwrite
+        lvl_rows = np.flatnonzero(valid & (level == n_levels - 1 - lvl))
+        if not len(lvl_rows):
+            continue
+        order = lvl_rows[np.argsort(s[lvl_rows], kind="stable")]
+        starts, ends = s[order], e[order]
+        cummax = np.maximum.accumulate(ends)
+        arg = np.maximum.accumulate(np.where(ends == cummax, np.arange(len(order)), 0))
+        k = np.searchsorted(starts, t0, side="right") - 1
+        ok = k >= 0
+        covered = np.zeros(len(t0), dtype=bool)
+        covered[ok] = cummax[k[ok]] > t0[ok]
+        holder[covered] = order[arg[k[covered]]]
+    keep = holder >= 0
+    t0, t1, holder = t0[keep], t1[keep], holder[keep]
+    if not len(holder):
+        return empty
+    # merge adjacent elementary intervals held by the same segment
+    new = np.r_[True, (holder[1:] != holder[:-1]) | (t0[1:] != t1[:-1])]
+    starts_idx = np.flatnonzero(new)
+    ends_idx = np.r_[starts_idx[1:] - 1, len(holder) - 1]
+    return t0[starts_idx], t1[ends_idx], holder[starts_idx]
+
+
+def _segments(raw: RawWindow) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Self-time segments with their level and owning event row, as the summarizer builds them."""
+    from agent import categories as cat
+    from agent.timeline import nest, self_segments
+
+    meta = raw.meta
+    kind = raw.col("kind").astype(np.int64)
+    tid = raw.col("tid").astype(np.int64)
+    device = raw.col("device").astype(np.int64)
+    start = raw.col("start_ns").astype(np.int64)
+    end = raw.col("end_ns").astype(np.int64)
+    names = [cat.normalize_name(x) for x in raw.names]
+    name_id = raw.col("name_id").astype(np.int64)
+    gpu = bool(np.isin(kind, (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)).any())
+    role = cat.classify(kind, name_id, tuple(names), gpu).astype(np.int64)
+    on_training = (tid == meta.training_tid) & (device < 0)
+    host_like = (role == cat.PYTHON) | (role == cat.HOST)
+    role[host_like & ~on_training] = cat.SKIP
+    has_python = bool(((kind == EventKind.PYTHON) & on_training).any())
+    role[role == cat.HOST] = cat.SKIP if has_python else cat.PYTHON
+    role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
+    rows = np.flatnonzero((role >= 0) & (end > start))
+    group = (device[rows] + 2) * (1 << 40) + (tid[rows] & ((1 << 40) - 1))
+    nesting = nest(group, start[rows], end[rows])
+    segs = self_segments(start[rows], end[rows], nesting.parent)
+    owner_row = rows[segs.owner]
+    return segs.start_ns, segs.end_ns, role[owner_row], owner_row, names
+
+
+# ------------------------------------------------------------------------------------------------
+# the trace
+# ------------------------------------------------------------------------------------------------
+
+
+def build_trace(raw: RawWindow) -> dict[str, Any]:
+    """Chrome trace-event JSON of one raw window, with a critical-path track."""
+    meta = raw.meta
+    t_base = meta.window_start_ns
+
+    def us(t_ns: int) -> float:
+        return round((int(t_ns) - t_base) / 1000.0, 3)
+
+    kind = raw.col("kind")
+    tid = raw.col("tid")
+    device = raw.col("device")
+    start = raw.col("start_ns")
+    end = raw.col("end_ns")
+    stack_id = raw.col("stack_id")
+    name_id = raw.col("name_id")
+    cpu_pid = meta.pid or 1
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "name": "process_name", "pid": cpu_pid, "args": {"name": f"rank {meta.rank} ({meta.host}, pid {meta.pid})"}},
+        {"ph": "M", "name": "process_sort_index", "pid": cpu_pid, "args": {"sort_index": 1}},
+        {"ph": "M", "name": "process_name", "pid": CRITICAL_PID, "args": {"name": f"critical path (rank {meta.rank})"}},
+        {"ph": "M", "name": "process_sort_index", "pid": CRITICAL_PID, "args": {"sort_index": 0}},
+        {"ph": "M", "name": "thread_name", "pid": CRITICAL_PID, "tid": 1, "args": {"name": "critical path"}},
+    ]
+    threads = sorted({int(t) for t, d in zip(tid.tolist(), device.tolist(), strict=True) if d < 0})
+    for t in threads:
+        label = "training thread" if t == meta.training_tid else f"thread {t}"
+        events.append({"ph": "M", "name": "thread_name", "pid": cpu_pid, "tid": t, "args": {"name": label}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": cpu_pid, "tid": t,
+                       "args": {"sort_index": 0 if t == meta.training_tid else 1}})
+    for d in sorted({int(d) for d in device.tolist() if d >= 0}):
+        events.append({"ph": "M", "name": "process_name", "pid": GPU_PID_BASE + d, "args": {"name": f"GPU {d}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": GPU_PID_BASE + d, "args": {"sort_index": 2 + d}})
+    for i in range(len(raw)):
+        d = int(device[i])
+        ev: dict[str, Any] = {
+            "ph": "X", "name": raw.names[int(name_id[i])], "cat": _KIND_NAMES.get(int(kind[i]), "other"),
+            "pid": cpu_pid if d < 0 else GPU_PID_BASE + d, "tid": int(tid[i]),
+            "ts": us(start[i]), "dur": round((int(end[i]) - int(start[i])) / 1000.0, 3),
+        }
+        sid = int(stack_id[i])
+        if 0 <= sid < len(raw.stacks):
+            ev["args"] = {"stack": [raw.names[j] for j in raw.stacks[sid]]}
+        events.append(ev)
+    seg_start, seg_end, seg_level, seg_row, names = _segments(raw)
+    c0, c1, seg = critical_intervals(seg_start, seg_end, seg_level, meta.window_start_ns, meta.window_end_ns)
+    for a, b, k in zip(c0.tolist(), c1.tolist(), seg.tolist(), strict=True):
+        row = int(seg_row[k])
+        level = _LEVEL_NAMES[int(seg_level[k])]
+        fn = names[int(name_id[row])]
+        events.append({
+            "ph": "X", "name": f"{level}: {fn}", "cat": "critical_path", "pid": CRITICAL_PID, "tid": 1,
+            "ts": us(a), "dur": round((b - a) / 1000.0, 3),
+            "args": {"category": level, "function": fn, "thread": int(tid[row]), "device": int(device[row])},
+        })
+    events.append({"ph": "i", "s": "g", "name": "window start", "pid": CRITICAL_PID, "tid": 1, "ts": 0.0})
+    events.append({"ph": "i", "s": "g", "name": "window end", "pid": CRITICAL_PID, "tid": 1, "ts": us(meta.window_end_ns)})
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "perftracker export-trace", "job": meta.job, "session": meta.session, "rank": meta.rank,
+            "world_size": meta.world_size, "host": meta.host, "window_start_ns": meta.window_start_ns,
+            "window_end_ns": meta.window_end_ns, "clock": meta.clock, "source": meta.source,
+            "time_origin": "ts is microseconds from window_start_ns",
+        },
+    }
