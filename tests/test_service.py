@@ -196,3 +196,45 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
         written = json.loads(Path(s["report_path"]).read_text())
         assert written["session"] == session and written["ranks_missing"] == [0, 1]
     assert discover(runs) is None  # stopped: localizer.json removed, nothing answers
+
+
+def test_cli_trigger_waits_for_report_and_sessions_lists_it(localizer: LocalizerProcess, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    up = Uplink(localizer.url, TOKEN)
+    up.register("job-cli", "agent-0", "node0", workers(range(2), 2))
+
+    def agent() -> None:  # a simulated agent: long-poll, then upload both ranks
+        notice = up.poll_trigger("job-cli", timeout_s=30)
+        assert notice is not None
+        for r in range(2):
+            up.upload_patterns(make_pattern_set("job-cli", notice.session, r, 2))
+
+    t = threading.Thread(target=agent)
+    t.start()
+    env = dict(os.environ, PERFTRACKER_TOKEN=TOKEN, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("PERFTRACKER_LOCALIZER_URL", None)
+    env.pop("PERFTRACKER_JOB_ID", None)
+    cli = [sys.executable, "-m", "perftracker"]
+    out = subprocess.run([*cli, "trigger", "--url", localizer.url, "--job", "job-cli", "--window-s", "0.5"],
+                         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    t.join(30)
+    assert out.returncode == (0 if HAVE_LOCALIZE else 1), out.stderr
+    session = out.stdout.split()[2]
+    assert out.stdout.startswith(f"opened session {session} for job job-cli: window 0.5 s, 2 expected rank(s)")
+    assert f"session {session}: " in out.stderr and "rank(s) uploaded" in out.stderr  # the progress line
+    if HAVE_LOCALIZE:
+        path = Path(out.stdout.split("report: ", 1)[1].split()[0])
+        assert json.loads(path.read_text())["session"] == session
+
+    listed = subprocess.run([*cli, "sessions", "--url", localizer.url, "--job", "job-cli"],
+                            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and session in listed.stdout and "2/2" in listed.stdout
+    no_token = subprocess.run([*cli, "sessions", "--url", localizer.url], capture_output=True, text=True,
+                              timeout=60, env={**env, "PERFTRACKER_TOKEN": "wrong"}, cwd=tmp_path)
+    assert no_token.returncode == 1 and "401" in no_token.stderr
+    from_store = subprocess.run([*cli, "sessions", "--store", str(localizer.store), "--json", "--job", "job-cli"],
+                                capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert [s["session"] for s in json.loads(from_store.stdout)] == [session]
