@@ -177,3 +177,62 @@ def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> 
     # the rest of the job is unchanged
     base_job = one(default, "Job")
     assert _pod(job)["containers"] == _pod(base_job)["containers"]
+
+
+# ------------------------------------------------------------------------------------------------
+# manifests <-> code: the commands, flags and variables the manifests use exist
+# ------------------------------------------------------------------------------------------------
+
+
+def _all_containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for d in docs:
+        spec = d.get("spec", {}).get("template", {}).get("spec")
+        if spec:
+            out += spec.get("initContainers", []) + spec.get("containers", [])
+    return out
+
+
+@needs_kubectl
+def test_container_commands_parse_with_the_real_cli() -> None:
+    from perftracker.cli import build_parser
+
+    for path in ("k8s/overlays/example", "k8s/overlays/example-nsys"):
+        for c in _all_containers(render(path)):
+            if c.get("command"):  # the trainer runs torchrun through sh
+                continue
+            argv = [str(a) for a in c["args"]]
+            args = build_parser(argv).parse_args(argv)  # SystemExit on an unknown flag
+            assert args.command == argv[0], c["name"]
+
+
+@needs_kubectl
+def test_environment_variables_are_ones_perftracker_reads() -> None:
+    import dataclasses
+
+    from perftracker.config import Config
+
+    known = {"PERFTRACKER_" + f.name.upper() for f in dataclasses.fields(Config)}
+    known |= {"PERFTRACKER_K8S_NAMESPACE", "PERFTRACKER_TOKEN_FILE"}  # localizer/k8s.py, agent/uplink.py
+    used = {e["name"] for c in _all_containers(render("k8s/overlays/example")) for e in c.get("env", [])}
+    ours = {n for n in used if n.startswith("PERFTRACKER_")}
+    assert ours and ours <= known, ours - known
+
+
+def test_dockerfiles_copy_existing_paths_and_match_manifest_images() -> None:
+    import re
+
+    images = {"agent.Dockerfile": "perftracker/agent", "localizer.Dockerfile": "perftracker/localizer",
+              "agent-nsys.Dockerfile": "perftracker/agent-nsys"}
+    manifests = "\n".join(p.read_text() for p in (REPO / "k8s").rglob("*.yaml"))
+    for name, image in images.items():
+        text = (REPO / "docker" / name).read_text()
+        assert f"-t {image}:" in text, name  # the build command in its header
+        assert re.search(rf"image: {re.escape(image)}:", manifests), image
+        if name == "agent-nsys.Dockerfile":
+            continue  # built from docker/ with a user-supplied .deb
+        for src in re.findall(r"^COPY (\S+)", text, flags=re.M):
+            assert (REPO / src).exists(), f"{name}: COPY {src} does not exist"
+    train = (REPO / "k8s/overlays/example/train-job.yaml").read_text()
+    script = re.search(r"/opt/perftracker/(examples/\S+\.py)", train)
+    assert script and (REPO / script.group(1)).is_file(), "the example Job runs a script the image does not have"
