@@ -48,6 +48,48 @@ class HangOptions:
     max_listed_groups: int = 3  # groups spelled out in the summary sentence
     max_callers: int = 3  # enclosing user functions named after the place ("via main > forward")
 
+    @classmethod
+    def from_env(cls) -> HangOptions:
+        """pause_s from PERFTRACKER_HANG_PAUSE_S (Config.hang_pause_s), as the workers see it."""
+        from perftracker.config import Config
+
+        return cls(pause_s=Config.from_env().hang_pause_s)
+
+
+# Liveness words an agent puts in a silent worker's heartbeat ``phase`` (agent.liveness states),
+# and how a report says them.
+LIVENESS_DETAIL = {
+    "stopped": "process stopped",
+    "disk_wait": "process stuck in uninterruptible kernel wait",
+    "silent": "process running but silent",
+    "dead": "process dead",
+}
+
+
+def silent_detail(alive: bool, phase: str) -> str:
+    """The report's words for a silent rank from its latest heartbeat."""
+    if not alive:
+        return LIVENESS_DETAIL["dead"]
+    return LIVENESS_DETAIL.get(phase, f"process running but silent (phase {phase or '?'})")
+
+
+def never_answers(alive: bool, phase: str) -> bool:
+    """A rank that cannot send a snapshot: dead or stopped (no point waiting for it)."""
+    return not alive or phase in ("stopped", "dead")
+
+
+def job_resumed(snapshots: Sequence[HangSnapshot], beats: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether any rank completed an iteration after its snapshot.
+
+    ``beats`` are (rank, completed iterations, received wall ns) from the latest heartbeats.
+    """
+    last = {s.rank: s for s in snapshots}
+    for rank, iteration, received_ns in beats:
+        s = last.get(rank)
+        if s is not None and s.last_iteration >= 0 and iteration > s.last_iteration and received_ns >= s.taken_ns:
+            return True
+    return False
+
 
 @dataclass(frozen=True)
 class SilentRank:

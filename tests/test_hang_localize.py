@@ -177,3 +177,21 @@ def test_two_user_places_without_collectives_name_the_minority_after_the_pause()
 
 def test_nothing_in_nothing_out() -> None:
     assert localize_hang([], {}, []) is None
+
+
+def test_liveness_words_and_resume() -> None:
+    from localizer.hang import job_resumed, never_answers, silent_detail
+
+    assert silent_detail(False, "tracking") == "process dead"
+    assert silent_detail(True, "stopped") == "process stopped"
+    assert silent_detail(True, "tracking") == "process running but silent (phase tracking)"
+    assert never_answers(True, "stopped") and never_answers(False, "") and not never_answers(True, "silent")
+    snaps = [snap(0, ALLREDUCE, "c10d allreduce", it=301), snap(1, CHECKPOINT, "torch.save", it=301)]
+    assert not job_resumed(snaps, [(0, 301, T0 + 10**9), (1, 301, T0 + 10**9)])
+    assert not job_resumed(snaps, [(0, 305, T0 - 10**9)])  # a heartbeat from before the snapshot
+    assert job_resumed(snaps, [(0, 301, T0 + 10**9), (1, 302, T0 + 2 * 10**9)])
+
+
+def test_pause_s_comes_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("PERFTRACKER_HANG_PAUSE_S", "12.5")
+    assert HangOptions.from_env().pause_s == 12.5
