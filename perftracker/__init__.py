@@ -76,7 +76,11 @@ def _activate_from_env() -> None:
     if _is_cli_process():
         return
     try:
-        activate(Config.from_env())
+        config = Config.from_env()
+        rt = activate(config)
+        from perftracker.channel import start_channel
+
+        start_channel(rt, config)  # link to the node agent (autostarted if none); never raises
     except Exception:  # never hurt training: a bad setting or a torch mismatch disables us
         log.exception("perftracker: activation failed; detection is off in this process")
 

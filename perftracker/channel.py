@@ -22,6 +22,7 @@ import logging
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +48,7 @@ class ChannelOptions:
     autostart_every_s: float = 10.0  # at most one autostart attempt per this period
     queue_max: int = 256  # outgoing messages kept while disconnected (oldest dropped)
     recent_iterations: int = 50  # iteration times sent in ITER_STATS
+    blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
 
 
 def _identity_fields(runtime: Any) -> dict[str, Any]:
@@ -111,7 +113,7 @@ class AgentChannel:
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
         self._warned: set[str] = set()
-        self._last_autostart = -1e18
+        self._last_autostart = -1.0  # monotonic time of the last autostart attempt; <0: none yet
         self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
         self.connects = 0  # successful registrations, for status and tests
         self.sent_triggers = 0
@@ -120,7 +122,11 @@ class AgentChannel:
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
         try:
-            self._enqueue(wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=_json_safe(detail)))
+            extra: dict[str, Any] = {}
+            if "PERFTRACKER_WINDOW_S" in os.environ:  # set explicitly: it overrides the localizer's default
+                extra["window_s"] = float(self.config.window_s)
+            self._enqueue(wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=_json_safe(detail),
+                                            **extra))
         except Exception as exc:  # never raise into the caller
             self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
 
@@ -187,7 +193,7 @@ class AgentChannel:
                 self._warn_once("connect-bug", "perftracker: agent connection failed: %r", exc)
                 sock = None
             if sock is None:
-                self._stop.wait(delay)
+                self._stop.wait(self._retry_delay(delay))
                 delay = min(delay * 2, self.options.backoff_max_s)
                 continue
             delay = self.options.backoff_min_s
@@ -207,9 +213,9 @@ class AgentChannel:
             return wire.connect(self.path, self.options.connect_timeout_s)
         except TransportError as exc:
             first_error = exc
-        if self.config.autostart_agent:
+        if self._may_autostart():
             now = time.monotonic()
-            if now - self._last_autostart >= self.options.autostart_every_s:
+            if self._last_autostart < 0 or now - self._last_autostart >= self.options.autostart_every_s:
                 self._last_autostart = now
                 from perftracker import autostart
 
@@ -221,6 +227,24 @@ class AgentChannel:
         self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with backoff",
                         self.path, first_error)
         return None
+
+    def _may_autostart(self) -> bool:
+        """Start an agent only for a process that trains (one iteration done), never inside a
+        pytest process unless PERFTRACKER_AUTOSTART_AGENT is set explicitly."""
+        if not self.config.autostart_agent:
+            return False
+        if "_pytest" in sys.modules and "PERFTRACKER_AUTOSTART_AGENT" not in os.environ:
+            return False
+        try:
+            return int(getattr(self.runtime, "iteration", 0) or 0) >= 1
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _retry_delay(self, delay: float) -> float:
+        """While an autostart is still to come (waiting for the first iteration), poll quickly."""
+        if self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules:
+            return min(delay, 0.5)
+        return delay
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options
@@ -239,6 +263,7 @@ class AgentChannel:
         decoder = wire.FrameDecoder()
         next_beat = 0.0
         next_stats = time.monotonic() + opts.stats_s
+        next_blocked = time.monotonic() + opts.blocked_poll_s
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
@@ -249,9 +274,13 @@ class AgentChannel:
                 if stats is not None:
                     self._send(sock, stats)
                 next_stats = now + opts.stats_s
+            self._poll_blocked()
+            if now >= next_blocked:
+                self._check_blocked()
+                next_blocked = now + opts.blocked_poll_s
             self._take_wanted_snapshots()
             self._flush(sock)
-            timeout = max(0.0, min(next_beat, next_stats) - time.monotonic())
+            timeout = max(0.0, min(next_beat, next_stats, next_blocked) - time.monotonic())
             readable, _, _ = select.select([sock, self._wake_r], [], [], timeout)
             if self._wake_r in readable:
                 try:
@@ -281,6 +310,16 @@ class AgentChannel:
                     self._out.popleft()
             if msg["type"] == MessageType.TRIGGER.value:
                 self.sent_triggers += 1
+
+    def _check_blocked(self) -> None:
+        """The controller's poll: the runtime calls on_blocked (in this thread) once per episode."""
+        check = getattr(self.runtime, "check_blocked", None)
+        if check is None:
+            return
+        try:
+            check()
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("check-blocked", "perftracker: blocked check failed: %r", exc)
 
     def _heartbeat(self) -> dict[str, Any]:
         rt = self.runtime
@@ -324,7 +363,7 @@ class AgentChannel:
 
         out_dir = os.path.join(self.config.run_dir, "windows")
         os.makedirs(out_dir, exist_ok=True)
-        return ProfileWindow(self.runtime.identity, out_dir)
+        return ProfileWindow(self.runtime.identity, out_dir, runtime=self.runtime)
 
     def _start_window(self, session: str, window_s: float) -> None:
         def done(result: Any) -> None:
@@ -334,6 +373,7 @@ class AgentChannel:
                     raw_path=str(getattr(result, "raw_path", "") or ""),
                     start_ns=int(getattr(result, "start_ns", 0) or 0), end_ns=int(getattr(result, "end_ns", 0) or 0),
                     error=str(getattr(result, "error", "") or ""),
+                    samples_path=str(getattr(result, "samples_path", "") or ""),
                 ))
             except Exception as exc:  # noqa: BLE001 - runs in the training thread
                 self._warn_once("done", "perftracker: could not report a finished window: %s", exc)
@@ -352,6 +392,16 @@ class AgentChannel:
             log.warning("perftracker: session %s: %s", session, error)
             self._enqueue(wire.make_message(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0,
                                             end_ns=0, error=error))
+
+    def _poll_blocked(self) -> None:
+        """The controller's blocked check: Runtime.check_blocked calls on_blocked once per episode."""
+        check = getattr(self.runtime, "check_blocked", None)
+        if check is None:
+            return
+        try:
+            check()
+        except Exception as exc:  # noqa: BLE001 - detection problems must not stop the channel
+            self._warn_once("check_blocked", "perftracker: blocked check failed: %r", exc)
 
     def _take_wanted_snapshots(self) -> None:
         with self._lock:

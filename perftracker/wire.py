@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator, Mapping
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from perftracker.errors import TransportError
@@ -43,7 +43,7 @@ class ConnectionClosed(TransportError):
     """The peer closed the socket (cleanly or in the middle of a frame)."""
 
 
-class MessageType(str, Enum):
+class MessageType(StrEnum):
     # worker -> agent
     REGISTER = "register"
     HEARTBEAT = "heartbeat"

@@ -1,0 +1,454 @@
+"""The node agent: one per node (or per run dir), between the training processes and the localizer.
+
+- Serves the Unix socket ``<run_dir>/agent.sock`` (perftracker.wire). Workers register, send
+  heartbeats, iteration statistics, triggers, hang snapshots and WINDOW_DONE.
+- Registers each job's local workers with the localizer and forwards heartbeats (with liveness
+  from procfs, so dead or stopped ranks are known), triggers and hang snapshots.
+- Long-polls the localizer for sessions, one poller per job. For a profiling session it sends
+  START_WINDOW to the job's workers, runs the samplers process per worker over the window, then the
+  summarizer in a separate process (one core, nice 19), and uploads each PatternSet. For a hang
+  session it asks the workers for hang snapshots.
+- Serves Prometheus text metrics (agent.metrics) over HTTP when a metrics port is given.
+
+The localizer client is duck-typed (agent.uplink.Uplink: blocking calls, run in threads here), so
+the embedded default can point it at an in-process localizer without this package importing
+``localizer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.metrics import Metrics
+from agent.windows import SessionRun, WindowOptions, WindowRunner
+from perftracker import wire
+from perftracker.errors import PerftrackerError
+from perftracker.model import HangSnapshot
+from perftracker.wire import MessageType
+
+log = logging.getLogger(__name__)
+
+AGENT_INFO = "agent.json"
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    run_dir: str
+    agent_id: str = ""  # default: <host>-<pid>
+    host: str = field(default_factory=socket.gethostname)
+    poll_timeout_s: float = 20.0  # long-poll duration
+    heartbeat_s: float = 2.0  # heartbeat period to the localizer
+    register_debounce_s: float = 0.3  # gather workers registering together into one registration
+    idle_exit_s: float = 0.0  # >0: exit when no worker has been connected this long (and nothing is running)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    window: WindowOptions = field(default_factory=WindowOptions)
+
+
+@dataclass
+class Worker:
+    job: str
+    rank: int
+    world_size: int
+    local_rank: int
+    pid: int
+    training_tid: int
+    host: str
+    start_ticks: int = 0
+    writer: asyncio.StreamWriter | None = None
+    iteration: int = -1
+    phase: str = ""
+    last_event_age_s: float = 0.0
+    iteration_ms: float = 0.0
+    min_ms: float = 0.0
+    last_seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def connected(self) -> bool:
+        return self.writer is not None
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size, "pid": self.pid,
+                "tid": self.training_tid, "host": self.host}
+
+
+def _liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
+    try:
+        from agent.liveness import ProcState, probe
+
+        info = probe(pid, start_ticks)
+        return info.state is not ProcState.DEAD, info.state.value
+    except Exception:  # noqa: BLE001 - liveness is best effort
+        return True, "unknown"
+
+
+class AgentDaemon:
+    def __init__(self, options: AgentOptions, uplink: Any, idle_check: Callable[[], bool] | None = None) -> None:
+        self.options = options
+        self.uplink = uplink
+        self.agent_id = options.agent_id or f"{options.host}-{os.getpid()}"
+        self.idle_check = idle_check  # extra condition for idle exit (e.g. the embedded localizer is idle)
+        self.metrics = Metrics()
+        self.workers: dict[tuple[str, int], Worker] = {}
+        self.sessions: dict[str, SessionRun] = {}
+        self.metrics_url = ""
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+        self._register_pending: dict[str, asyncio.TimerHandle] = {}
+        self._registered: dict[str, frozenset[int]] = {}
+        self._stopped = asyncio.Event()
+        self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self._call)
+        self._last_connected = time.monotonic()
+        self._warned: set[str] = set()
+        self._metrics_runner: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def socket_path(self) -> str:
+        return wire.socket_path(self.options.run_dir)
+
+    async def start(self) -> None:
+        os.makedirs(self.options.run_dir, mode=0o700, exist_ok=True)
+        path = self.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # the caller holds agent.lock, so a leftover socket is stale
+        self._server = await asyncio.start_unix_server(self._handle_worker, path=path,
+                                                       limit=wire.MAX_FRAME_BYTES + 16)
+        os.chmod(path, 0o600)
+        if self.options.metrics_port is not None:
+            await self._start_metrics()
+        self._spawn(self._heartbeat_loop(), "heartbeats")
+        if self.options.idle_exit_s > 0:
+            self._spawn(self._idle_loop(), "idle")
+        self.write_info()
+        log.info("agent %s listening on %s%s", self.agent_id, path,
+                 f", metrics at {self.metrics_url}" if self.metrics_url else "")
+
+    def write_info(self, **extra: Any) -> None:
+        info = {"pid": os.getpid(), "agent_id": self.agent_id, "socket": self.socket_path,
+                "metrics_url": self.metrics_url, "localizer_url": getattr(self.uplink, "url", ""),
+                "started_wall_ns": time.time_ns(), **extra}
+        path = Path(self.options.run_dir) / AGENT_INFO
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(path)
+        except OSError as exc:
+            self._warn_once("info", "cannot write %s: %s", path, exc)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self._stopped.set()
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        for w in self.workers.values():
+            if w.writer is not None:
+                w.writer.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        for name in (wire.SOCKET_NAME, AGENT_INFO):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.options.run_dir, name))
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent task %s failed: %r", task.get_name(), task.exception(), exc_info=task.exception())
+
+    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
+        if key in self._warned:
+            log.debug(fmt, *args)
+        else:
+            self._warned.add(key)
+            log.warning(fmt, *args)
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        fn = getattr(self.uplink, method)
+        if asyncio.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        # A daemon thread per blocking call (not the default executor): a long poll in flight must
+        # not hold up the agent's exit.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                (fut.set_result if ok else fut.set_exception)(value)
+
+        def work() -> None:
+            try:
+                res, ok = fn(*args, **kwargs), True
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                res, ok = exc, False
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, ok, res)
+
+        threading.Thread(target=work, name=f"uplink-{method}", daemon=True).start()
+        return await fut
+
+    # ------------------------------------------------------------------ workers
+    async def _handle_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        worker: Worker | None = None
+        try:
+            msg = await wire.read_message(reader)
+            if msg["type"] != MessageType.REGISTER.value:
+                raise wire.WireError(f"first message must be register, got {msg['type']}")
+            if msg["protocol"] != wire.PROTOCOL_VERSION:
+                await wire.write_message(writer, {"type": "ack", "ok": False,
+                                                  "error": f"protocol {msg['protocol']} unsupported"})
+                return
+            worker = self._register_worker(msg, writer)
+            await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=True, agent_id=self.agent_id))
+            while True:
+                msg = await wire.read_message(reader)
+                worker.last_seen = time.monotonic()
+                await self._on_message(worker, msg)
+        except wire.ConnectionClosed:
+            pass
+        except wire.WireError as exc:
+            log.warning("dropping a worker connection after a bad frame: %s", exc)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            if worker is not None and worker.writer is writer:
+                worker.writer = None
+                self._update_worker_metrics(worker.job)
+                log.info("worker rank %d of job %s disconnected", worker.rank, worker.job)
+                alive, state = _liveness(worker.pid, worker.start_ticks)
+                if not alive:
+                    self._fail_pending(worker, f"worker process {state}")
+            writer.close()
+
+    def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> Worker:
+        key = (msg["job"], msg["rank"])
+        old = self.workers.get(key)
+        if old is not None and old.writer is not None and old.writer is not writer:
+            old.writer.close()  # a reconnect (or a restarted rank) replaces the old connection
+        ticks = 0
+        with contextlib.suppress(Exception):
+            from agent.liveness import start_ticks_of
+
+            ticks = start_ticks_of(msg["pid"])
+        w = Worker(job=msg["job"], rank=msg["rank"], world_size=msg["world_size"], local_rank=msg["local_rank"],
+                   pid=msg["pid"], training_tid=msg["training_tid"], host=msg["host"], start_ticks=ticks,
+                   writer=writer)
+        self.workers[key] = w
+        self._last_connected = time.monotonic()
+        self._update_worker_metrics(w.job)
+        log.info("worker rank %d/%d of job %s registered (pid %d)", w.rank, w.world_size, w.job, w.pid)
+        self._schedule_register(w.job)
+        if w.job not in self._pollers:
+            self._pollers[w.job] = self._spawn(self._poll_loop(w.job), f"poll-{w.job}")
+        return w
+
+    def _update_worker_metrics(self, job: str) -> None:
+        n = sum(1 for w in self.workers.values() if w.job == job and w.connected)
+        self.metrics.set("perftracker_workers", n, job=job)
+
+    def job_workers(self, job: str, connected: bool = True) -> list[Worker]:
+        return sorted((w for w in self.workers.values() if w.job == job and (w.connected or not connected)),
+                      key=lambda w: w.rank)
+
+    async def _on_message(self, w: Worker, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == MessageType.HEARTBEAT.value:
+            w.iteration = msg["iteration"]
+            w.phase = msg["phase"]
+            w.last_event_age_s = float(msg.get("idle_s") or 0.0)
+            self.metrics.set("perftracker_iterations", w.iteration, job=w.job, rank=w.rank)
+            self.metrics.remove("perftracker_detector_phase", job=w.job, rank=w.rank)
+            if w.phase:
+                self.metrics.set("perftracker_detector_phase", 1, job=w.job, rank=w.rank, phase=w.phase)
+        elif kind == MessageType.ITER_STATS.value:
+            w.iteration = msg["iteration"]
+            w.iteration_ms = float(msg.get("mean_ms") or 0.0)
+            w.min_ms = float(msg.get("min_ms") or 0.0)
+            self.metrics.set("perftracker_iteration_ms", w.iteration_ms, job=w.job, rank=w.rank)
+            self.metrics.set("perftracker_iteration_min_ms", w.min_ms, job=w.job, rank=w.rank)
+        elif kind == MessageType.TRIGGER.value:
+            self.metrics.inc("perftracker_triggers_total", job=w.job)
+            window_s = msg.get("window_s")
+            window_s = float(window_s) if isinstance(window_s, (int, float)) and 0.1 <= window_s <= 600 else None
+            self._spawn(self._forward_trigger(w, msg["reason"], msg["detail"], window_s), "trigger")
+        elif kind == MessageType.BLOCKED.value:
+            log.warning("rank %d of job %s reports the job blocked: %s", w.rank, w.job, msg["detail"])
+        elif kind == MessageType.HANG_SNAPSHOT.value:
+            self._spawn(self._upload_snapshot(w, msg["snapshot"]), "hang-snapshot")
+        elif kind == MessageType.WINDOW_DONE.value:
+            self._on_window_done(w, msg)
+
+    def _fail_pending(self, w: Worker, error: str) -> None:
+        for run in self.sessions.values():
+            fut = run.done.get(w.rank)
+            if run.job == w.job and fut is not None and not fut.done():
+                fut.set_result({"error": error, "raw_path": "", "start_ns": 0, "end_ns": 0})
+
+    def _on_window_done(self, w: Worker, msg: dict[str, Any]) -> None:
+        run = self.sessions.get(msg["session"])
+        fut = run.done.get(w.rank) if run is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+            return
+        if run is None and msg["raw_path"] and not msg["error"]:
+            # a window started by a previous agent (we restarted mid-window): still summarize and upload it
+            log.info("rank %d finished a window of session %s started by an earlier agent; uploading it",
+                     w.rank, msg["session"])
+            self._spawn(self.windows.process_window(w, msg["session"], msg, None), f"late-{msg['session']}")
+
+    # ------------------------------------------------------------------ localizer
+    def _schedule_register(self, job: str) -> None:
+        loop = asyncio.get_running_loop()
+        handle = self._register_pending.pop(job, None)
+        if handle is not None:
+            handle.cancel()
+        self._register_pending[job] = loop.call_later(
+            self.options.register_debounce_s, lambda: self._spawn(self._register_job(job), f"register-{job}"))
+
+    async def _register_job(self, job: str) -> None:
+        self._register_pending.pop(job, None)
+        workers = self.job_workers(job, connected=False)
+        ranks = frozenset(w.rank for w in workers)
+        try:
+            await self._call("register", job, self.agent_id, self.options.host, [w.info() for w in workers])
+            self._registered[job] = ranks
+            self._warned.discard("register")
+        except PerftrackerError as exc:
+            self._registered.pop(job, None)
+            self._warn_once("register", "cannot register job %s with the localizer: %s (will retry)", job, exc)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.heartbeat_s)
+            for job in sorted({w.job for w in self.workers.values()}):
+                workers = self.job_workers(job, connected=False)
+                if self._registered.get(job) != frozenset(w.rank for w in workers):
+                    if job not in self._register_pending:
+                        await self._register_job(job)
+                    continue
+                ranks = []
+                for w in workers:
+                    alive, _ = (True, "connected") if w.connected else _liveness(w.pid, w.start_ticks)
+                    age = w.last_event_age_s + (0.0 if w.connected else time.monotonic() - w.last_seen)
+                    ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": w.phase,
+                                  "last_event_age_s": round(max(0.0, age), 3), "alive": alive,
+                                  "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
+                try:
+                    await self._call("heartbeat", job, self.agent_id, ranks)
+                    self._warned.discard("heartbeat")
+                except PerftrackerError as exc:
+                    self._warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
+
+    async def _forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
+        log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
+        try:
+            session, joined = await self._call("create_trigger", w.job, f"rank {w.rank}: {reason}", window_s)
+            log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
+        except PerftrackerError as exc:
+            self._warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
+
+    async def _upload_snapshot(self, w: Worker, snapshot: dict[str, Any]) -> None:
+        try:
+            snap = HangSnapshot.from_dict(snapshot)
+            await self._call("upload_hang_snapshot", snap)
+            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="ok")
+            log.info("uploaded a hang snapshot of rank %d (job %s)", w.rank, w.job)
+        except PerftrackerError as exc:
+            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="error")
+            log.warning("hang snapshot of rank %d not uploaded: %s", w.rank, exc)
+
+    async def _poll_loop(self, job: str) -> None:
+        after: str | None = None
+        delay = 0.5
+        while True:
+            if not self.job_workers(job, connected=False):
+                await asyncio.sleep(1)
+                continue
+            try:
+                notice = await self._call("poll_trigger", job, after, self.options.poll_timeout_s)
+                delay = 0.5
+                self._warned.discard("poll")
+            except PerftrackerError as exc:
+                self._warn_once("poll", "long poll to the localizer failed: %s (retrying)", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            if notice is None:
+                continue
+            after = notice.session
+            if notice.session not in self.sessions:
+                self.start_session(job, notice.session, float(notice.window_s), notice.reason,
+                                   getattr(notice, "kind", "slowdown"))
+
+    # ------------------------------------------------------------------ sessions
+    def start_session(self, job: str, session: str, window_s: float, reason: str, kind: str = "slowdown") -> SessionRun:
+        run = SessionRun(session, job, window_s, reason, kind)
+        self.sessions[session] = run
+        self.metrics.inc("perftracker_sessions_total", state="started")
+        self._spawn(self.windows.run_session(run, self.job_workers(job)), f"session-{session}")
+        return run
+
+    # ------------------------------------------------------------------ idle exit and metrics
+    def busy(self) -> bool:
+        return any(not t.done() for t in self._tasks if t.get_name().startswith(("session-", "late-", "trigger",
+                                                                                   "hang-snapshot")))
+
+    async def _idle_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.options.idle_exit_s / 4))
+            if any(w.connected for w in self.workers.values()) or self.busy():
+                self._last_connected = time.monotonic()
+                continue
+            if self.idle_check is not None and not self.idle_check():
+                self._last_connected = time.monotonic()
+                continue
+            if time.monotonic() - self._last_connected >= self.options.idle_exit_s:
+                log.info("no worker for %.0f s and nothing running: the agent exits", self.options.idle_exit_s)
+                self._stopped.set()
+                return
+
+    async def _start_metrics(self) -> None:
+        from aiohttp import web
+
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8",
+                                headers={"X-Content-Type-Options": "nosniff"})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.options.metrics_host, self.options.metrics_port)
+        await site.start()
+        self._metrics_runner = runner
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        port = sockets[0].getsockname()[1] if sockets else self.options.metrics_port
+        self.metrics_url = f"http://{self.options.metrics_host}:{port}/metrics"

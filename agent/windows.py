@@ -1,0 +1,173 @@
+"""One profiling session on this node: samplers, START_WINDOW, summarizer, upload (DESIGN.md §1 steps 3-4).
+
+For each local worker of the job, in parallel:
+
+1. start the samplers process (``python -m agent.samplers --control-stdin``) and wait until it samples;
+2. send START_WINDOW; the worker profiles from its next iteration boundary for ``window_s`` and
+   answers WINDOW_DONE with its raw-window file and the window's real bounds;
+3. tell the samplers those bounds and let them write their SampleSet;
+4. summarize (one summarizer process at a time, one core, nice 19) and upload the PatternSet.
+
+A worker that fails (no answer in time, a window error, a summarizer error) is logged and left out:
+the localizer's deadline names it as missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent import processing
+from agent.metrics import Metrics
+from perftracker import wire
+from perftracker.errors import PerftrackerError
+from perftracker.wire import MessageType
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    samplers: bool = True
+    window_slack_s: float = 5.0  # samplers' upper bound runs this long past window_s (plus 3 iterations)
+    window_timeout_s: float = 60.0  # wait this long past window_s for a worker's WINDOW_DONE
+    keep_files: bool = False  # keep raw windows, samples and pattern files after upload
+    processing: processing.ProcessingOptions = field(default_factory=processing.ProcessingOptions)
+
+
+@dataclass
+class SessionRun:
+    session: str
+    job: str
+    window_s: float
+    reason: str
+    kind: str
+    started: float = field(default_factory=time.monotonic)
+    done: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)  # rank -> WINDOW_DONE
+    uploaded: set[int] = field(default_factory=set)
+    failed: dict[int, str] = field(default_factory=dict)
+
+
+class WindowRunner:
+    """Runs sessions for the daemon. ``call(method, *args)`` reaches the localizer uplink."""
+
+    def __init__(self, run_dir: str, options: WindowOptions, metrics: Metrics,
+                 call: Callable[..., Awaitable[Any]]) -> None:
+        self.options = options
+        self.metrics = metrics
+        self.call = call
+        self.windows_dir = Path(run_dir) / "windows"
+        self._summarize_lock = asyncio.Lock()  # one summarizer at a time: one core
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
+        if key in self._warned:
+            log.debug(fmt, *args)
+        else:
+            self._warned.add(key)
+            log.warning(fmt, *args)
+
+    async def run_session(self, run: SessionRun, workers: Sequence[Any]) -> None:
+        log.info("session %s (%s, %s): %d local worker(s), window %.1f s", run.session, run.kind, run.reason,
+                 len(workers), run.window_s)
+        if run.kind == "hang":
+            msg = wire.make_message(MessageType.SNAPSHOT, session=run.session)
+            await asyncio.gather(*(send(w, msg) for w in workers))
+            return
+        loop = asyncio.get_running_loop()
+        for w in workers:
+            run.done[w.rank] = loop.create_future()
+        results = await asyncio.gather(*(self.collect(run, w) for w in workers), return_exceptions=True)
+        for w, res in zip(workers, results, strict=True):
+            if isinstance(res, BaseException):
+                run.failed[w.rank] = repr(res)
+                log.error("session %s: rank %d: %r", run.session, w.rank, res)
+        self.metrics.inc("perftracker_sessions_total", state="uploaded" if not run.failed else "failed")
+        log.info("session %s: uploaded ranks %s%s", run.session, sorted(run.uploaded),
+                 f"; failed {run.failed}" if run.failed else "")
+
+    async def collect(self, run: SessionRun, w: Any) -> None:
+        """Sample the worker over the window, wait for its raw events, summarize and upload."""
+        sampler = None
+        samples_path = self.windows_dir / run.session / f"samples-rank{w.rank}.npz"
+        if self.options.samplers:
+            now_ns = time.monotonic_ns()
+            slack_s = min(self.options.window_slack_s + 3 * w.iteration_ms / 1e3, 60.0)
+            end_ns = now_ns + int((run.window_s + slack_s + self.options.window_timeout_s) * 1e9)
+            try:
+                samples_path.parent.mkdir(parents=True, exist_ok=True)
+                sampler = await processing.start_sampler(w.pid, w.training_tid, now_ns, end_ns, samples_path)
+            except (OSError, processing.ProcessingError) as exc:
+                self._warn_once("sampler", "samplers not started (%s); patterns will have no utilization", exc)
+        try:
+            await send(w, wire.make_message(MessageType.START_WINDOW, session=run.session, window_s=run.window_s))
+            wait_s = run.window_s + self.options.window_timeout_s
+            try:
+                done = await asyncio.wait_for(run.done[w.rank], wait_s)
+            except TimeoutError:
+                raise processing.ProcessingError(f"rank {w.rank} sent no window within {wait_s:.0f} s") from None
+            if done.get("error") or not done.get("raw_path"):
+                raise processing.ProcessingError(f"rank {w.rank} window failed: {done.get('error') or 'no raw file'}")
+            await self.process_window(w, run.session, done, sampler, samples_path, run)
+            sampler = None
+        except processing.ProcessingError as exc:
+            run.failed[w.rank] = str(exc)
+            log.warning("session %s: %s", run.session, exc)
+        finally:
+            if sampler is not None:
+                await processing.stop_process(sampler)
+
+    async def process_window(self, w: Any, session: str, done: dict[str, Any], sampler: Any,
+                             samples_path: Path | None = None, run: SessionRun | None = None) -> None:
+        samples: Path | None = None
+        own = str(done.get("samples_path") or "")
+        if own and Path(own).exists():  # the worker ran its own samplers
+            samples = Path(own)
+            if sampler is not None:
+                await processing.stop_process(sampler)
+        elif sampler is not None and samples_path is not None:
+            try:
+                await processing.finish_sampler(sampler, int(done.get("start_ns") or 0), int(done.get("end_ns") or 0),
+                                                self.options.processing.sampler_grace_s)
+                samples = samples_path if samples_path.exists() else None
+            except processing.ProcessingError as exc:
+                self._warn_once("sampler-failed", "samplers failed (%s); summarizing without utilization", exc)
+        raw = Path(done["raw_path"])
+        out = raw.with_name(raw.stem + ".patterns")
+        t0 = time.monotonic()
+        async with self._summarize_lock:
+            ps = await processing.summarize(raw, samples, out, self.options.processing)
+        self.metrics.inc("perftracker_summarize_seconds_sum", time.monotonic() - t0)
+        self.metrics.inc("perftracker_summarize_seconds_count")
+        try:
+            await self.call("upload_patterns", ps)
+        except PerftrackerError as exc:
+            self.metrics.inc("perftracker_uploads_total", kind="patterns", result="error")
+            raise processing.ProcessingError(f"upload of rank {w.rank}'s patterns failed: {exc}") from None
+        self.metrics.inc("perftracker_uploads_total", kind="patterns", result="ok")
+        if run is not None:
+            run.uploaded.add(w.rank)
+        log.info("session %s: uploaded rank %d's %d patterns (%.1f s to summarize)", session, w.rank,
+                 len(ps.patterns), time.monotonic() - t0)
+        if not self.options.keep_files:
+            for p in (raw, out, samples):
+                if p is not None:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+
+
+async def send(w: Any, msg: dict[str, Any]) -> None:
+    """Send to a worker if it is connected; a lost connection is only logged."""
+    writer = getattr(w, "writer", None)
+    if writer is None:
+        return
+    try:
+        await wire.write_message(writer, msg)
+    except wire.ConnectionClosed as exc:
+        log.info("cannot reach rank %d: %s", w.rank, exc)

@@ -1,0 +1,126 @@
+"""`perftracker agent`: run the node agent (sidecar), optionally with an embedded localizer.
+
+With ``--embedded-localizer`` (what autostart and ``perftracker run`` use) the agent process also runs
+the embedded localizer (localizer.embedded: store, reports, token and localizer.json under
+``./perftracker-runs/``; exactly one per runs dir, later agents attach to it) and points its uplink
+at it. Only one agent runs per run dir (``<run_dir>/agent.lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+from perftracker.config import Config
+from perftracker.errors import ConfigError
+
+HELP = "run the node agent (sidecar)"
+DESCRIPTION = """Run the node agent: training processes connect to <run-dir>/agent.sock; the agent
+profiles them when the localizer opens a session, summarizes each window in a low-priority process,
+and uploads the patterns. Without --localizer-url it needs --embedded-localizer."""
+
+log = logging.getLogger(__name__)
+DEFAULT_RUNS_DIR = "perftracker-runs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cfg = Config.from_env()
+    p.add_argument("--run-dir", default=cfg.run_dir, help="directory of agent.sock and raw windows (default %(default)s)")
+    p.add_argument("--localizer-url", default=cfg.localizer_url or None, help="the localizer service, e.g. http://host:8765")
+    p.add_argument("--token", default=None, help="bearer token (prefer PERFTRACKER_TOKEN or --token-file)")
+    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument("--embedded-localizer", action="store_true", help="run a localizer inside this process")
+    p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR,
+                   help="embedded localizer: store and reports directory (default %(default)s)")
+    p.add_argument("--window-s", type=float, default=cfg.window_s, help="embedded localizer: default window (default %(default)s)")
+    p.add_argument("--collect-grace-s", type=float, default=45.0,
+                   help="embedded localizer: wait window + this for uploads (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics address (default %(default)s)")
+    p.add_argument("--agent-id", default="", help="agent id (default <host>-<pid>)")
+    p.add_argument("--idle-exit-s", type=float, default=0.0, help="exit after this long with no worker (0: never)")
+    p.add_argument("--poll-timeout-s", type=float, default=20.0, help="long-poll duration (default %(default)s)")
+    p.add_argument("--no-samplers", action="store_true", help="do not run the hardware samplers")
+    p.add_argument("--keep-files", action="store_true", help="keep raw windows and pattern files after upload")
+
+
+def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float) -> Any:
+    """Start (or attach to) the embedded localizer serving ``runs_dir``; returns its handle."""
+    from localizer.embedded import start_embedded
+    from localizer.service import ServiceOptions
+    from localizer.sessions import SessionOptions
+
+    options = ServiceOptions(sessions=SessionOptions(default_window_s=window_s, collect_grace_s=collect_grace_s))
+    return start_embedded(runs_dir, options=options)
+
+
+def _embedded_idle(uplink: Any) -> bool:
+    """True when the localizer has no open or localizing session (so an idle agent may exit)."""
+    try:
+        return not any(s.get("state") in ("open", "localizing") for s in uplink.list_sessions())
+    except Exception:  # noqa: BLE001 - an unreachable localizer has nothing to wait for
+        return True
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from agent.daemon import AgentDaemon, AgentOptions
+    from agent.uplink import Uplink, resolve_token
+    from agent.windows import WindowOptions
+    from perftracker.autostart import acquire_agent_lock
+
+    lock_fd = acquire_agent_lock(args.run_dir)
+    if lock_fd is None:
+        log.warning("another agent already runs for %s; exiting", args.run_dir)
+        return 0
+    embedded = None
+    try:
+        if args.embedded_localizer:
+            embedded = await asyncio.to_thread(start_embedded_localizer, args.runs_dir, args.window_s,
+                                               args.collect_grace_s)
+            url, token = embedded.url, embedded.token
+            log.warning("perftracker agent: embedded localizer at %s, reports under %s", url, embedded.runs_dir)
+        else:
+            if not args.localizer_url:
+                raise ConfigError("no localizer: give --localizer-url (or PERFTRACKER_LOCALIZER_URL), "
+                                  "or --embedded-localizer")
+            url = args.localizer_url
+            token = resolve_token(args.token, args.token_file)
+            if not token:
+                raise ConfigError("no bearer token: give --token-file, PERFTRACKER_TOKEN or --token")
+        uplink = Uplink(url, token)
+        options = AgentOptions(
+            run_dir=args.run_dir, agent_id=args.agent_id, host=socket.gethostname(), poll_timeout_s=args.poll_timeout_s,
+            idle_exit_s=args.idle_exit_s, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+            window=WindowOptions(samplers=not args.no_samplers, keep_files=args.keep_files),
+        )
+        daemon = AgentDaemon(options, uplink, idle_check=(lambda: _embedded_idle(uplink)) if embedded else None)
+        await daemon.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, daemon.request_stop)
+        try:
+            await daemon.wait_stopped()
+        finally:
+            await daemon.stop()
+    finally:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        os.close(lock_fd)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    root = logging.getLogger()
+    if root.level > logging.INFO:  # a daemon: its log (agent.log, a container's stdout) is where people look
+        root.setLevel(logging.INFO)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
+    return asyncio.run(serve(args))

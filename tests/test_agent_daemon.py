@@ -1,0 +1,149 @@
+"""The node agent as a real process with its embedded localizer: registration, triggers, windows,
+samplers + summarizer subprocesses, uploads, reports, metrics, exactly-one-agent, idle exit.
+
+Workers are emulated at the wire level (a real socket, real raw-window files); the torchrun tests
+(test_run_cli.py, test_reliability.py) use real training processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from agent_helpers import AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir, wait_until
+from perftracker import wire
+from perftracker.wire import MessageType
+
+
+@pytest.fixture
+def run_dir():
+    d = short_run_dir("ad")
+    yield d
+    cleanup(d)
+
+
+def _answer(worker: WireWorker, out: Path, result: dict) -> None:
+    try:
+        msg = worker.recv(30)
+        while msg["type"] != "start_window":
+            msg = worker.recv(30)
+        result["start"] = msg
+        result["raw"] = worker.answer_window(msg, out)
+    except Exception as exc:  # surfaced by the assertions below
+        result["error"] = repr(exc)
+
+
+def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -> None:
+    agent = AgentProc(run_dir, tmp_path / "runs", "--metrics-port", "0", "--poll-timeout-s", "5")
+    try:
+        info = agent.wait_ready()
+        w0 = WireWorker(run_dir, 0, 2, compute_ms=8.0)
+        w1 = WireWorker(run_dir, 1, 2, compute_ms=24.0)  # rank 1 is 3x slower in compute
+        assert w0.ack == {"type": "ack", "ok": True, "agent_id": info["agent_id"]}
+        up = agent.uplink()
+        wait_until(lambda: "jobT" in up.jobs(), 10, what="job registration at the localizer")
+        for w in (w0, w1):
+            w.send(MessageType.ITER_STATS, iteration=50, recent_ms=[11.0, 11.5], mean_ms=11.2, min_ms=11.0, phase="watching")
+            w.send(MessageType.HEARTBEAT, iteration=50, phase="watching")
+        results: list[dict] = [{}, {}]
+        threads = [threading.Thread(target=_answer, args=(w, run_dir / "windows", r)) for w, r in zip((w0, w1), results)]
+        for t in threads:
+            t.start()
+        w1.send(MessageType.TRIGGER, reason="slowdown", detail={"ratio": 1.4})  # a worker trigger
+        for t in threads:
+            t.join(60)
+        assert all("error" not in r for r in results), results
+        session = results[0]["start"]["session"]
+        assert results[1]["start"]["session"] == session
+        report = wait_until(lambda: up.get_report(session), 40, step_s=0.3, what="stored report")
+        assert report.ranks_reported == (0, 1) and report.ranks_missing == ()
+        assert "rank 1" in report.trigger_reason
+        assert not results[0]["raw"].exists(), "raw files are removed after upload"
+        # metrics: per-rank iteration time, phase, sessions
+        text = urllib.request.urlopen(info["metrics_url"], timeout=5).read().decode()
+        assert 'perftracker_iteration_ms{job="jobT",rank="1"} 11.2' in text
+        assert 'perftracker_detector_phase{job="jobT",phase="watching",rank="0"} 1' in text
+        assert 'perftracker_sessions_total{state="uploaded"} 1' in text
+        assert 'perftracker_workers{job="jobT"} 2' in text
+        w0.close()
+        w1.close()
+    finally:
+        agent.kill(signal.SIGTERM)
+    assert agent.proc.returncode == 0, agent.log()
+    assert not os.path.exists(wire.socket_path(run_dir)), "a clean stop removes the socket"
+
+
+def test_worker_whose_window_fails_is_named_missing(run_dir: Path, tmp_path: Path) -> None:
+    agent = AgentProc(run_dir, tmp_path / "runs", "--no-samplers", "--collect-grace-s", "10",
+                      "--poll-timeout-s", "5")
+    try:
+        agent.wait_ready()
+        w0, w1 = WireWorker(run_dir, 0, 2), WireWorker(run_dir, 1, 2)
+        up = agent.uplink()
+        wait_until(lambda: "jobT" in up.jobs(), 10, what="registration")
+        session, _ = up.create_trigger("jobT", "cli", 1.0)
+        m0, m1 = w0.recv(), w1.recv()
+        assert m0["type"] == m1["type"] == "start_window" and m0["session"] == session
+        w0.answer_window(m0, run_dir / "windows")
+        w1.send(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0, end_ns=0, error="disk full")
+        report = wait_until(lambda: up.get_report(session), 30, step_s=0.3, what="partial report")
+        assert report.status == "partial" and report.ranks_missing == (1,) and report.ranks_reported == (0,)
+        assert "disk full" in agent.log()
+    finally:
+        agent.kill(signal.SIGTERM)
+
+
+def test_exactly_one_agent_per_run_dir(run_dir: Path, tmp_path: Path) -> None:
+    a = AgentProc(run_dir, tmp_path / "runs1")
+    try:
+        a.wait_ready()
+        b = subprocess.run([sys.executable, "-m", "perftracker", "agent", "--run-dir", str(run_dir), "--runs-dir",
+                            str(tmp_path / "runs2"), "--embedded-localizer"], env=env_for_tests(),
+                           capture_output=True, text=True, timeout=30)
+        assert b.returncode == 0 and "another agent already runs" in b.stderr
+        assert a.proc.poll() is None and os.path.exists(wire.socket_path(run_dir))
+    finally:
+        a.kill(signal.SIGTERM)
+
+
+def test_idle_agent_exits_after_its_workers_leave(run_dir: Path, tmp_path: Path) -> None:
+    a = AgentProc(run_dir, tmp_path / "runs", "--idle-exit-s", "1")
+    try:
+        a.wait_ready()
+        w = WireWorker(run_dir, 0, 1)
+        time.sleep(2.0)
+        assert a.proc.poll() is None, "a connected worker keeps the agent alive"
+        w.close()
+        a.proc.wait(15)
+        assert a.proc.returncode == 0
+        assert not os.path.exists(wire.socket_path(run_dir))
+    finally:
+        a.kill()
+
+
+def test_bad_frames_drop_only_that_connection(run_dir: Path, tmp_path: Path) -> None:
+    import socket
+    import struct
+
+    a = AgentProc(run_dir, tmp_path / "runs")
+    try:
+        a.wait_ready()
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(wire.socket_path(run_dir))
+        s.sendall(struct.pack(">I", 10) + b"not json!!")
+        s.settimeout(5)
+        assert s.recv(10) == b""  # the agent closed it
+        s.close()
+        w = WireWorker(run_dir, 0, 1)  # and still serves the next worker
+        assert w.ack["ok"] is True
+        w.close()
+    finally:
+        a.kill(signal.SIGTERM)
