@@ -1,0 +1,142 @@
+"""All workers' patterns of one session as arrays: the localizer's working form.
+
+``localize()`` turns PatternSets into a ``PatternArrays``; callers that already hold arrays (the
+1M-worker benchmark, a columnar store) build one directly and call ``localize_arrays``. A function
+seen on some workers and not on others has the pattern (0, 0, 0) on the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from perftracker.errors import InputError
+from perftracker.model import Category, PatternSet
+
+_RANGE_TOLERANCE = 1e-6  # the model accepts values a hair outside [0, 1]; they are clipped
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """The identity of one function across workers."""
+
+    key: str
+    label: str
+    category: Category
+    resource: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class PatternArrays:
+    """values[f, d, w]: dimension d (β, μ, σ) of function f on worker w (column w has rank ranks[w])."""
+
+    job: str
+    session: str
+    ranks: np.ndarray  # (N,) int64, unique
+    functions: tuple[FunctionInfo, ...]  # (F,)
+    values: np.ndarray  # (F, 3, N) float64 in [0, 1]
+    window_s: float = 0.0
+    gpu: bool = False
+    world_size: int = 0  # 0: unknown
+    iteration_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+
+    @property
+    def n_workers(self) -> int:
+        return int(self.ranks.shape[0])
+
+
+def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
+    """Validate PatternSets of one session and stack them. Raises InputError on bad input."""
+    sets = list(pattern_sets)
+    if not sets:
+        raise InputError("no pattern sets to localize (an empty set)")
+    jobs = sorted({p.job for p in sets})
+    if len(jobs) > 1:
+        raise InputError(f"pattern sets from different jobs: {jobs[:5]}")
+    sessions = sorted({p.session for p in sets})
+    if len(sessions) > 1:
+        raise InputError(f"pattern sets from different sessions: {sessions[:5]}")
+    seen: dict[int, int] = {}
+    dups = []
+    for p in sets:
+        if p.rank in seen:
+            dups.append(p.rank)
+        seen[p.rank] = 1
+    if dups:
+        raise InputError(f"duplicate ranks in session {sessions[0]!r}: {sorted(set(dups))[:20]}")
+
+    index: dict[str, int] = {}
+    infos: list[FunctionInfo] = []
+    rows: list[tuple[int, int, float, float, float]] = []
+    for w, ps in enumerate(sets):
+        seen_keys: set[str] = set()
+        for p in ps.patterns:
+            if p.key in seen_keys:
+                raise InputError(f"rank {ps.rank}: function {p.key!r} appears twice in one pattern set")
+            seen_keys.add(p.key)
+            f = index.get(p.key)
+            if f is None:
+                f = index[p.key] = len(infos)
+                infos.append(FunctionInfo(p.key, p.label or p.key.rsplit(";", 1)[-1], p.category, p.resource))
+            elif infos[f].category is not p.category:
+                raise InputError(f"rank {ps.rank}: function {p.key!r} has category {p.category.value!r}, "
+                                 f"other ranks say {infos[f].category.value!r}")
+            rows.append((f, w, p.beta, p.mu, p.sigma))
+    values = np.zeros((len(infos), 3, len(sets)), dtype=np.float64)
+    if rows:
+        table = np.array(rows, dtype=np.float64)
+        fi, wi = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+        for d in range(3):
+            values[fi, d, wi] = table[:, 2 + d]
+    if np.isnan(values).any():
+        f, d, w = (int(i[0]) for i in np.nonzero(np.isnan(values)))
+        raise InputError(f"rank {sets[w].rank}: function {infos[f].key!r} has a NaN "
+                         f"{('beta', 'mu', 'sigma')[d]}")
+    _check_range(values, [s.rank for s in sets], infos)
+    np.clip(values, 0.0, 1.0, out=values)
+    starts = [s.window_start_ns for s in sets]
+    ends = [s.window_end_ns for s in sets]
+    window_s = max(0.0, (float(np.median(ends)) - float(np.median(starts))) / 1e9)
+    return PatternArrays(
+        job=jobs[0], session=sessions[0], ranks=np.array([s.rank for s in sets], dtype=np.int64),
+        functions=tuple(infos), values=values, window_s=window_s, gpu=any(s.gpu for s in sets),
+        world_size=max(s.world_size for s in sets),
+        iteration_ms={s.rank: tuple(s.iteration_ms) for s in sets if s.iteration_ms},
+    )
+
+
+def _check_range(values: np.ndarray, ranks: Sequence[int] | np.ndarray, infos: Sequence[FunctionInfo]) -> None:
+    bad = (values < -_RANGE_TOLERANCE) | (values > 1 + _RANGE_TOLERANCE)
+    if bad.any():
+        f, d, w = (int(i[0]) for i in np.nonzero(bad))
+        raise InputError(f"rank {int(ranks[w])}: function {infos[f].key!r} has "
+                         f"{('beta', 'mu', 'sigma')[d]} = {values[f, d, w]!r}, outside [0, 1]")
+
+
+def validate_arrays(arr: PatternArrays) -> None:
+    """The checks of pattern_sets_to_arrays, for arrays built directly. Raises InputError."""
+    n = arr.ranks.shape[0] if arr.ranks.ndim == 1 else -1
+    if n <= 0:
+        raise InputError("no workers to localize (an empty set)")
+    if arr.values.shape != (len(arr.functions), 3, n):
+        raise InputError(f"values has shape {arr.values.shape}, expected {(len(arr.functions), 3, n)}")
+    if arr.values.dtype != np.float64:
+        raise InputError(f"values must be float64, got {arr.values.dtype}")
+    sorted_ranks = np.sort(arr.ranks)
+    dup = sorted_ranks[1:][sorted_ranks[1:] == sorted_ranks[:-1]]
+    if dup.size:
+        raise InputError(f"duplicate ranks in session {arr.session!r}: {np.unique(dup)[:20].tolist()}")
+    keys = [f.key for f in arr.functions]
+    if len(set(keys)) != len(keys):
+        raise InputError("a function key appears twice")
+    for f in range(len(arr.functions)):  # per function keeps temporaries small at N = 1M
+        v = arr.values[f]
+        if np.isnan(v).any():
+            d, w = (int(i[0]) for i in np.nonzero(np.isnan(v)))
+            raise InputError(f"rank {int(arr.ranks[w])}: function {keys[f]!r} has a NaN "
+                             f"{('beta', 'mu', 'sigma')[d]}")
+        if v.min() < 0.0 or v.max() > 1.0:
+            _check_range(arr.values[f:f + 1], arr.ranks, arr.functions[f:f + 1])
+            raise InputError(f"function {keys[f]!r}: values outside [0, 1]")

@@ -1,0 +1,192 @@
+"""From per-function rule outcomes to grouped, labelled and explained findings.
+
+**[decision] Kinds.** A finding on more than half of the workers is *common*. One on at least 3
+workers whose β varies from worker to worker by more than half its median (interquartile range ≥
+0.5 × median), i.e. no single group pattern, is *random* (the paper's garbage-collection case) and is
+summarized as a spread, not rank by rank. Anything else is *specific*.
+
+**[decision] Split.** When the expectation test fires on most workers of a function and the
+differential test singles out other workers of it, the function gets two findings: the common one
+and the specific one.
+
+**[decision] Waiting is a consequence.** In a synchronous job, workers slowed by f make every other
+worker wait in a collective g, so the slow workers are unique on g too, because they hold g *less*.
+A differential-only finding whose workers hold the critical path less than the median worker
+(observed β ≤ 0.9 × median β), and whose workers are at least half covered by another finding in
+which they hold more, is folded into that finding's sentence instead of standing alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localizer.arrays import FunctionInfo, PatternArrays
+from localizer.explain import Consequence, describe_finding, describe_report
+from localizer.rule import Threshold
+from perftracker.model import Box, Finding, TopFunction, Triple
+
+_RANDOM_MIN_WORKERS = 3
+_RANDOM_IQR_OVER_MEDIAN = 0.5
+_LESS = 0.9
+_MORE = 1.1
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionVerdict:
+    """The rule's outcome for one function. Masks are None when no worker has β > β_min."""
+
+    info: FunctionInfo
+    box: Box
+    hint: str
+    median_beta: float
+    by_expectation: np.ndarray | None
+    by_differential: np.ndarray | None
+    threshold: Threshold | None
+
+
+@dataclass(eq=False)
+class _Draft:
+    f: int
+    verdict: FunctionVerdict
+    idx: np.ndarray  # worker columns, sorted
+    tests: tuple[str, ...]
+    observed: Triple
+    median: Triple
+    kind: str
+    spread: tuple[float, float]
+    consequences: list[Consequence]
+    folded: bool = False
+
+
+def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: object
+                   ) -> tuple[list[Finding], str, list[TopFunction]]:
+    """(findings sorted by impact, the report summary, the top critical-path functions)."""
+    n = arr.n_workers
+    common_fraction = float(getattr(opts, "common_fraction", 0.5))
+    drafts: list[_Draft] = []
+    medians: dict[int, Triple] = {}
+    for f, v in enumerate(verdicts):
+        if v.by_expectation is None or v.by_differential is None:
+            continue
+        by_exp, by_diff = v.by_expectation, v.by_differential
+        if not (by_exp.any() or by_diff.any()):
+            continue
+        values = arr.values[f]
+        median = _median_triple(arr, verdicts, f, medians)
+        exp_idx = np.flatnonzero(by_exp)
+        diff_only = by_diff & ~by_exp
+        if exp_idx.size > common_fraction * n and diff_only.any():
+            groups = [(exp_idx, ("expectation",)), (np.flatnonzero(diff_only), ("differential",))]
+        else:
+            idx = np.flatnonzero(by_exp | by_diff)
+            tests = tuple(t for t, m in (("expectation", by_exp), ("differential", by_diff)) if m[idx].any())
+            groups = [(idx, tests)]
+        for idx, tests in groups:
+            drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
+    _fold_consequences(drafts, arr)
+    kept = [d for d in drafts if not d.folded]
+    kept.sort(key=lambda d: (-_impact(d), d.verdict.info.key, int(d.idx[0])))
+    max_points = int(getattr(opts, "max_points", 500))
+    findings = [_finding(d, arr, max_points) for d in kept]
+    top = top_functions(arr, verdicts, int(getattr(opts, "top_functions", 5)), medians)
+    summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
+                              [(t.label, t.median.beta) for t in top])
+    return findings, summary, top
+
+
+def _draft(f: int, v: FunctionVerdict, values: np.ndarray, idx: np.ndarray, tests: tuple[str, ...],
+           median: Triple, n: int, common_fraction: float) -> _Draft:
+    sub = values[:, idx]
+    observed = Triple(*(float(x) for x in np.median(sub, axis=1)))
+    beta = sub[0]
+    q10, q25, q75, q90 = (float(x) for x in np.quantile(beta, [0.1, 0.25, 0.75, 0.9]))
+    if idx.size > common_fraction * n:
+        kind = "common"
+    elif idx.size >= _RANDOM_MIN_WORKERS and (q75 - q25) >= _RANDOM_IQR_OVER_MEDIAN * observed.beta:
+        kind = "random"
+    else:
+        kind = "specific"
+    return _Draft(f, v, idx, tests, observed, median, kind, (q10, q90), [])
+
+
+def _fold_consequences(drafts: list[_Draft], arr: PatternArrays) -> None:
+    for b in drafts:
+        if b.tests != ("differential",) or b.kind == "common" or b.median.beta <= 0:
+            continue
+        if b.observed.beta > _LESS * b.median.beta:
+            continue
+        for a in drafts:
+            if a is b or a.folded or a.observed.beta < _MORE * a.median.beta:
+                continue
+            if np.intersect1d(a.idx, b.idx, assume_unique=True).size * 2 >= b.idx.size:
+                a.consequences.append(Consequence(b.verdict.info.label, b.observed.beta / b.median.beta))
+                b.folded = True
+                break
+
+
+def _impact(d: _Draft) -> float:
+    """How much critical-path share is at stake: above the expected range, or above the median worker."""
+    over_box = d.observed.beta - d.verdict.box.hi.beta if "expectation" in d.tests else 0.0
+    return max(over_box, abs(d.observed.beta - d.median.beta), 0.0) + 1e-3 * d.observed.beta
+
+
+def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
+    info = d.verdict.info
+    ranks = np.sort(arr.ranks[d.idx])
+    sentence = describe_finding(
+        label=info.label, key=info.key, category=info.category, resource=info.resource, kind=d.kind,
+        ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
+        expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
+        consequences=d.consequences)
+    return Finding(
+        key=info.key, label=info.label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
+        tests=d.tests, observed=d.observed, median=d.median, expected=d.verdict.box, sentence=sentence,
+        points=_points(arr, d.f, d.idx, max_points))
+
+
+def _points(arr: PatternArrays, f: int, idx: np.ndarray, max_points: int) -> tuple[tuple[int, float, float], ...]:
+    """(rank, β, μ) of the abnormal workers and of evenly spaced others, at most max_points in all."""
+    n = arr.n_workers
+    take_flagged = _spaced(idx, max_points // 2 if idx.size < n else max_points)
+    if idx.size < n:
+        mask = np.ones(n, dtype=bool)
+        mask[idx] = False
+        others = np.flatnonzero(mask)
+    else:
+        others = idx[:0]
+    take_others = _spaced(others, max_points - take_flagged.size)
+    cols = np.concatenate([take_flagged, take_others])
+    v = arr.values[f]
+    return tuple((int(arr.ranks[c]), round(float(v[0, c]), 6), round(float(v[1, c]), 6)) for c in cols)
+
+
+def _spaced(idx: np.ndarray, k: int) -> np.ndarray:
+    if k <= 0:
+        return idx[:0]
+    if idx.size <= k:
+        return idx
+    return idx[np.linspace(0, idx.size - 1, k).astype(np.int64)]
+
+
+def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: int,
+                   cache: dict[int, Triple]) -> Triple:
+    """The median worker's pattern of function f (β's median is already in the verdict)."""
+    if f not in cache:
+        v = arr.values[f]
+        cache[f] = Triple(verdicts[f].median_beta, float(np.median(v[1])), float(np.median(v[2])))
+    return cache[f]
+
+
+def top_functions(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
+                  cache: dict[int, Triple] | None = None) -> list[TopFunction]:
+    """The n functions with the largest median β (shown when nothing is abnormal)."""
+    order = sorted(range(len(verdicts)), key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
+    cache = {} if cache is None else cache
+    out = []
+    for f in order:
+        info = verdicts[f].info
+        out.append(TopFunction(info.key, info.label, info.category, _median_triple(arr, verdicts, f, cache)))
+    return out

@@ -1,0 +1,129 @@
+"""localize(): all workers' patterns of a session -> a Report (DESIGN.md section 6).
+
+Per function f: the expected box R_f, D_exp (outside the box), P̂ = P / max, D_diff against one
+seeded sample S of workers, the MAD threshold, and the rule. The abnormal workers of a function
+become a finding; ``findings.py`` groups, labels and explains them.
+
+``localize`` validates PatternSets and calls ``localize_arrays``; the same code path serves 8 and
+1,000,000 workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from localizer.arrays import FunctionInfo, PatternArrays, pattern_sets_to_arrays, validate_arrays
+from localizer.distances import (
+    differential_distance,
+    differential_distance_blocks,
+    normalize_by_max,
+    outside_expectation,
+    sample_workers,
+)
+from localizer.expect import Expectations, load_expectations
+from localizer.findings import FunctionVerdict, build_findings
+from localizer.rule import Threshold, apply_rule, differential_threshold
+from perftracker.model import Box, PatternSet, Report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalizeOptions:
+    eps: float = 0.4  # L1 radius in the max-normalized pattern space
+    k: float = 5.0  # MAD multiplier
+    mad_floor_margin: float = 0.25  # degenerate MAD: threshold >= median + margin·|S| (rule.py)
+    beta_min: float = 0.01  # a function must hold more than this share of the window
+    sample_size: int = 100  # |S| = min(N, sample_size)
+    seed: int = 0  # seeds the sample S
+    profile: str | None = None  # "gpu" | "cpu"; None: "gpu" if any worker saw GPU activity
+    expect_path: str | None = None  # a user TOML file (--expect FILE); None: the built-in file
+    expectations: Expectations | None = None  # already loaded; overrides profile / expect_path
+    common_fraction: float = 0.5  # a finding on more than this share of the workers is "common"
+    max_points: int = 500  # (rank, β, μ) points kept per finding for plots
+    top_functions: int = 5
+    grid_cells: int = 32  # cells per dimension of the exact D_diff grid (a power of two)
+    method: str = "grid"  # "grid" (exact, fast) | "blocks" (the definition, full matrix)
+    trigger_reason: str = ""
+    created_ns: int | None = None  # None: now
+
+
+def localize(pattern_sets: Sequence[PatternSet], options: LocalizeOptions | None = None) -> Report:
+    """Localize one session. Raises InputError on an empty set, duplicate ranks, mixed sessions
+    or jobs, NaN or out-of-range values."""
+    return localize_arrays(pattern_sets_to_arrays(pattern_sets), options)
+
+
+def resolve_expectations(options: LocalizeOptions, gpu: bool) -> Expectations:
+    if options.expectations is not None:
+        return options.expectations
+    profile = options.profile or ("gpu" if gpu else "cpu")
+    return load_expectations(options.expect_path, profile)
+
+
+def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) -> Report:
+    """Localize one session held as arrays (see ``localizer.arrays``)."""
+    opts = options or LocalizeOptions()
+    if opts.method not in ("grid", "blocks"):
+        raise ValueError(f"unknown D_diff method {opts.method!r}")
+    t0 = time.perf_counter()
+    validate_arrays(arr)
+    expectations = resolve_expectations(opts, arr.gpu)
+    sample = sample_workers(arr.n_workers, opts.sample_size, opts.seed)
+    verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts)
+                for f, info in enumerate(arr.functions)]
+    report = build_report(arr, verdicts, expectations, opts)
+    log.info("localized %s/%s: %d workers x %d functions, %d finding(s) in %.2f s", arr.job, arr.session,
+             arr.n_workers, len(arr.functions), len(report.findings), time.perf_counter() - t0)
+    return report
+
+
+def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expectations,
+                     sample: np.ndarray, opts: LocalizeOptions) -> FunctionVerdict:
+    """The rule for one function over all workers. values: (3, N)."""
+    box, hint = expectations.lookup(info.key, info.label, info.category)
+    beta = values[0]
+    median_beta = float(np.median(beta))
+    if not (beta > opts.beta_min).any():  # the rule's first term fails everywhere: nothing to compute
+        return FunctionVerdict(info, box, hint, median_beta, None, None, None)
+    lo = np.array(box.lo.as_tuple())
+    hi = np.array(box.hi.as_tuple())
+    outside = outside_expectation(values, lo, hi)
+    normalized = normalize_by_max(values)
+    if opts.method == "grid":
+        d_diff = differential_distance(normalized, sample, opts.eps, opts.grid_cells)
+    else:
+        d_diff = differential_distance_blocks(normalized, sample, opts.eps)
+    threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
+    by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
+    return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)
+
+
+def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
+                 opts: LocalizeOptions) -> Report:
+    findings, summary, top = build_findings(arr, verdicts, opts)
+    ranks_reported = np.sort(arr.ranks)
+    missing: tuple[int, ...] = ()
+    if arr.world_size > 0:
+        present = np.zeros(arr.world_size, dtype=bool)
+        present[ranks_reported[(ranks_reported >= 0) & (ranks_reported < arr.world_size)]] = True
+        missing = tuple(np.flatnonzero(~present).tolist())
+    keep_iter = {r for f in findings for r in f.ranks[:8]}
+    keep_iter.update(sorted(arr.iteration_ms)[:8])
+    return Report(
+        job=arr.job, session=arr.session, kind="slowdown",
+        created_ns=time.time_ns() if opts.created_ns is None else opts.created_ns,
+        trigger_reason=opts.trigger_reason, window_s=float(arr.window_s),
+        ranks_reported=tuple(ranks_reported.tolist()), ranks_missing=missing,
+        findings=tuple(findings), top_functions=tuple(top), summary=summary, profile=expectations.name,
+        iteration_ms={r: tuple(arr.iteration_ms[r]) for r in sorted(keep_iter) if r in arr.iteration_ms},
+        status="partial" if missing else "complete",
+    )
+
+
+__all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "Box", "Threshold"]

@@ -1,0 +1,93 @@
+"""Distances: D_exp, max normalization, and the exact fast D_diff against the definition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localizer.distances import (
+    differential_distance,
+    differential_distance_blocks,
+    distance_from_expectation,
+    normalize_by_max,
+    outside_expectation,
+    sample_workers,
+)
+
+
+def test_distance_from_expectation_is_l1_to_the_box() -> None:
+    values = np.array([[0.05, 0.005, 0.0], [0.5, 0.5, 1.0], [0.2, 0.9, 0.0]])  # (3, N=3)
+    lo = np.array([0.0, 0.1, 0.0])
+    hi = np.array([0.01, 1.0, 0.5])
+    d = distance_from_expectation(values, lo, hi)
+    assert d == pytest.approx([0.04, 0.4, 0.0 + 0.0 + 0.0 + 0.0])
+    assert outside_expectation(values, lo, hi).tolist() == [True, True, False]
+
+
+def test_outside_matches_distance_on_random_boxes() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        values = rng.random((3, 500))
+        a, b = np.sort(rng.random((2, 3)), axis=0)
+        a[rng.random(3) < 0.3] = 0.0
+        b[rng.random(3) < 0.3] = 1.0
+        assert np.array_equal(outside_expectation(values, a, b), distance_from_expectation(values, a, b) > 0)
+
+
+def test_normalize_by_max_keeps_zero_dimensions_zero() -> None:
+    values = np.array([[0.1, 0.2, 0.4], [0.0, 0.0, 0.0], [0.3, 0.3, 0.6]])
+    p = normalize_by_max(values)
+    assert p[0].tolist() == [0.25, 0.5, 1.0]
+    assert p[1].tolist() == [0.0, 0.0, 0.0]
+    assert p[2].tolist() == [0.5, 0.5, 1.0]
+
+
+def test_sample_is_seeded_sorted_unique_and_capped() -> None:
+    s1, s2 = sample_workers(10_000, 100, 7), sample_workers(10_000, 100, 7)
+    assert np.array_equal(s1, s2)
+    assert s1.size == 100 and np.all(np.diff(s1) > 0)
+    assert not np.array_equal(s1, sample_workers(10_000, 100, 8))
+    assert sample_workers(8, 100, 0).tolist() == list(range(8))
+
+
+def test_blocks_match_the_definition_by_loops() -> None:
+    rng = np.random.default_rng(2)
+    p = rng.random((3, 60))
+    sample = sample_workers(60, 25, 3)
+    expected = [sum(1 for s in sample if abs(p[:, w] - p[:, s]).sum() > 0.4) for w in range(60)]
+    assert differential_distance_blocks(p, sample, 0.4).tolist() == expected
+
+
+def _clustered(rng: np.random.Generator, n: int, centers: int, spread: float) -> np.ndarray:
+    c = rng.random((3, centers))
+    which = rng.integers(0, centers, n)
+    return np.clip(c[:, which] + rng.normal(0, spread, (3, n)), 0.0, 1.0)
+
+
+@pytest.mark.parametrize("grid", [2, 8, 32, 64])
+@pytest.mark.parametrize("kind", ["uniform", "clusters", "tight", "lattice"])
+def test_grid_is_exactly_the_definition(grid: int, kind: str) -> None:
+    rng = np.random.default_rng(abs(hash((grid, kind))) % 2**32)
+    n = 4000
+    if kind == "uniform":
+        p = rng.random((3, n))
+    elif kind == "clusters":
+        p = _clustered(rng, n, 4, 0.05)
+    elif kind == "tight":
+        p = _clustered(rng, n, 2, 0.002)
+    else:  # values on a 0.1 lattice and on cell edges: distances of exactly ε, ties everywhere
+        p = rng.integers(0, 11, (3, n)) / 10.0
+        p[:, : n // 4] = rng.integers(0, grid + 1, (3, n // 4)) / grid
+    p = normalize_by_max(p)
+    sample = sample_workers(n, 100, 5)
+    assert np.array_equal(differential_distance(p, sample, 0.4, grid),
+                          differential_distance_blocks(p, sample, 0.4))
+
+
+def test_grid_handles_degenerate_inputs() -> None:
+    p = np.zeros((3, 50))
+    sample = sample_workers(50, 100, 0)
+    assert differential_distance(p, sample, 0.4).tolist() == [0] * 50
+    one = np.ones((3, 1))
+    assert differential_distance(one, sample_workers(1, 100, 0), 0.4).tolist() == [0]
+    assert differential_distance(np.zeros((3, 0)), np.zeros(0, dtype=np.int64), 0.4).size == 0

@@ -1,0 +1,172 @@
+"""localize(): the paper's cases on synthetic jobs at realistic scale, clean jobs, determinism, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from localizer import synthetic as sy
+from localizer.arrays import PatternArrays
+from localizer.expect import parse_expectations
+from localizer.localize import LocalizeOptions, localize, localize_arrays
+from perftracker.errors import InputError
+from perftracker.model import Category, Pattern, PatternSet, Report
+
+OPTS = LocalizeOptions(created_ns=1)
+
+
+def _key(arr: PatternArrays, label: str) -> str:
+    return arr.functions[sy.function_index(arr, label)].key
+
+
+def test_throttled_gemm_on_300_of_2560_is_one_specific_finding() -> None:
+    arr = sy.simulate_job(2560, seed=11)
+    throttled = np.sort(np.random.default_rng(12).choice(2560, 300, replace=False))
+    sy.inject_throttled_compute(arr, throttled)
+    report = localize_arrays(arr, OPTS)
+    assert len(report.findings) == 1, [f.sentence for f in report.findings]
+    f = report.findings[0]
+    assert f.key == _key(arr, "GEMM") and f.kind == "specific" and f.tests == ("differential",)
+    assert f.ranks == tuple(throttled.tolist())
+    assert f.observed.beta > f.median.beta and f.observed.mu < f.median.mu
+    assert "slow or throttled GPU" in f.sentence and "300 of 2,560 ranks" in f.sentence
+
+
+def test_nvlink_down_finds_the_48_and_all_3_pcie_workers() -> None:
+    arr = sy.simulate_job(2560, seed=21)
+    hosts = np.arange(1200, 1248)
+    pcie = hosts[[3, 17, 40]]
+    sy.inject_nvlink_down(arr, hosts, pcie)
+    report = localize_arrays(arr, OPTS)
+    by_key = {f.key: f for f in report.findings}
+    assert set(by_key) == {_key(arr, "AllGather"), _key(arr, "Memcpy PtoP")}, [f.sentence for f in report.findings]
+    assert by_key[_key(arr, "AllGather")].ranks == tuple(hosts.tolist())
+    pf = by_key[_key(arr, "Memcpy PtoP")]
+    assert pf.ranks == tuple(pcie.tolist()) and pf.kind == "specific"
+    assert pf.observed.mu > 5 * pf.median.mu and "PCIe" in pf.sentence
+
+
+def test_slow_recv_into_on_all_workers_is_common_through_expectation() -> None:
+    arr = sy.simulate_job(1000, seed=31)
+    sy.inject_slow_input(arr, 0.12)
+    report = localize_arrays(arr, OPTS)
+    assert len(report.findings) == 1
+    f = report.findings[0]
+    assert f.kind == "common" and "expectation" in f.tests and len(f.ranks) == 1000
+    assert f.category is Category.PYTHON and f.expected.hi.beta == 0.01
+    assert f.sentence.startswith("all ranks: Python socket.recv_into in data loading holds 12% of the window "
+                                 "(expected ≤ 1%)")
+    assert f.sentence.endswith("slow input pipeline/storage")
+
+
+@pytest.mark.parametrize("seed", [41, 42, 43, 44, 45])
+def test_clean_job_of_1000_workers_gives_zero_findings(seed: int) -> None:
+    report = localize_arrays(sy.simulate_job(1000, seed=seed), dataclasses.replace(OPTS, seed=seed))
+    assert report.findings == (), [f.sentence for f in report.findings]
+    assert report.summary.startswith("no abnormal function on 1,000 ranks")
+    assert [t.label for t in report.top_functions][:3] == ["GEMM", "flash_bwd_kernel", "flash_fwd_kernel"]
+
+
+def test_gc_pauses_are_summarized_as_a_random_pattern() -> None:
+    arr = sy.simulate_job(1000, seed=51)
+    hit = sy.inject_gc_pauses(arr, 0.2, seed=52)
+    report = localize_arrays(arr, OPTS)
+    assert len(report.findings) == 1
+    f = report.findings[0]
+    assert f.kind == "random" and set(f.ranks) <= set(hit.tolist()) and len(f.ranks) > 0.5 * hit.size
+    assert "random per-worker pattern" in f.sentence and "scattered" in f.sentence
+
+
+@pytest.mark.parametrize("n", [8, 64])
+def test_sleep_only_one_rank_runs_is_caught_by_the_differential_view(n: int) -> None:
+    arr = sy.simulate_job(n, seed=61)
+    sy.inject_sleep(arr, 5)
+    sets = sy.to_pattern_sets(arr)
+    sleep_key = _key(arr, "time.sleep")
+    assert sum(1 for s in sets for p in s.patterns if p.key == sleep_key) == 1  # absent on the others
+    # python is never unexpected in this file, so only the differential test can fire
+    open_python = parse_expectations(
+        {"profiles": {"open": {"range": [{"category": "python"}]}}}, "open")
+    report = localize(sets, dataclasses.replace(OPTS, expectations=open_python))
+    f = next(f for f in report.findings if f.key == sleep_key)
+    assert f.ranks == (5,) and f.tests == ("differential",) and f.median.beta == 0.0
+    assert "the process sleeps on the critical path" in f.sentence
+    assert [g.key for g in report.findings] == [sleep_key]
+    # with the built-in profile both tests fire
+    both = localize(sets, OPTS).findings
+    assert [(g.key, g.ranks, g.tests) for g in both] == [(sleep_key, (5,), ("expectation", "differential"))]
+
+
+def test_localize_and_localize_arrays_agree_and_grid_equals_blocks() -> None:
+    arr = sy.simulate_job(600, seed=71)
+    sy.inject_throttled_compute(arr, np.arange(0, 600, 37))
+    sy.inject_sleep(arr, 100)
+    a = localize_arrays(arr, OPTS)
+    b = localize(sy.to_pattern_sets(arr), OPTS)
+    c = localize_arrays(arr, dataclasses.replace(OPTS, method="blocks"))
+    assert a.findings and a.findings == c.findings
+    assert [(f.key, f.ranks, f.kind, f.tests) for f in a.findings] == [
+        (f.key, f.ranks, f.kind, f.tests) for f in b.findings]
+
+
+def test_determinism_same_input_and_seed_same_report() -> None:
+    def run() -> Report:
+        arr = sy.simulate_job(3000, seed=81)
+        sy.inject_throttled_compute(arr, np.arange(7, 3000, 97))
+        sy.inject_gc_pauses(arr, 0.1, seed=82)
+        return localize_arrays(arr, dataclasses.replace(OPTS, seed=123))
+
+    r1, r2 = run(), run()
+    assert r1 == r2 and r1.findings
+    assert r1.to_dict() == r2.to_dict()
+    assert Report.from_dict(r1.to_dict()).findings == r1.findings
+
+
+def test_missing_ranks_make_a_partial_report() -> None:
+    sets = sy.to_pattern_sets(sy.simulate_job(8, seed=91))
+    report = localize([s for s in sets if s.rank != 3], OPTS)
+    assert report.ranks_missing == (3,) and report.status == "partial"
+    assert report.ranks_reported == (0, 1, 2, 4, 5, 6, 7) and report.profile == "gpu"
+
+
+def test_profile_follows_gpu_flag_unless_overridden() -> None:
+    sets = [dataclasses.replace(s, gpu=False) for s in sy.to_pattern_sets(sy.simulate_job(8, seed=92))]
+    assert localize(sets, OPTS).profile == "cpu"
+    assert localize(sets, dataclasses.replace(OPTS, profile="gpu")).profile == "gpu"
+
+
+def _set(rank: int, session: str = "s", job: str = "j", beta: float = 0.2) -> PatternSet:
+    return PatternSet(job=job, session=session, rank=rank, world_size=4, host="h", window_start_ns=0,
+                      window_end_ns=20_000_000_000, patterns=(Pattern("k", Category.COMPUTE, beta, 0.5, 0.1),))
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        ([], "empty"),
+        ([_set(0), _set(1), _set(1)], "duplicate ranks"),
+        ([_set(0), _set(1, session="other")], "different sessions"),
+        ([_set(0), _set(1, job="other")], "different jobs"),
+        ([_set(0), _set(1, beta=math.nan)], "NaN beta"),
+        ([_set(0), _set(1, beta=1.5)], "outside [0, 1]"),
+    ],
+)
+def test_bad_input_gives_clear_errors(sets: list[PatternSet], needle: str) -> None:
+    with pytest.raises(InputError, match=None) as err:
+        localize(sets, OPTS)
+    assert needle in str(err.value)
+
+
+def test_bad_arrays_give_clear_errors() -> None:
+    arr = sy.simulate_job(10, seed=1)
+    arr.values[3, 1, 4] = np.nan
+    with pytest.raises(InputError, match="rank 4: function .* has a NaN mu"):
+        localize_arrays(arr, OPTS)
+    arr = sy.simulate_job(10, seed=1)
+    with pytest.raises(InputError, match=r"duplicate ranks .*\[2\]"):
+        localize_arrays(dataclasses.replace(arr, ranks=np.array([0, 1, 2, 2, 4, 5, 6, 7, 8, 9])), OPTS)
+    with pytest.raises(InputError, match="empty"):
+        localize_arrays(dataclasses.replace(arr, ranks=np.zeros(0, np.int64), values=arr.values[:, :, :0]), OPTS)

@@ -1,0 +1,62 @@
+"""The rule and its MAD threshold, including the degenerate MAD = 0 case."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from statsmodels.robust.scale import mad
+
+from localizer.rule import apply_rule, differential_threshold, median_of_counts
+
+
+def test_threshold_is_median_plus_k_mad_when_counts_spread() -> None:
+    rng = np.random.default_rng(0)
+    counts = rng.integers(10, 60, 5000)
+    t = differential_threshold(counts, k=5.0, sample_size=100)
+    assert t.median == np.median(counts)
+    assert t.mad == pytest.approx(mad(counts.astype(float)))
+    assert not t.floored
+    assert t.threshold == pytest.approx(np.median(counts) + 5.0 * mad(counts.astype(float)))
+
+
+def test_degenerate_mad_is_floored_so_a_clean_job_flags_nothing() -> None:
+    counts = np.zeros(1000, dtype=np.int64)
+    counts[[3, 70, 500]] = [4, 9, 13]  # noise tails of a healthy job
+    t = differential_threshold(counts, k=5.0, sample_size=100)
+    assert t.mad == 0.0 and t.floored
+    assert t.threshold == pytest.approx(25.0)  # median + |S|/4
+    beta = np.full(1000, 0.3)
+    by_exp, by_diff = apply_rule(beta, np.zeros(1000, bool), counts, t.threshold, 0.01)
+    assert not by_diff.any() and not by_exp.any()
+
+
+def test_degenerate_mad_still_flags_a_unique_worker() -> None:
+    counts = np.zeros(1000, dtype=np.int64)
+    counts[42] = 99  # farther than ε from all other sampled workers
+    t = differential_threshold(counts, k=5.0, sample_size=100)
+    _, by_diff = apply_rule(np.full(1000, 0.2), np.zeros(1000, bool), counts, t.threshold, 0.01)
+    assert np.flatnonzero(by_diff).tolist() == [42]
+
+
+def test_small_job_unique_rank_clears_the_floor() -> None:
+    counts = np.array([1, 1, 1, 7, 1, 1, 1, 1])  # 8 ranks, |S| = 8, rank 3 differs from all
+    t = differential_threshold(counts, k=5.0, sample_size=8)
+    assert t.threshold == pytest.approx(1 + 2.0)
+    assert (counts > t.threshold).tolist() == [False, False, False, True] + [False] * 4
+
+
+def test_beta_min_gates_both_tests() -> None:
+    beta = np.array([0.005, 0.01, 0.02, 0.5])
+    outside = np.array([True, True, True, False])
+    d = np.array([100, 100, 0, 100])
+    by_exp, by_diff = apply_rule(beta, outside, d, 10.0, 0.01)
+    assert by_exp.tolist() == [False, False, True, False]
+    assert by_diff.tolist() == [False, False, False, True]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 1000])
+def test_median_of_counts_is_numpy_median(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for hi in (1, 3, 100):
+        c = rng.integers(0, hi + 1, n)
+        assert median_of_counts(c) == np.median(c)
