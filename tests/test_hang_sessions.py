@@ -1,0 +1,94 @@
+"""Hang sessions over a real sqlite store with a fake clock: silent ranks, pauses, recovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from localizer.sessions import SessionManager, SessionOptions
+from localizer.store import Store
+from localizer.validate import Heartbeat, RankBeat, Registration, WorkerInfo
+from perftracker.clock import FakeClock
+from perftracker.model import Frame, HangSnapshot
+
+T0 = 1_700_000_000 * 10**9
+BACKWARD = (Frame("train.py", 90, "main"), Frame("<lib>/torch/autograd/graph.py", 979, "_engine_run_backward"))
+SAVE = (Frame("train.py", 90, "main"), Frame("train.py", 140, "save_checkpoint"))
+
+
+@pytest.fixture
+def mgr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SessionManager:
+    monkeypatch.setenv("PERFTRACKER_HANG_PAUSE_S", "30")
+    m = SessionManager(Store(tmp_path / "s.sqlite"), FakeClock(T0),
+                       SessionOptions(hang_collect_s=20.0, hang_recheck_s=5.0))
+    m.register(Registration("j", "a", "h", tuple(WorkerInfo(r, r, 3, 100 + r, 100 + r, "h") for r in range(3))))
+    return m
+
+
+def _snap(rank: int, stack: tuple[Frame, ...], op: str, kernel: str, it: int = 50, idle_s: float = 6.0,
+          taken_ns: int = T0) -> HangSnapshot:
+    return HangSnapshot("j", rank, 3, "h", 100 + rank, taken_ns, it, idle_s, stack, current_op=op,
+                        kernel_state=kernel)
+
+
+def _beat(mgr: SessionManager, rank: int, it: int, phase: str = "tracking", alive: bool = True) -> None:
+    mgr.heartbeat(Heartbeat("j", "a", (RankBeat(rank, it, phase, 6.0, alive, 10.0),)))
+
+
+def test_a_stopped_rank_completes_the_session_at_once_and_is_named(mgr: SessionManager) -> None:
+    s = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    mgr.accept_hang_snapshot(_snap(2, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    s = mgr.store.get_session(s.session)  # type: ignore[assignment]
+    assert s is not None and not mgr.is_complete(s)
+    _beat(mgr, 1, 50, phase="stopped")  # the agent saw state T in /proc
+    assert mgr.is_complete(mgr.store.get_session(s.session))  # type: ignore[arg-type]
+    mgr.localize_now(s.session)
+    report = mgr.store.get_report(s.session)
+    assert report is not None and report.status == "complete"
+    assert report.summary.startswith("hang: rank 1 silent for ")
+    assert "(process stopped); all other ranks wait in c10d allreduce (DDP backward)" in report.summary
+    # recovery: SIGCONT, the job moves on -> the stored report is marked resolved
+    _beat(mgr, 0, 50)
+    assert mgr.store.get_report(s.session).status == "complete"  # type: ignore[union-attr]
+    mgr.clock.advance_s(2)  # type: ignore[attr-defined]
+    _beat(mgr, 0, 52)
+    resolved = mgr.store.get_report(s.session)
+    assert resolved is not None and resolved.status == "resolved" and "resumed" in resolved.summary
+    # detection goes on: a new blocked snapshot opens a new session
+    s2 = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait", it=80,
+                                        taken_ns=T0 + 10**10))
+    assert s2.session != s.session and s2.state == "open"
+
+
+def test_an_all_rank_pause_stores_no_report_and_closes_when_the_job_resumes(mgr: SessionManager) -> None:
+    s = None
+    for r in range(3):
+        s = mgr.accept_hang_snapshot(_snap(r, SAVE, "torch.save", "D"))
+    assert s is not None and mgr.is_complete(s)
+    end = mgr.localize_now(s.session)
+    assert end is not None and end.state == "open"  # not a hang yet: looked at again later
+    assert end.deadline_ns == T0 + 5 * 10**9
+    assert mgr.store.get_report(s.session) is None
+    assert mgr.due() == []  # complete, but not due again before the recheck
+    mgr.clock.advance_s(5)  # type: ignore[attr-defined]
+    assert [d.session for d in mgr.due()] == [s.session]
+    for r in range(3):
+        _beat(mgr, r, 51)  # the save finished, training goes on
+    end = mgr.localize_now(s.session)
+    assert end is not None and end.state == "done" and "no hang" in end.error
+    assert mgr.store.get_report(s.session) is None
+
+
+def test_a_pause_that_outlasts_pause_s_becomes_a_hang_report(mgr: SessionManager) -> None:
+    s = None
+    for r in range(3):
+        s = mgr.accept_hang_snapshot(_snap(r, SAVE, "torch.save", "D"))
+    assert s is not None
+    assert mgr.localize_now(s.session).state == "open"  # type: ignore[union-attr]
+    mgr.clock.advance_s(25)  # 6 s idle at the snapshot + 25 s > 30 s, no progress in heartbeats
+    end = mgr.localize_now(s.session)
+    assert end is not None and end.state == "done"
+    report = mgr.store.get_report(s.session)
+    assert report is not None and report.kind == "hang"
+    assert report.summary.startswith("hang: all 3 ranks stopped at train.py:140 in save_checkpoint (torch.save)")
