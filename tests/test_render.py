@@ -206,3 +206,49 @@ def test_html_iteration_series_draws_every_rank() -> None:
     for pts, color, r in lines:
         assert len(pts.split()) == len(report.iteration_ms[int(r)])
         assert (color == html_render.ABNORMAL) == (int(r) == SLOW_RANK)
+
+
+# ---------------------------------------------------------------------------------------------- real output
+
+
+def _real_reports() -> list[Report]:
+    """Reports made by the real localizer: synthetic patterns with a throttled rank, a clean job,
+    and a hang from snapshots."""
+    import time
+
+    import numpy as np
+
+    from localizer.hang import localize_hang
+    from localizer.localize import localize
+    from localizer.synthetic import inject_throttled_compute, simulate_job, to_pattern_sets
+    from perftracker.model import Frame, HangSnapshot
+
+    slow = simulate_job(32, seed=3)
+    inject_throttled_compute(slow, np.array([13]))
+    clean = simulate_job(16, seed=4)
+    now = time.time_ns()
+    wait = (Frame("examples/train.py", 97, "train_step"), Frame("<lib>/torch/autograd/graph.py", 823, "_engine_run_backward"))
+    snaps = [HangSnapshot("j", r, 4, "h", 100 + r, now, 311, 62.0, wait, kernel_state="S futex_do_wait") for r in (0, 1, 3)]
+    snaps.append(HangSnapshot("j", 2, 4, "h", 102, now, 311, 63.0, (Frame("examples/train.py", 74, "load_batch"),),
+                              current_op="time.sleep", kernel_state="S hrtimer_nanosleep"))
+    hang = localize_hang(snaps, {}, [0, 1, 2, 3], now_ns=now)
+    assert hang is not None
+    return [localize(to_pattern_sets(slow)), localize(to_pattern_sets(clean)), hang]
+
+
+def test_real_localizer_output_validates_and_renders() -> None:
+    validator = jsonschema.Draft202012Validator(json_render.load_schema())
+    slow, clean, hang = _real_reports()
+    assert slow.findings and not clean.findings and hang.hang_states
+    for report in (slow, clean, hang):
+        buf = io.StringIO()
+        json_render.render(report, buf)
+        errors = sorted(validator.iter_errors(json.loads(buf.getvalue())), key=str)
+        assert not errors, errors[0]
+        text = _text(report, width=160)
+        assert report.session in text
+        doc = _html(report)
+        assert report.summary and _parse(doc)  # parses
+    assert "13" in _text(slow, width=200) and "rank 13</text>" in _html(slow)
+    assert "No abnormal functions." in _text(clean)
+    assert "culprit" in _text(hang, width=200)

@@ -25,7 +25,7 @@ _CSS = """
 :root { --fg:#1d2330; --muted:#5f6b7a; --line:#d9dee5; --bad:#d62728; --bg:#f6f7f9; }
 * { box-sizing: border-box; }
 body { font: 15px/1.45 -apple-system, "Segoe UI", Roboto, "DejaVu Sans", Arial, sans-serif;
-       color: var(--fg); background: var(--bg); margin: 0 auto; padding: 24px 32px; max-width: 1040px; }
+       color: var(--fg); background: var(--bg); margin: 0 auto; padding: 24px 32px; max-width: 1120px; }
 h1 { font-size: 22px; margin: 0 0 12px; }
 h2 { font-size: 18px; margin: 0 0 8px; }
 section, header { background: #fff; border: 1px solid var(--line); border-radius: 8px;
@@ -95,7 +95,7 @@ def _header(report: Report) -> str:
         ("created", created),
     ]
     if report.window_s > 0:
-        rows.append(("window", f"{report.window_s:g} s" + (f", profile {escape(report.profile)}" if report.profile else "")))
+        rows.append(("window", _window(report.window_s) + (f", profile {escape(report.profile)}" if report.profile else "")))
     rows.append(("trigger", escape(report.trigger_reason or "-")))
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))
@@ -103,6 +103,10 @@ def _header(report: Report) -> str:
     meta = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     summary = f"<h1>{escape(report.summary)}</h1>" if report.summary else ""
     return f'<header><div class="brand">perftracker report</div>{summary}<dl class="meta">{meta}</dl></header>'
+
+
+def _window(window_s: float) -> str:
+    return f"{window_s:.3g} s" if window_s >= 1 else f"{window_s * 1000:.3g} ms"
 
 
 def _finding_section(f: Finding) -> str:
@@ -117,7 +121,7 @@ def _finding_section(f: Finding) -> str:
     return (
         f'<section class="finding"><p class="sentence">{escape(f.sentence)}</p>'
         f'<div class="chips">{"".join(chips)}</div>{key}'
-        f'<div class="row">{_scatter(f)}{_pattern_table(f)}</div></section>'
+        f'<div class="row">{_scatter(f) if f.points else ""}{_pattern_table(f)}</div></section>'
     )
 
 
@@ -196,7 +200,7 @@ def _ticks(top: float, n: int = 5) -> list[float]:
 
 
 def _fmt_tick(v: float) -> str:
-    return f"{v:.3g}"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _scatter(f: Finding, width: int = 460, height: int = 340) -> str:
@@ -269,7 +273,7 @@ def _highlight_ranks(report: Report) -> set[int]:
 
 
 def _iteration_section(report: Report, width: int = 900, height: int = 300) -> str:
-    ml, mr, mt, mb = 60, 110, 14, 40
+    ml, mr, mt, mb = 72, 110, 14, 40
     pw, ph = width - ml - mr, height - mt - mb
     highlight = _highlight_ranks(report)
     ranks = sorted(report.iteration_ms, key=lambda r: (r not in highlight, r))

@@ -63,7 +63,8 @@ def _header(report: Report) -> Panel:
     grid.add_row("session", f"{report.session}  ({report.kind}, {report.status})")
     grid.add_row("created", _fmt_time(report.created_ns))
     if report.window_s > 0:
-        grid.add_row("window", f"{report.window_s:g} s" + (f"  profile {report.profile}" if report.profile else ""))
+        window = f"{report.window_s:.3g} s" if report.window_s >= 1 else f"{report.window_s * 1000:.3g} ms"
+        grid.add_row("window", window + (f"  profile {report.profile}" if report.profile else ""))
     grid.add_row("trigger", report.trigger_reason or "-")
     grid.add_row("ranks reported", _ranks_text(report.ranks_reported))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
