@@ -1,0 +1,273 @@
+"""One scenario run: a localizer, one agent and one torchrun per (emulated) host, faults, trigger, report.
+
+Every process is started in its own session so that teardown can kill whole process groups;
+``JobRun.__exit__`` kills them, removes cgroups, qdiscs and competitor processes, even when the run
+failed or was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.faultkit.hosts import BRIDGE_IP, Host
+from bench.faultkit.inject import Competitor, CpuQuota, RateLimit, send
+from bench.faultkit.scenario import IN_SCRIPT, Fault, Scenario
+from perftracker.errors import PerftrackerError
+from perftracker.model import Report
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+
+
+@dataclass
+class RunResult:
+    report: Report | None
+    report_s: float | None  # trigger -> stored report (minus the window for profile sessions)
+    detection_delay_iters: int | None  # trigger iteration - fault onset (detector trigger only)
+    trigger_iter: int | None
+    summary: str
+    iterations: dict[int, int]
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class JobRun:
+    def __init__(
+        self, sc: Scenario, job: str, token: str, run_dir: Path, hosts: list[Host] | None, iters_cap: int | None = None
+    ) -> None:
+        self.sc, self.job, self.token, self.run_dir, self.hosts = sc, job, token, run_dir, hosts
+        self.iterations = min(sc.iterations, iters_cap) if iters_cap else sc.iterations
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.stack = ExitStack()
+        self.addr = BRIDGE_IP if hosts else "127.0.0.1"
+        self.port = _free_port(self.addr)
+        self.url = f"http://{self.addr}:{self.port}"
+        self.env = dict(os.environ)
+        self.env.update(
+            PERFTRACKER_TOKEN=token,
+            PERFTRACKER_JOB_ID=job,
+            PERFTRACKER_LOCALIZER_URL=self.url,
+            PERFTRACKER_AUTOSTART_AGENT="0",
+            PERFTRACKER_WINDOW_S=str(sc.window_s),
+            PERFTRACKER_LOG_LEVEL="INFO",
+            PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
+        if sc.trigger != "detector":
+            # only the CLI (or nothing) triggers: keep the detector from opening a session on its own
+            self.env["PERFTRACKER_TRIGGER_COOLDOWN_S"] = "100000"
+            self.env["PERFTRACKER_SLOWDOWN_THRESHOLD"] = "1000"
+
+    # -- process management ------------------------------------------------------------------
+    def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        logf = open(self.run_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the stack
+        self.stack.callback(logf.close)
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env or self.env, start_new_session=True)
+        self.procs.append(proc)
+        log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
+        return proc
+
+    def __enter__(self) -> JobRun:
+        store = self.run_dir / "store.db"
+        self._spawn(
+            [sys.executable, "-m", "perftracker", "localizer", "--host", self.addr, "--port", str(self.port),
+             "--store", str(store), "--token", self.token],
+            "localizer",
+        )
+        self._wait_http(f"{self.url}/v1/healthz", 30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGCONT)
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("process %d did not exit", p.pid)
+        self.stack.close()
+
+    def _wait_http(self, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self._get(url)
+                return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        raise PerftrackerError(f"{url} did not come up within {timeout_s:.0f} s (see {self.run_dir}/localizer.log)")
+
+    def _get(self, url: str) -> Any:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            body = resp.read()
+            return json.loads(body) if body else None
+
+    # -- the run -----------------------------------------------------------------------------
+    def _script_args(self, rank: int) -> list[str]:
+        args = ["--iters", str(self.iterations), "--seed", str(self.sc.seed), "--progress-dir", str(self.run_dir)]
+        for f in self.sc.faults:
+            if f.kind in IN_SCRIPT and rank in f.ranks:
+                if f.kind == "hang":
+                    args += ["--fault", f"hang:at_iter={f.params['at_iter']}"]
+                else:
+                    args += ["--fault", f.script_arg(), "--fault-start-iter", str(f.start_iter)]
+        return args
+
+    def _start_workers(self) -> None:
+        n = self.sc.workers
+        master_port = _free_port()
+        for rank in range(n):
+            host = self.hosts[rank] if self.hosts else None
+            rdir = self.run_dir / f"host{rank}"
+            rdir.mkdir(exist_ok=True)
+            # gloo picks its address from the hostname, which every namespace shares: name the link
+            env = dict(self.env, PERFTRACKER_RUN_DIR=str(rdir), GLOO_SOCKET_IFNAME="eth0" if host else "lo")
+            agent = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(rdir),
+                     "--localizer-url", self.url, "--token", self.token]
+            master = self.hosts[0].addr if self.hosts else "127.0.0.1"
+            train = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node_rank", str(rank),
+                     "--nproc_per_node", "1", "--master_addr", master, "--master_port", str(master_port),
+                     str(TRAIN), *self._script_args(rank)]
+            if host:
+                agent, train = host.wrap(agent), host.wrap(train)
+            self._spawn(agent, f"agent{rank}", env)
+            self._spawn(train, f"train{rank}", env)
+
+    def _progress(self) -> dict[int, int]:
+        out = {}
+        for rank in range(self.sc.workers):
+            try:
+                out[rank] = int((self.run_dir / f"rank{rank}.iter").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                out[rank] = -1
+        return out
+
+    def _worker_pid(self, rank: int) -> int | None:
+        try:
+            return int((self.run_dir / f"rank{rank}.iter").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _apply(self, f: Fault, rank: int) -> None:
+        pid = self._worker_pid(rank)
+        if pid is None:
+            raise PerftrackerError(f"no pid known for rank {rank}")
+        if f.kind == "cpu_quota":
+            q = self.stack.enter_context(CpuQuota(f"perftracker-fault-{self.job}-r{rank}", float(f.params["fraction"])))
+            q.add(pid)
+        elif f.kind == "net_rate":
+            if not self.hosts:
+                raise PerftrackerError("net_rate needs emulated hosts")
+            h = self.hosts[rank]
+            self.stack.enter_context(RateLimit(h.veth_root, h.netns, float(f.params["mbit"])))
+        elif f.kind == "competitor":
+            c = self.stack.enter_context(Competitor(cpu=rank % max(1, os.cpu_count() or 1)))
+            c.pin(pid)
+        elif f.kind == "stop":
+            send(pid, signal.SIGSTOP)
+        elif f.kind == "kill":
+            send(pid, signal.SIGKILL)
+        log.info("applied %s to rank %d (pid %d)", f.kind, rank, pid)
+
+    def _sessions(self) -> list[dict[str, Any]]:
+        try:
+            data = self._get(f"{self.url}/v1/sessions?job={self.job}")
+        except (urllib.error.URLError, OSError, ValueError):
+            return []
+        return list(data.get("sessions", data) if isinstance(data, dict) else data or [])
+
+    def _report(self, session: str) -> Report | None:
+        try:
+            d = self._get(f"{self.url}/v1/sessions/{session}/report")
+        except urllib.error.HTTPError as exc:
+            if exc.code in (404, 409, 425):
+                return None
+            raise
+        except (urllib.error.URLError, OSError):
+            return None
+        if not isinstance(d, dict) or "schema_version" not in d:
+            return None  # 202: the session is still collecting
+        return Report.from_dict(d)
+
+    def execute(self, timeout_s: float) -> RunResult:
+        sc = self.sc
+        self._start_workers()
+        t_start = time.monotonic()
+        pending = [(f, r) for f in sc.faults if f.kind not in IN_SCRIPT for r in f.ranks]
+        triggered_at: float | None = None
+        trigger_iter: int | None = None
+        report: Report | None = None
+        progress: dict[int, int] = {}
+        last_log = 0.0
+        while time.monotonic() - t_start < timeout_s:
+            time.sleep(0.1)
+            progress = self._progress()
+            alive = [it for it in progress.values() if it >= 0]
+            it_max = max(alive) if alive else -1
+            for f, r in list(pending):
+                at = int(f.params.get("at_iter", f.start_iter))
+                if progress.get(r, -1) >= at:
+                    self._apply(f, r)
+                    pending.remove((f, r))
+            if sc.trigger == "cli" and triggered_at is None and it_max >= sc.trigger_at_iter:
+                subprocess.run(
+                    [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,
+                     "--token", self.token, "--window-s", str(sc.window_s), "--no-wait"],
+                    env=self.env, check=True, capture_output=True,
+                )
+                triggered_at, trigger_iter = time.monotonic(), it_max
+                log.info("CLI trigger at iteration %d", it_max)
+            for s in self._sessions():
+                sid = str(s.get("session") or s.get("id"))
+                if triggered_at is None:
+                    triggered_at = time.monotonic()
+                    m = re.search(r"iteration (\d+)", str(s.get("reason", "")))
+                    trigger_iter = int(m.group(1)) if m else it_max
+                    log.info("session %s opened: %s", sid, s.get("reason"))
+                report = self._report(sid)
+                if report is not None:
+                    break
+            if report is not None:
+                break
+            if time.monotonic() - last_log > 10:
+                last_log = time.monotonic()
+                log.info("%s: iterations %s", sc.name, progress)
+            if alive and all(it >= self.iterations - 1 for it in alive) and not pending:
+                break
+        report_s = None
+        if report is not None and triggered_at is not None:
+            report_s = time.monotonic() - triggered_at - (sc.window_s if report.kind != "hang" else 0.0)
+        onset = sc.onset_iter
+        delay = None
+        if sc.trigger == "detector" and trigger_iter is not None and onset is not None:
+            delay = max(0, trigger_iter - onset)
+        summary = report.summary if report is not None else "no report"
+        if report is not None and not report.summary and report.findings:
+            summary = report.findings[0].sentence
+        return RunResult(report, report_s, delay, trigger_iter, summary, progress)

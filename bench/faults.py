@@ -1,0 +1,174 @@
+"""Fault-injection benchmark with ground truth: precision and recall of detection and localization.
+
+    python bench/faults.py --scenario bench/scenarios/*.toml [--workers N] [--quick] [--single-host]
+
+For each scenario it starts an N-worker job of examples/train.py (gloo), one torchrun per emulated
+host (a network namespace on a bridge, rendezvous on the bridge addresses), a node agent per host
+and one localizer service in the root namespace. It injects the scenario's faults, lets
+perftracker work as a user would (the detector triggers, or `perftracker trigger` at the given
+iteration), waits for the report and scores it (bench/faultkit/scoring.py).
+
+Without network namespaces (not root, no iproute2) it says so, runs in single-host mode on
+loopback, and skips the network scenarios, listing them as skipped.
+
+Progress goes to stderr; the last stdout line is one JSON object:
+{"scenarios": int, "precision": float, "recall": float, "clean_false_findings": int,
+ "max_detection_delay_iters": int, "max_report_s": float}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.faultkit.hosts import EmulatedHosts, cleanup_stale, namespaces_available  # noqa: E402
+from bench.faultkit.job import JobRun, RunResult  # noqa: E402
+from bench.faultkit.scenario import Scenario, load_scenario  # noqa: E402
+from bench.faultkit.scoring import Score, score  # noqa: E402
+
+log = logging.getLogger("bench.faults")
+QUICK = ("clean-s0.toml", "slow-compute-rank.toml", "slow-dataloader-all.toml")
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    result: RunResult | None
+    score: Score | None
+    skipped: str = ""
+    error: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def _run_one(sc: Scenario, args: argparse.Namespace, netns: bool, workdir: Path) -> Outcome:
+    if sc.network and not netns:
+        return Outcome(sc, None, None, skipped="needs network namespaces (single-host mode)")
+    token = secrets.token_hex(16)
+    job = f"{sc.name}-{secrets.token_hex(3)}"
+    run_dir = workdir / job
+    run_dir.mkdir(parents=True)
+    hosts_cm = EmulatedHosts(sc.workers) if netns else None
+    try:
+        hosts = hosts_cm.__enter__().hosts if hosts_cm else None
+        with JobRun(sc, job, token, run_dir, hosts, iters_cap=args.iterations_cap) as run:
+            result = run.execute(timeout_s=args.timeout_s)
+        return Outcome(sc, result, score(sc, result.report))
+    except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported, the suite goes on
+        log.exception("scenario %s failed", sc.name)
+        return Outcome(sc, None, score(sc, None), error=f"{type(exc).__name__}: {exc}")
+    finally:
+        if hosts_cm:
+            hosts_cm.cleanup()
+
+
+def _table(outcomes: list[Outcome]) -> str:
+    head = f"{'scenario':24} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'delay':>6} {'report_s':>8}  findings / note"
+    lines = [head, "-" * len(head)]
+    for o in outcomes:
+        if o.skipped:
+            lines.append(f"{o.scenario.name:24} {'-':>5} {'-':>5} {'-':>3} {'-':>3} {'-':>6} {'-':>8}  SKIPPED: {o.skipped}")
+            continue
+        s = o.score
+        assert s is not None
+        r = o.result
+        delay = "-" if r is None or r.detection_delay_iters is None else str(r.detection_delay_iters)
+        rep_s = "-" if r is None or r.report_s is None else f"{r.report_s:.1f}"
+        note = o.error or (r.summary if r else "")
+        lines.append(
+            f"{o.scenario.name:24} {s.precision:5.2f} {s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {delay:>6} {rep_s:>8}  {note[:110]}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", nargs="+", default=None, help="scenario TOML files (default: all in bench/scenarios)")
+    p.add_argument("--quick", action="store_true", help=f"run only {', '.join(QUICK)}")
+    p.add_argument("--workers", type=int, default=None, help="override each scenario's worker count")
+    p.add_argument("--single-host", action="store_true", help="do not use network namespaces")
+    p.add_argument("--timeout-s", type=float, default=240.0, help="per-scenario time limit")
+    p.add_argument("--iterations-cap", type=int, default=None, help="cap each scenario's iterations")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+
+    scen_dir = REPO / "bench" / "scenarios"
+    files = [Path(f) for f in args.scenario] if args.scenario else sorted(scen_dir.glob("*.toml"))
+    if args.quick:
+        files = [scen_dir / q for q in QUICK] if not args.scenario else [f for f in files if f.name in QUICK]
+    scenarios = [load_scenario(f, args.workers) for f in files]
+
+    netns = False
+    if not args.single_host:
+        netns, why = namespaces_available()
+        if not netns:
+            log.warning("network namespaces unavailable (%s): single-host mode on loopback; network scenarios are skipped", why)
+    if not netns:
+        sys.stderr.write("MODE: single-host (loopback); network scenarios will be SKIPPED, not passed\n")
+    else:
+        sys.stderr.write("MODE: emulated hosts (one network namespace per worker)\n")
+        stale = cleanup_stale()
+        if stale:
+            log.info("removed stale namespaces/bridges: %s", stale)
+
+    def _sigterm(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    workdir = Path(tempfile.mkdtemp(prefix="perftracker-faults-"))
+    outcomes: list[Outcome] = []
+    try:
+        for i, sc in enumerate(scenarios, 1):
+            sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: {sc.workers} workers, trigger={sc.trigger}\n")
+            t0 = time.monotonic()
+            outcomes.append(_run_one(sc, args, netns, workdir))
+            sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: done in {time.monotonic() - t0:.0f} s\n")
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted: cleaned up; partial results follow\n")
+    finally:
+        if netns:
+            cleanup_stale()
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    sys.stderr.write(_table(outcomes) + "\n")
+    ran = [o for o in outcomes if not o.skipped and o.score is not None]
+    tp = sum(len(o.score.tp) for o in ran if o.score)
+    fp = sum(len(o.score.fp) for o in ran if o.score)
+    expected = sum(len(o.score.expected) for o in ran if o.score)
+    found = sum(len(o.score.found) for o in ran if o.score)
+    clean_fp = sum(len(o.score.fp) for o in ran if o.score and not o.scenario.expect)
+    delays = [o.result.detection_delay_iters for o in ran if o.result and o.result.detection_delay_iters is not None]
+    report_s = [o.result.report_s for o in ran if o.result and o.result.report_s is not None]
+    summary = {
+        "scenarios": len(ran),
+        "skipped": len(outcomes) - len(ran),
+        "mode": "netns" if netns else "single-host",
+        "precision": round(tp / (tp + fp), 4) if tp + fp else 1.0,
+        "recall": round(found / expected, 4) if expected else 1.0,
+        "clean_false_findings": clean_fp,
+        "max_detection_delay_iters": max(delays) if delays else -1,
+        "max_report_s": round(max(report_s), 2) if report_s else -1.0,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
