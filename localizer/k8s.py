@@ -5,6 +5,7 @@
   annotation, or on Kubernetes >= 1.28 also the label, ``batch.kubernetes.io/job-completion-index``)
   and the pod template's annotation ``perftracker.io/nproc-per-node``; torchrun with
   ``--node_rank=$JOB_COMPLETION_INDEX`` then gives pod i the ranks ``i*n .. i*n+n-1``.
+- ``from_environment()`` gives the in-cluster client, or None outside a cluster.
 - ``KubernetesClient.post_report_events(report, topology)`` posts one Warning Event on each pod
   whose rank has a finding (or, for a hang, whose rank is the culprit or silent), so that
   ``kubectl describe pod`` and ``kubectl get events`` show perftracker's sentence.
@@ -103,6 +104,23 @@ def namespace_from_environment(environ: Mapping[str, str] | None = None,
 def in_cluster(environ: Mapping[str, str] | None = None) -> bool:
     env = os.environ if environ is None else environ
     return bool(env.get("KUBERNETES_SERVICE_HOST")) and SERVICEACCOUNT_NAMESPACE_FILE.parent.is_dir()
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> KubernetesClient | None:
+    """The in-cluster client when this process runs in a pod (KUBERNETES_SERVICE_HOST set and a
+    namespace known), else None. Errors are logged, never raised: Kubernetes is optional."""
+    env = os.environ if environ is None else environ
+    if not env.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    ns = namespace_from_environment(env)
+    if not ns:
+        log.warning("in a Kubernetes pod but the namespace is unknown: set PERFTRACKER_K8S_NAMESPACE")
+        return None
+    try:
+        return KubernetesClient.from_cluster(K8sOptions(namespace=ns, instance=env.get("HOSTNAME", "")))
+    except (K8sError, ImportError) as exc:
+        log.warning("Kubernetes integration off: %s", exc)
+        return None
 
 
 class KubernetesClient:

@@ -215,3 +215,12 @@ def test_namespace_from_environment(tmp_path: Path) -> None:
     assert namespace_from_environment({}, sa) == ""
     sa.write_text("team-a\n")
     assert namespace_from_environment({}, sa) == "team-a"
+
+
+def test_from_environment_is_none_outside_a_cluster(caplog: pytest.LogCaptureFixture) -> None:
+    from localizer.k8s import from_environment
+
+    assert from_environment({}) is None
+    # a pod without service-account credentials: logged, not raised
+    assert from_environment({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "PERFTRACKER_K8S_NAMESPACE": "ml"}) is None
+    assert "Kubernetes integration off" in caplog.text
