@@ -340,7 +340,8 @@ def print_summary(rank: int, world: int, iters: int, elapsed_s: float) -> None:
         f"[rank {rank}/{world}] {iters} iterations in {elapsed_s:.1f} s; perftracker phase={st['phase']} "
         f"mode={st.get('mode')} iteration={st['iteration']} sequence={' '.join(st['sequence'])}"  # type: ignore[arg-type]
         + (f" recent mean={mean:.1f} ms min={low:.1f} ms" if mean is not None and low is not None else "")
-        + f" triggers={len(st.get('triggers', []))}",  # type: ignore[arg-type]
+        + f" triggers={len(st.get('triggers', []))}"  # type: ignore[arg-type]
+        + f" trigger_iterations={[t.get('iteration') for t in st.get('triggers', [])]}",  # type: ignore[union-attr]
         flush=True,
     )
     if rank == 0 and times:

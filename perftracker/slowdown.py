@@ -7,13 +7,14 @@ Two rules share one small interface (``observe(duration_ns) -> detail | None`` a
   minimum over the same last W iterations, so the rule forgets a level once it has left the window.
 - ``ChangepointRule``: robust change-point detection on log iteration times. A rolling reference
   (median and MAD of the iterations just before the test windows) gives the level and the noise;
-  short windows (3, 5, 10, 25 iterations, each with its largest value trimmed so that one spike such
+  short windows (5, 10, 20 iterations, each with its largest value trimmed so that one spike such
   as a checkpoint save counts for nothing) fire when their trimmed mean exceeds the reference by
   more than ``max(log(1 + threshold), z * noise / sqrt(k - 1))``. A slow drift is caught against
   an anchor, the lowest block median over the last ``anchor_blocks`` blocks.
 
-Both rules reset after firing, so a sustained slowdown fires once and the new level becomes the
-baseline after the refill.
+Both rules re-baseline after firing, so a sustained slowdown fires once: the paper rule refills its
+window; the changepoint rule takes the window that fired as its new reference and tests again as
+soon as its shortest window refills.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class ChangepointOptions:
     threshold: float = 0.05  # minimum relative slowdown worth a trigger (same as the paper's 5 %)
     z: float = 5.0  # how many noise standard errors a window must exceed the reference by
     ref_iters: int = 300  # reference window (iterations just before the test windows)
-    min_ref_iters: int = 40  # iterations needed in the reference before testing
-    windows: tuple[int, ...] = (3, 5, 10, 25)
+    min_ref_iters: int = 30  # iterations needed in the reference before testing
+    windows: tuple[int, ...] = (5, 10, 20)
     block_iters: int = 25  # reference statistics are refreshed every block
     anchor_blocks: int = 40  # drift anchor: lowest block median over this many blocks
     min_noise: float = 0.002  # floor on the relative noise (perfectly regular series)
@@ -116,6 +117,7 @@ class ChangepointRule:
         self._noise = math.nan  # reference robust sigma (log units)
         self._bounds: tuple[float, ...] = ()
         self._sums = [0.0] * len(self._windows)
+        self._noise_floor = 0.0  # after a rebase: the noise seen before it (stay conservative)
 
     def reset(self) -> None:
         self._recent.clear()
@@ -125,9 +127,23 @@ class ChangepointRule:
         self._since_block = 0
         self._level = math.nan
         self._noise = math.nan
+        self._noise_floor = 0.0
         self._bounds = ()
 
-    def _refresh(self) -> dict[str, object] | None:
+    def _rebase(self, seed: list[float]) -> None:
+        """After firing: the values that fired (the new level) become the whole reference.
+
+        Testing resumes as soon as the shortest window refills, against that level, with the
+        earlier noise as a floor; a transient burst therefore blinds the rule for a few iterations
+        only, and a sustained slowdown fires once.
+        """
+        noise = self._noise
+        self.reset()
+        self._ref.extend(seed)
+        self._noise_floor = noise if noise == noise else 0.0
+        self._refresh(drift=False)
+
+    def _refresh(self, drift: bool = True) -> dict[str, object] | None:
         """Recompute level, noise, window bounds and the drift anchor; test the drift."""
         o = self.options
         ref = sorted(self._ref)
@@ -136,11 +152,13 @@ class ChangepointRule:
         level = ref[mid] if n % 2 else 0.5 * (ref[mid - 1] + ref[mid])
         devs = sorted(abs(x - level) for x in ref)
         mad = devs[mid] if n % 2 else 0.5 * (devs[mid - 1] + devs[mid])
-        noise = max(_MAD_TO_SIGMA * mad, o.min_noise)
+        noise = max(_MAD_TO_SIGMA * mad, o.min_noise, self._noise_floor)
         self._level, self._noise = level, noise
         self._bounds = tuple(
             level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)) for k in self._windows
         )
+        if not drift:
+            return None
         # drift: the median of the latest block against the lowest block median seen recently
         block = sorted(list(self._ref)[-2 * o.block_iters :])
         block_median = block[len(block) // 2]
@@ -170,15 +188,19 @@ class ChangepointRule:
             self._ref.append(recent[0])
         recent.append(x)
         if len(self._ref) < self.options.min_ref_iters:
-            return None
-        self._since_block += 1
-        if not self._bounds or self._since_block >= self.options.block_iters:
-            self._since_block = 0
-            self._resum()
-            detail = self._refresh()
-            if detail is not None:
-                self.reset()
-                return detail
+            if not self._noise_floor:
+                return None  # warming up
+            self._refresh(drift=False)  # rebased: a small reference, refreshed every iteration
+        else:
+            self._noise_floor = 0.0
+            self._since_block += 1
+            if not self._bounds or self._since_block >= self.options.block_iters:
+                self._since_block = 0
+                self._resum()
+                detail = self._refresh()
+                if detail is not None:
+                    self._rebase(list(recent))
+                    return detail
         n = len(recent)
         for j, k in enumerate(self._windows):
             # the trimmed mean never exceeds the plain mean: test the cheap one first
@@ -195,7 +217,7 @@ class ChangepointRule:
                     "recent_ms": math.exp(trimmed) / 1e6,
                     "noise": self._noise,
                 }
-                self.reset()
+                self._rebase(window)
                 return detail
         return None
 
