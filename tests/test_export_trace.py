@@ -143,3 +143,57 @@ def test_real_gpu_kineto_window(dlrm_dir: Path, tmp_path: Path) -> None:
     compute_beta = sum(p.beta for p in ps.patterns if p.category.value == "compute")
     track_compute = sum(e["dur"] for e in crit if e["args"]["category"] == "compute") / window_us
     assert track_compute == pytest.approx(compute_beta, abs=0.02)
+
+
+def test_real_online_window(tmp_path: Path) -> None:
+    """A window taken by perftracker.window in this process: Python functions and aten ops."""
+    import threading
+    import time
+
+    import torch
+
+    from perftracker.window import ProfileWindow, WindowResult
+
+    class Ident:
+        rank, world_size, local_rank, host, job = 0, 1, 0, "test", "export"
+        pid = os.getpid()
+        training_tid = threading.get_native_id()
+
+    def spin(ms: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < ms / 1000:
+            pass
+
+    def matmuls(a: torch.Tensor) -> None:
+        for _ in range(5):
+            a @ a
+
+    win = ProfileWindow(Ident(), tmp_path)
+    done: list[WindowResult] = []
+    assert win.arm("online", 0.6, done.append)
+    a = torch.randn(64, 64)
+    matmuls(a)  # warm up outside the window
+    it = 0
+    deadline = time.monotonic() + 30
+    while not done and time.monotonic() < deadline:
+        spin(15)
+        matmuls(a)
+        it += 1
+        win.on_boundary(time.monotonic_ns(), it)
+    assert done and done[0].error == "" and done[0].raw_path is not None
+    out = tmp_path / "t.json"
+    r = _cli("online", "--raw", str(done[0].raw_path), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    evs = json.loads(out.read_text())["traceEvents"]
+    crit = [e for e in evs if e["pid"] == CRITICAL_PID and e["ph"] == "X"]
+    names = {e["name"] for e in crit}
+    assert any(n.startswith("compute: aten::") for n in names), names
+    assert any(n.startswith("python:") and "spin" in n for n in names), names
+    # the track agrees with the summarizer's beta of the same window
+    from agent.summarize import summarize_window
+
+    raw = RawWindow.load(done[0].raw_path)
+    window_us = (raw.meta.window_end_ns - raw.meta.window_start_ns) / 1000
+    beta_mm = sum(p.beta for p in summarize_window(raw).patterns if p.key == "aten::mm")
+    track_mm = sum(e["dur"] for e in crit if e["name"] == "compute: aten::mm") / window_us
+    assert beta_mm > 0 and track_mm == pytest.approx(beta_mm, abs=0.01)
