@@ -224,9 +224,16 @@ class AgentChannel:
                         return wire.connect(self.path, self.options.connect_timeout_s)
                     except TransportError as exc:
                         first_error = exc
-        self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with backoff",
-                        self.path, first_error)
+        if self._autostart_pending():
+            log.debug("perftracker: no node agent at %s yet; one starts after the first iteration", self.path)
+        else:
+            self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with "
+                            "backoff", self.path, first_error)
         return None
+
+    def _autostart_pending(self) -> bool:
+        return (self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules
+                and int(getattr(self.runtime, "iteration", 0) or 0) < 1)
 
     def _may_autostart(self) -> bool:
         """Start an agent only for a process that trains (one iteration done), never inside a
@@ -242,9 +249,7 @@ class AgentChannel:
 
     def _retry_delay(self, delay: float) -> float:
         """While an autostart is still to come (waiting for the first iteration), poll quickly."""
-        if self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules:
-            return min(delay, 0.5)
-        return delay
+        return min(delay, 0.5) if self._autostart_pending() else delay
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options

@@ -17,8 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from agent_helpers import AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir, wait_until
+
 from perftracker import wire
 from perftracker.wire import MessageType
 
@@ -54,7 +54,7 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
             w.send(MessageType.ITER_STATS, iteration=50, recent_ms=[11.0, 11.5], mean_ms=11.2, min_ms=11.0, phase="watching")
             w.send(MessageType.HEARTBEAT, iteration=50, phase="watching")
         results: list[dict] = [{}, {}]
-        threads = [threading.Thread(target=_answer, args=(w, run_dir / "windows", r)) for w, r in zip((w0, w1), results)]
+        threads = [threading.Thread(target=_answer, args=(w, run_dir / "windows", r)) for w, r in zip((w0, w1), results, strict=True)]
         for t in threads:
             t.start()
         w1.send(MessageType.TRIGGER, reason="slowdown", detail={"ratio": 1.4})  # a worker trigger
