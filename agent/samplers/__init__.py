@@ -1,1 +1,100 @@
-"""Hardware samplers: procfs (always), nvml and nsys (GPU, not verified on hardware here)."""
+"""Hardware samplers: procfs (always), nvml and nsys (GPU, not verified on hardware here).
+
+``sample_window`` runs the chosen samplers, each in its own thread, over one profile window and
+returns a ``SampleSet``. ``python -m agent.samplers`` wraps it as the sampler process.
+
+GPU counters: only one tool may hold CUPTI or the GPU profiling counters at a time. The nsys
+sampler takes a node-wide lock per GPU (``gpu_lock_dir``), yields to a running DCGM host engine,
+and when nsys cannot get the counters the NVML sampler (which reads the driver's own utilization
+counters, not the profiling counters) runs instead. See ``agent.samplers.nsys``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from agent.samplers.base import Sampler, WindowBounds
+from agent.samplers.procfs import ProcfsOptions, ProcfsSampler
+from perftracker.rawdata import SampleSet, UtilSeries
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Sampler", "SamplerOptions", "WindowBounds", "build_samplers", "run_samplers", "sample_window"]
+
+
+@dataclass(frozen=True)
+class SamplerOptions:
+    samplers: tuple[str, ...] = ("procfs", "gpu")  # "gpu" = nsys if it can run, else nvml
+    procfs: ProcfsOptions = ProcfsOptions()
+    gpu_index: int = -1  # -1: no GPU sampling
+    nsys_frequency_hz: int = 10_000
+    gpu_lock_dir: str = "/tmp"
+
+
+def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]:
+    """The samplers that can run here, in order; GPU samplers fall back nsys -> nvml."""
+    out: list[Sampler] = []
+    for name in options.samplers:
+        candidates: list[Sampler] = []
+        if name == "procfs":
+            candidates = [ProcfsSampler(pid, tid, options.procfs)]
+        elif name in ("gpu", "nsys", "nvml"):
+            if options.gpu_index < 0:
+                continue
+            from agent.samplers.nsys import NsysSampler
+            from agent.samplers.nvml import NvmlSampler
+
+            nsys = NsysSampler(options.gpu_index, options.nsys_frequency_hz, options.gpu_lock_dir)
+            nvml = NvmlSampler(options.gpu_index)
+            candidates = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}[name]
+        else:
+            log.warning("unknown sampler %r ignored", name)
+        for cand in candidates:
+            reason = cand.unavailable_reason()
+            if reason is None:
+                out.append(cand)
+                break
+            log.info("sampler %s unavailable: %s", cand.name, reason)
+    return out
+
+
+def run_samplers(samplers: Sequence[Sampler], bounds: WindowBounds) -> SampleSet:
+    """Run each sampler in its own thread until ``bounds`` end; merge their series."""
+    results: dict[str, Mapping[str, UtilSeries]] = {}
+
+    def _one(s: Sampler) -> None:
+        try:
+            results[s.name] = s.run(bounds)
+        except Exception:  # one broken sampler must not lose the others' samples
+            log.exception("sampler %s failed", s.name)
+
+    threads = [threading.Thread(target=_one, args=(s,), name=f"sampler-{s.name}", daemon=True) for s in samplers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    merged: dict[str, UtilSeries] = {}
+    for s in samplers:
+        merged.update(results.get(s.name, {}))
+    return SampleSet(series=merged)
+
+
+def sample_window(
+    pid: int,
+    tid: int,
+    start_ns: int,
+    end_ns: int,
+    options: SamplerOptions | None = None,
+    bounds: WindowBounds | None = None,
+) -> SampleSet:
+    """Sample the training thread ``tid`` of process ``pid`` over [start_ns, end_ns] (CLOCK_MONOTONIC).
+
+    Blocks until the window (plus a small edge margin) has passed. Pass ``bounds`` to move the end
+    or stop early from another thread.
+    """
+    opts = options or SamplerOptions()
+    b = bounds or WindowBounds(start_ns, end_ns)
+    return run_samplers(build_samplers(pid, tid, opts), b)

@@ -1,0 +1,203 @@
+"""The procfs sampler (always available on Linux): training-thread CPU, NIC and disk utilization.
+
+- ``cpu``: the training thread's run time from ``/proc/<pid>/task/<tid>/schedstat`` (first field,
+  ``se.sum_exec_runtime`` in ns), read every ``period_us`` (1 ms by default).
+  The kernel updates that counter only when the thread is descheduled and at scheduler ticks
+  (every 4 ms at HZ=250), so raw 1 ms differences read as a staircase of 0 % and 400 %. Between two
+  updates a thread first sleeps and then runs without a break up to the update (it is only
+  descheduled at an update), so each increase Δ is the run time of the last Δ ns before the
+  update. ``cpu_utilization`` rebuilds the run intervals that way and averages them over each
+  sample interval: exact up to the sampling period.
+- ``nic``: bytes per interface from ``/proc/<pid>/net/dev`` (the target's network namespace), each
+  interface normalized by its link speed from ``/sys/class/net/<if>/speed`` when known, else by
+  ``nic_peak_bps`` (bits/s, default 10 Gbit/s; loopback and virtual devices have no speed).
+  Utilization is max(rx, tx) / peak, as a full-duplex link carries the peak each way. One series per
+  interface (``nic:<if>``) and ``nic`` = the per-sample max over interfaces.
+- ``disk``: ``read_bytes + write_bytes`` from ``/proc/<pid>/io`` (bytes that reached the storage
+  layer), normalized by ``disk_peak_bps`` (bytes/s, default 1 GB/s).
+NIC and disk are read every ``slow_every`` ticks (10 ms by default).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agent.samplers.base import WindowBounds, rate_series
+from perftracker.rawdata import UtilSeries
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProcfsOptions:
+    period_us: int = 1000
+    slow_every: int = 10
+    nic_peak_bps: float = 10e9  # bits/s, for interfaces without /sys/class/net/<if>/speed
+    disk_peak_bps: float = 1e9  # bytes/s
+    proc_root: str = "/proc"
+    sys_net_root: str = "/sys/class/net"
+
+
+def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int) -> UtilSeries:
+    """Thread CPU utilization per sample interval from (time, cumulative run time) readings.
+
+    See the module docstring for why increases are back-filled. value[i] covers (t[i-1], t[i]].
+    """
+    t = np.asarray(t_ns, dtype=np.int64)
+    r = np.asarray(run_ns, dtype=np.int64)
+    if len(t) < 2:
+        return UtilSeries("cpu", np.zeros(0, np.int64), np.zeros(0, np.float32), period_ns, "procfs")
+    idx = np.nonzero(np.diff(r) > 0)[0] + 1
+    # The update happened somewhere in (t[i-1], t[i]]; take the midpoint.
+    upd_t = (t[idx - 1] + t[idx]) // 2
+    delta = r[idx] - r[idx - 1]
+    prev_t = np.concatenate(([t[0]], upd_t[:-1])) if len(idx) else np.zeros(0, np.int64)
+    run_start = np.maximum(upd_t - delta, prev_t)
+    xp = np.empty(1 + 2 * len(idx), dtype=np.float64)
+    fp = np.empty_like(xp)
+    xp[0], fp[0] = t[0], r[0]
+    xp[1::2], fp[1::2] = run_start, r[idx - 1]
+    xp[2::2], fp[2::2] = upd_t, r[idx]
+    cum = np.interp(t.astype(np.float64), xp, fp)
+    dt = np.diff(t).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(dt > 0, np.diff(cum) / dt, 0.0)
+    return UtilSeries("cpu", t[1:], np.clip(util, 0.0, 1.0).astype(np.float32), period_ns, "procfs")
+
+
+def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
+    """``/proc/net/dev`` -> {interface: (rx_bytes, tx_bytes)}."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines()[2:]:
+        if ":" not in line:
+            continue
+        name, rest = line.split(":", 1)
+        fields = rest.split()
+        if len(fields) >= 9:
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
+
+
+def parse_proc_io(text: str) -> int:
+    """``/proc/<pid>/io`` -> read_bytes + write_bytes."""
+    vals = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        vals[key.strip()] = value.strip()
+    return int(vals.get("read_bytes", 0)) + int(vals.get("write_bytes", 0))
+
+
+def link_peak_bytes_per_s(iface: str, options: ProcfsOptions) -> float:
+    """Link speed in bytes/s from sysfs (Mbit/s there), else options.nic_peak_bps / 8."""
+    try:
+        mbps = int(Path(options.sys_net_root, iface, "speed").read_text().strip())
+        if mbps > 0:
+            return mbps * 1e6 / 8
+    except (OSError, ValueError):
+        pass
+    return options.nic_peak_bps / 8
+
+
+def _read(fd: int) -> bytes:
+    return os.pread(fd, 65536, 0)
+
+
+class ProcfsSampler:
+    """Samples one thread's CPU time, the NICs and the process's disk bytes from procfs."""
+
+    name = "procfs"
+
+    def __init__(self, pid: int, tid: int, options: ProcfsOptions | None = None) -> None:
+        self.pid = pid
+        self.tid = tid
+        self.options = options or ProcfsOptions()
+
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.options.proc_root, str(self.pid), *parts)
+
+    def unavailable_reason(self) -> str | None:
+        path = self._path("task", str(self.tid), "schedstat")
+        if not os.path.exists(path):
+            return f"{path} does not exist (no such thread, or no procfs)"
+        return None
+
+    def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
+        opt = self.options
+        period_ns = opt.period_us * 1000
+        sched_fd = os.open(self._path("task", str(self.tid), "schedstat"), os.O_RDONLY)
+        fds: dict[str, int] = {}
+        for key, rel in (("net", ("net", "dev")), ("io", ("io",))):
+            try:
+                fds[key] = os.open(self._path(*rel), os.O_RDONLY)
+            except OSError as exc:
+                log.info("procfs sampler: no %s (%s)", "/".join(rel), exc)
+        cpu_t: list[int] = []
+        cpu_run: list[int] = []
+        slow_t: list[int] = []
+        net: list[dict[str, tuple[int, int]]] = []
+        disk: list[int] = []
+        try:
+            if not bounds.wait_for_start():
+                return {}
+            tick = 0
+            next_ns = time.monotonic_ns()
+            while True:
+                now = time.monotonic_ns()
+                if bounds.done(now):
+                    break
+                try:
+                    run = int(_read(sched_fd).split()[0])
+                except (OSError, ValueError, IndexError):
+                    log.info("procfs sampler: thread %d gone, stopping", self.tid)
+                    break
+                cpu_t.append(now)
+                cpu_run.append(run)
+                if tick % opt.slow_every == 0:
+                    slow_t.append(now)
+                    if "net" in fds:
+                        net.append(parse_net_dev(_read(fds["net"]).decode(errors="replace")))
+                    if "io" in fds:
+                        disk.append(parse_proc_io(_read(fds["io"]).decode(errors="replace")))
+                tick += 1
+                next_ns += period_ns
+                sleep_ns = next_ns - time.monotonic_ns()
+                if sleep_ns > 0:
+                    time.sleep(sleep_ns / 1e9)
+                else:
+                    next_ns = time.monotonic_ns()  # fell behind (CPU contention): do not burst
+        finally:
+            os.close(sched_fd)
+            for fd in fds.values():
+                os.close(fd)
+        out: dict[str, UtilSeries] = {}
+        out["cpu"] = cpu_utilization(np.array(cpu_t, np.int64), np.array(cpu_run, np.int64), period_ns)
+        slow_period_ns = period_ns * opt.slow_every
+        st = np.array(slow_t, np.int64)
+        if net:
+            out.update(self._nic_series(st, net, slow_period_ns))
+        if disk:
+            out["disk"] = rate_series("disk", st, np.array(disk, np.float64), opt.disk_peak_bps, slow_period_ns, "procfs")
+        return {k: bounds.trim(v) for k, v in out.items()}
+
+    def _nic_series(self, t: np.ndarray, net: list[dict[str, tuple[int, int]]], period_ns: int) -> dict[str, UtilSeries]:
+        out: dict[str, UtilSeries] = {}
+        ifaces = sorted(set().union(*[set(n) for n in net]))
+        for iface in ifaces:
+            peak = link_peak_bytes_per_s(iface, self.options)
+            rx = np.array([n.get(iface, (0, 0))[0] for n in net], np.float64)
+            tx = np.array([n.get(iface, (0, 0))[1] for n in net], np.float64)
+            srx = rate_series("nic", t, rx, peak, period_ns, "procfs")
+            stx = rate_series("nic", t, tx, peak, period_ns, "procfs")
+            out[f"nic:{iface}"] = UtilSeries(f"nic:{iface}", srx.t_ns, np.maximum(srx.value, stx.value), period_ns, "procfs")
+        if out:
+            first = next(iter(out.values()))
+            stacked = np.vstack([s.value for s in out.values()])
+            out["nic"] = UtilSeries("nic", first.t_ns, stacked.max(axis=0), period_ns, "procfs")
+        return out

@@ -1,0 +1,174 @@
+"""Python call stacks of the training thread, by sampling, plus garbage-collector pauses.
+
+``StackSampler`` is a daemon thread in the training process that reads the training thread's
+stack (``sys._current_frames()``) every ``period_us`` (1 ms by default). The main thread does no
+work for it: only the GIL hand-over, which is free while the main thread runs torch ops (they
+release the GIL) and bounded by ``sys.setswitchinterval`` while it runs pure Python. Each sample
+keeps ``(id(frame), code)`` per level; frames are never kept alive (their locals could be tensors).
+
+``python_executions`` turns samples into executions: a function's execution at depth d lasts as
+long as consecutive samples show the same frame object (same id and code) at depth d with the
+same callers. Start and end are the midpoints between the last sample without it and the first
+with it (and vice versa), so they are exact to half the sampling period. A function called many
+times within one period shows as one execution: its (β, μ, σ) stay right, only its count does not.
+
+``GcRecorder`` records collector pauses (``gc.callbacks``) on the same clock.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import CodeType
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+Sample = tuple[tuple[int, CodeType], ...]  # (id(frame), code), innermost first
+
+
+def frame_name(code: CodeType) -> str:
+    """Kineto's python_function naming: ``file(first line): name``."""
+    return f"{code.co_filename}({code.co_firstlineno}): {code.co_name}"
+
+
+class StackSampler:
+    """Samples one thread's Python stack from a helper thread in the same process."""
+
+    def __init__(self, thread_ident: int, period_us: int = 1000) -> None:
+        self.thread_ident = thread_ident
+        self.period_ns = period_us * 1000
+        self.t_ns: list[int] = []
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="perftracker-stack-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            if self._thread.is_alive():
+                log.warning("stack sampler thread did not stop within 5 s")
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:  # keep the ticks on time on a busy node; needs CAP_SYS_NICE, optional
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
+        except (OSError, AttributeError):
+            pass
+        current_frames = sys._current_frames
+        ident = self.thread_ident
+        t_list, s_list = self.t_ns, self.samples
+        period = self.period_ns
+        next_ns = time.monotonic_ns()
+        try:
+            while not self._stop.is_set():
+                frame = current_frames().get(ident)
+                now = time.monotonic_ns()
+                stack = []
+                while frame is not None:
+                    stack.append((id(frame), frame.f_code))
+                    frame = frame.f_back
+                del frame
+                t_list.append(now)
+                s_list.append(tuple(stack))
+                next_ns += period
+                sleep_ns = next_ns - time.monotonic_ns()
+                if sleep_ns > 0:
+                    time.sleep(sleep_ns / 1e9)
+                else:
+                    next_ns = time.monotonic_ns()
+        except Exception:  # never let the sampler take anything down
+            log.exception("stack sampler failed; the window keeps the samples taken so far")
+
+
+@dataclass
+class GcRecorder:
+    """Collector pauses as (start_ns, end_ns, generation) via gc.callbacks."""
+
+    pauses: list[tuple[int, int, int]] = field(default_factory=list)
+    _start_ns: int = 0
+    _installed: bool = False
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start_ns = time.monotonic_ns()
+        elif self._start_ns:
+            self.pauses.append((self._start_ns, time.monotonic_ns(), int(info.get("generation", -1))))
+            self._start_ns = 0
+
+    def install(self) -> None:
+        if not self._installed:
+            gc.callbacks.append(self._callback)
+            self._installed = True
+
+    def remove(self) -> None:
+        if self._installed:
+            try:
+                gc.callbacks.remove(self._callback)
+            except ValueError:
+                pass
+            self._installed = False
+
+
+@dataclass(frozen=True)
+class PythonExecutions:
+    """Executions built from stack samples; codes index into ``codes``."""
+
+    start_ns: np.ndarray  # int64
+    end_ns: np.ndarray  # int64
+    depth: np.ndarray  # int32, 0 = outermost
+    parent: np.ndarray  # int32, index of the enclosing execution, -1 at depth 0
+    stack: list[tuple[CodeType, ...]]  # per execution: the call stack, outermost first, itself last
+
+
+def python_executions(t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns: int, hi_ns: int) -> PythonExecutions:
+    """Turn stack samples into nested executions clipped to [lo_ns, hi_ns]."""
+    t = [int(x) for x in t_ns]
+    n = len(t)
+    starts: list[int] = []
+    ends: list[int] = []
+    depths: list[int] = []
+    parents: list[int] = []
+    stacks: list[tuple[CodeType, ...]] = []
+    open_rows: list[int] = []  # row index per depth of the currently open executions
+    prev: tuple[tuple[int, CodeType], ...] = ()
+    for i in range(n):
+        cur = tuple(reversed(samples[i]))  # outermost first
+        k = 0
+        limit = min(len(cur), len(prev))
+        while k < limit and cur[k][0] == prev[k][0] and cur[k][1] is prev[k][1]:
+            k += 1
+        edge = lo_ns if i == 0 else (t[i - 1] + t[i]) // 2
+        for row in open_rows[k:]:
+            ends[row] = edge
+        del open_rows[k:]
+        for d in range(k, len(cur)):
+            row = len(starts)
+            starts.append(edge)
+            ends.append(edge)
+            depths.append(d)
+            parents.append(open_rows[d - 1] if d > 0 else -1)
+            stacks.append(tuple(c for _, c in cur[: d + 1]))
+            open_rows.append(row)
+        prev = cur
+    last = hi_ns if n else lo_ns
+    for row in open_rows:
+        ends[row] = last
+    s = np.clip(np.array(starts, np.int64), lo_ns, hi_ns)
+    e = np.clip(np.array(ends, np.int64), lo_ns, hi_ns)
+    return PythonExecutions(s, e, np.array(depths, np.int32), np.array(parents, np.int32), stacks)

@@ -1,0 +1,454 @@
+"""The profile window: profile the training thread from one iteration boundary to the first
+boundary after ``window_s``, then hand over a ``RawWindow`` file without stalling training.
+
+Timeline (DESIGN.md section 4):
+
+1. ``arm(session, window_s, on_done)`` from any thread. It hooks the window to the runtime's
+   boundary listener and, if configured, spawns the sampler process (``python -m agent.samplers``).
+2. At the next boundary (main thread): start torch's profiler through the low-level Kineto path
+   (CPU ops, plus CUDA activities when a GPU is present; no Python tracer), start the stack
+   sampler thread and the GC recorder, open NVTX ranges for the window and the iteration.
+3. At every boundary inside the window: close/open the iteration's NVTX range.
+4. At the first boundary after ``window_s`` (main thread): ``_disable_profiler()``, stop the stack
+   sampler. That is all the main thread pays (``WindowResult.blocking_ns``).
+5. A background thread turns the profiler result and stack samples into a ``RawWindow``, saves it,
+   collects the sampler's file and calls ``on_done(WindowResult)``.
+
+A second ``arm`` while a window is armed, running or being written is refused with a log line.
+Any failure (another profiler active, a full disk) ends the window with ``WindowResult.error``;
+nothing is raised into the training loop and no profiler state is left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perftracker import stacks as stacks_mod
+from perftracker.clock import Clock, MonotonicClock
+from perftracker.errors import PerftrackerError
+from perftracker.profiler import KinetoCapture, kineto_rows
+from perftracker.rawbuild import build_raw_window
+from perftracker.rawdata import WindowMeta
+from perftracker.sampler_proc import SamplerProcess
+
+log = logging.getLogger(__name__)
+
+_IDLE, _ARMED, _ACTIVE, _FINISHING = "idle", "armed", "active", "finishing"
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    stacks: str = "sample"  # "sample": stack sampler thread; "tracer": torch's Python tracer; "off"
+    stack_period_us: int = 1000
+    switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window (0: leave as is)
+    record_gc: bool = True
+    nvtx: bool = True
+    spawn_sampler: bool = False  # run `python -m agent.samplers` for this window ourselves
+    sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
+    sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
+    writer: str = "auto"  # "fork": a forked child writes the file; "thread": a thread does; "auto"
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    session: str
+    raw_path: Path | None
+    start_ns: int
+    end_ns: int
+    error: str = ""
+    samples_path: Path | None = None
+    blocking_ns: int = 0  # main-thread time spent stopping the window
+    iterations: int = 0
+    rows: int = 0
+
+
+@dataclass
+class _Active:
+    session: str
+    window_ns: int
+    on_done: Callable[[WindowResult], None]
+    armed_ns: int
+    sampler: SamplerProcess | None = None
+    capture: KinetoCapture | None = None
+    stack_sampler: stacks_mod.StackSampler | None = None
+    gc: stacks_mod.GcRecorder = field(default_factory=stacks_mod.GcRecorder)
+    start_ns: int = 0
+    boundaries_ns: list[int] = field(default_factory=list)
+    old_switch_s: float = 0.0
+    nvtx_window: Any = None
+    nvtx_iter_open: bool = False
+
+
+def _nvtx() -> Any:
+    import nvtx
+
+    return nvtx
+
+
+class ProfileWindow:
+    """One profile window at a time for this training process (see the module docstring)."""
+
+    def __init__(
+        self,
+        runtime_identity: Any,
+        out_dir: str | Path,
+        clock: Clock | None = None,
+        options: WindowOptions | None = None,
+        runtime: Any = None,
+    ) -> None:
+        self.identity = runtime_identity
+        self.out_dir = Path(out_dir)
+        self.clock = clock or MonotonicClock()
+        self.options = options or WindowOptions()
+        self._runtime = runtime
+        self._hooked = False
+        self._lock = threading.Lock()
+        self._state = _IDLE
+        self._cur: _Active | None = None
+        self._finisher: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- any thread
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def arm(self, session: str, window_s: float, on_done: Callable[[WindowResult], None]) -> bool:
+        """Profile ``window_s`` from the next iteration boundary. False (+ a log line) if busy."""
+        with self._lock:
+            if self._state != _IDLE:
+                log.warning("perftracker: window for session %r ignored: session %r is %s",
+                            session, self._cur.session if self._cur else "?", self._state)
+                return False
+            cur = _Active(session, int(window_s * 1e9), on_done, self.clock.now_ns())
+            self._cur = cur
+            self._state = _ARMED
+        self._hook()
+        if self.options.spawn_sampler:
+            try:
+                cur.sampler = SamplerProcess.spawn(self._pid(), self._training_tid(), window_s,
+                                                   self._path(session, "samples"), self.options.sampler_args)
+            except (OSError, PerftrackerError) as exc:
+                log.warning("perftracker: sampler process not started (%s); window goes on without samples", exc)
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block (not in the training thread!) until no window is armed, running or being written."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._state != _IDLE:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    # ---------------------------------------------------------------- training thread
+    def on_boundary(self, t_ns: int, iteration: int) -> None:
+        """Boundary listener; runs in the training thread and never raises."""
+        state = self._state
+        if state is _IDLE or state is _FINISHING:
+            return
+        cur = self._cur
+        if cur is None:
+            return
+        try:
+            if state is _ARMED:
+                self._maybe_start(cur)
+            elif state is _ACTIVE:
+                now = self.clock.now_ns()
+                cur.boundaries_ns.append(now)
+                if now - cur.start_ns >= cur.window_ns:
+                    self._stop(cur, now)
+                elif self.options.nvtx:
+                    self._nvtx_iteration(cur, iteration)
+        except Exception as exc:  # never into the training loop
+            log.exception("perftracker: profile window failed")
+            self._abort(cur, f"{type(exc).__name__}: {exc}")
+
+    def _maybe_start(self, cur: _Active) -> None:
+        if cur.sampler is not None and not cur.sampler.ready:
+            waited_s = (self.clock.now_ns() - cur.armed_ns) / 1e9
+            if waited_s < self.options.sampler_ready_timeout_s and cur.sampler.alive:
+                return  # open at a later boundary, once samples will cover the window
+            log.warning("perftracker: sampler not ready after %.1f s; window starts without it", waited_s)
+            cur.sampler.close()
+            cur.sampler = None
+        opts = self.options
+        cur.capture = KinetoCapture(with_stack=opts.stacks == "tracer", record_gc=opts.record_gc)
+        try:
+            cur.capture.start()
+        except PerftrackerError as exc:
+            cur.capture = None
+            log.warning("perftracker: session %s: profiling skipped, training continues: %s", cur.session, exc)
+            self._abort(cur, str(exc))
+            return
+        if opts.record_gc and opts.stacks != "tracer":
+            cur.gc.install()
+        if opts.stacks == "sample":
+            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us)
+            cur.stack_sampler.start()
+        if opts.switch_interval_s > 0:
+            cur.old_switch_s = sys.getswitchinterval()
+            sys.setswitchinterval(min(cur.old_switch_s, opts.switch_interval_s))
+        cur.start_ns = self.clock.now_ns()
+        cur.boundaries_ns.append(cur.start_ns)
+        if cur.sampler is not None:
+            cur.sampler.send(f"start {cur.start_ns}")
+        if opts.nvtx:
+            nvtx = _nvtx()
+            cur.nvtx_window = nvtx.start_range(f"perftracker window {cur.session}", domain="perftracker")
+            nvtx.push_range("perftracker iteration", domain="perftracker")
+            cur.nvtx_iter_open = True
+        self._state = _ACTIVE
+        log.info("perftracker: window %s started", cur.session)
+
+    def _nvtx_iteration(self, cur: _Active, iteration: int) -> None:
+        nvtx = _nvtx()
+        if cur.nvtx_iter_open:
+            nvtx.pop_range(domain="perftracker")
+        nvtx.push_range(f"perftracker iteration {iteration}", domain="perftracker")
+        cur.nvtx_iter_open = True
+
+    def _release(self, cur: _Active) -> Any:
+        """Undo everything the window did to this process; return the profiler result if any."""
+        result = None
+        error = ""
+        if cur.capture is not None and cur.capture.started:
+            try:
+                result = cur.capture.stop()
+            except PerftrackerError as exc:
+                error = str(exc)
+        if cur.stack_sampler is not None:
+            cur.stack_sampler.stop()
+        cur.gc.remove()
+        if cur.old_switch_s:
+            sys.setswitchinterval(cur.old_switch_s)
+            cur.old_switch_s = 0.0
+        if self.options.nvtx and (cur.nvtx_iter_open or cur.nvtx_window is not None):
+            nvtx = _nvtx()
+            if cur.nvtx_iter_open:
+                nvtx.pop_range(domain="perftracker")
+                cur.nvtx_iter_open = False
+            if cur.nvtx_window is not None:
+                nvtx.end_range(cur.nvtx_window)
+                cur.nvtx_window = None
+        if error:
+            raise PerftrackerError(error)
+        return result
+
+    def _stop(self, cur: _Active, end_ns: int) -> None:
+        t0 = time.monotonic_ns()
+        self._state = _FINISHING
+        result = self._release(cur)
+        child = self._fork_writer(cur, result, end_ns) if result is not None and self._use_fork() else None
+        if child is not None:
+            result = None  # the child has its own copy; free ours now
+        blocking_ns = time.monotonic_ns() - t0
+        self._finisher = threading.Thread(target=self._finish, args=(cur, result, end_ns, blocking_ns, child),
+                                          name="perftracker-window-writer", daemon=True)
+        self._finisher.start()
+
+    def _use_fork(self) -> bool:
+        mode = self.options.writer
+        if mode == "auto":
+            # A forked child must not touch CUDA; the result's accessors do not, but stay safe on GPUs.
+            import torch
+
+            return hasattr(os, "fork") and not torch.cuda.is_initialized()
+        return mode == "fork"
+
+    def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
+        """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
+        beyond the fork itself. Returns the child's pid, or None (then a thread writes)."""
+        path = self._path(cur.session, "raw")
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            log.warning("perftracker: fork failed (%s); writing the window in a thread", exc)
+            return None
+        if pid == 0:  # child: only this thread exists; never return into training code
+            code = 1
+            try:
+                self._build(cur, result, end_ns).save(path)
+                code = 0
+            except BaseException as exc:  # noqa: BLE001
+                try:
+                    path.with_name(path.name + ".error").write_text(f"{type(exc).__name__}: {exc}")
+                except BaseException:  # noqa: BLE001
+                    pass
+            finally:
+                os._exit(code)
+        return pid
+
+    def _abort(self, cur: _Active, error: str) -> None:
+        self._state = _FINISHING
+        try:
+            self._release(cur)
+        except Exception as exc:
+            log.warning("perftracker: cleaning up the failed window: %s", exc)
+        if cur.sampler is not None:
+            cur.sampler.close()
+        res = WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error)
+        threading.Thread(target=self._deliver, args=(cur, res), daemon=True).start()
+
+    # ---------------------------------------------------------------- writer thread
+    def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
+        res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
+        try:
+            samples_path = None
+            if cur.sampler is not None:
+                cur.sampler.send(f"end {end_ns}")
+            raw_path = self._path(cur.session, "raw")
+            if child is not None:
+                _, status = os.waitpid(child, 0)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    err = raw_path.with_name(raw_path.name + ".error")
+                    raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
+                rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
+            else:
+                raw = self._build(cur, result, end_ns)
+                raw.save(raw_path)
+                rows = len(raw)
+                del raw, result
+            if cur.sampler is not None:
+                samples_path = cur.sampler.finish()
+            res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
+                               len(cur.boundaries_ns) - 1, rows)
+            log.info("perftracker: window %s written: %s (%d rows)", cur.session, raw_path, rows)
+        except Exception as exc:
+            log.exception("perftracker: writing window %s failed", cur.session)
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, f"{type(exc).__name__}: {exc}",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close()
+        self._deliver(cur, res)
+
+    def _build(self, cur: _Active, result: Any, end_ns: int) -> Any:
+        tid = self._training_tid()
+        krows = kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns) if result is not None else None
+        pyexec = None
+        if cur.stack_sampler is not None:
+            ss = cur.stack_sampler
+            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns)
+        b = cur.boundaries_ns
+        meta = WindowMeta(
+            job=str(getattr(self.identity, "job", "")), session=cur.session,
+            rank=int(getattr(self.identity, "rank", 0)), world_size=int(getattr(self.identity, "world_size", 1)),
+            host=str(getattr(self.identity, "host", "")), pid=self._pid(), training_tid=tid,
+            window_start_ns=cur.start_ns, window_end_ns=end_ns,
+            local_rank=int(getattr(self.identity, "local_rank", -1)),
+            iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
+        )
+        return build_raw_window(meta, krows, pyexec, cur.gc.pauses)
+
+    def _deliver(self, cur: _Active, res: WindowResult) -> None:
+        with self._lock:
+            self._cur = None
+            self._state = _IDLE
+        try:
+            cur.on_done(res)
+        except Exception:
+            log.exception("perftracker: on_done callback for window %s raised", cur.session)
+
+    # ---------------------------------------------------------------- helpers
+    def _hook(self) -> None:
+        if self._hooked:
+            return
+        rt = self._runtime
+        if rt is None:
+            try:
+                from perftracker.runtime import get_runtime
+
+                rt = get_runtime()
+            except ImportError:
+                rt = None
+        if rt is not None:
+            rt.add_boundary_listener(self.on_boundary)
+            self._runtime = rt
+            self._hooked = True
+
+    def _pid(self) -> int:
+        return int(getattr(self.identity, "pid", 0) or os.getpid())
+
+    def _training_tid(self) -> int:
+        tid = getattr(self.identity, "training_tid", 0)
+        return int(tid or threading.main_thread().native_id or threading.get_native_id())
+
+    def _path(self, session: str, what: str) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        rank = int(getattr(self.identity, "rank", 0))
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
+        return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
+
+
+def _count_rows(path: Path) -> int:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return int(z["col_kind"].shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker's own path (no agent): run the window and the sampler process from this process.
+# ---------------------------------------------------------------------------------------------
+_local: ProfileWindow | None = None
+_local_lock = threading.Lock()
+
+
+def run_local_window(
+    runtime: Any,
+    session: str,
+    window_s: float,
+    out_dir: str | Path,
+    on_done: Callable[[WindowResult], None] | None = None,
+    options: WindowOptions | None = None,
+) -> bool:
+    """Arm this process's local window (spawning the procfs sampler process) on ``runtime``."""
+    global _local
+    with _local_lock:
+        if _local is None or _local.out_dir != Path(out_dir) or _local._runtime is not runtime:
+            opts = options or WindowOptions(spawn_sampler=True)
+            _local = ProfileWindow(runtime.identity, out_dir, options=opts, runtime=runtime)
+        win = _local
+
+    def _done(res: WindowResult) -> None:
+        if res.error:
+            log.warning("perftracker: window %s: %s", res.session, res.error)
+        if on_done is not None:
+            on_done(res)
+
+    return win.arm(session, window_s, _done)
+
+
+class LocalWindowSink:
+    """A TriggerSink that profiles a window locally on every trigger (no agent needed)."""
+
+    def __init__(self, runtime: Any, out_dir: str | Path, window_s: float | None = None,
+                 on_done: Callable[[WindowResult], None] | None = None) -> None:
+        self.runtime = runtime
+        self.out_dir = Path(out_dir)
+        self.window_s = window_s
+        self.on_done = on_done
+        self.results: list[WindowResult] = []
+
+    def on_trigger(self, reason: str, detail: Any) -> None:
+        window_s = self.window_s if self.window_s is not None else float(self.runtime.config.window_s)
+        get = detail.get if hasattr(detail, "get") else (lambda key, default=None: default)
+        # Every rank triggered at the same iteration names the same session.
+        session = str(get("session", "") or f"local-it{get('iteration', 0)}")
+
+        def _done(res: WindowResult) -> None:
+            self.results.append(res)
+            if self.on_done is not None:
+                self.on_done(res)
+
+        run_local_window(self.runtime, session, window_s, self.out_dir, _done)
+
+    def on_blocked(self, detail: Any) -> None:
+        log.warning("perftracker: training looks blocked: %s", dict(detail))

@@ -1,0 +1,119 @@
+"""One time base: profiler events and procfs samples line up on CLOCK_MONOTONIC.
+
+A loop alternates a pure-Python busy function with a Python function that sleeps. The window
+profiles it and the real sampler process (``python -m agent.samplers``) samples the training
+thread. Inside each busy execution (found in the window's rows, from the stack sampler and from a
+Kineto ``record_function`` annotation) the sampled CPU utilization must match the thread's true
+CPU share for that call (``time.thread_time_ns``), which is ~100 % on an idle machine; inside each
+sleep it must be ~0 %. Shifting the profiler times by a few tens of ms must break the match.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from perftracker.rawdata import EventKind, RawWindow, SampleSet
+from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+
+BUSY_MS = 40
+NAP_MS = 40
+
+
+class _Ident:
+    rank, world_size, local_rank, host, job = 0, 1, 0, "test", "timebase"
+    pid = os.getpid()
+    training_tid = threading.get_native_id()
+
+
+def busy(ms: float) -> None:
+    t = time.perf_counter()
+    while time.perf_counter() - t < ms / 1000:
+        pass
+
+
+def nap(ms: float) -> None:
+    time.sleep(ms / 1000)
+
+
+def _mean_util_inside(cpu_t: np.ndarray, cpu_v: np.ndarray, start: int, end: int) -> float | None:
+    # sample i covers (t[i-1], t[i]]: keep intervals fully inside the execution
+    inside = (cpu_t > start + 1_500_000) & (cpu_t <= end - 500_000)
+    return float(cpu_v[inside].mean()) if inside.sum() >= 5 else None
+
+
+def _rows(raw: RawWindow, name_suffix: str, kind: EventKind) -> list[tuple[int, int]]:
+    ids = [i for i, n in enumerate(raw.names) if n == name_suffix or n.endswith(": " + name_suffix)]
+    sel = np.isin(raw.col("name_id"), ids) & (raw.col("kind") == kind)
+    return list(zip(raw.col("start_ns")[sel].tolist(), raw.col("end_ns")[sel].tolist(), strict=True))
+
+
+def test_busy_and_sleep_line_up_with_procfs_samples(tmp_path: Path) -> None:
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(spawn_sampler=True))
+    done: list[WindowResult] = []
+    assert win.arm("tb", 1.5, done.append)
+    truth: list[tuple[int, int, float]] = []  # (start, end, true cpu share) of each busy call
+    it = 0
+    deadline = time.monotonic() + 40
+    while not done and time.monotonic() < deadline:
+        w0, c0 = time.monotonic_ns(), time.thread_time_ns()
+        with torch.profiler.record_function("busy_op"):
+            busy(BUSY_MS)
+        w1, c1 = time.monotonic_ns(), time.thread_time_ns()
+        truth.append((w0, w1, (c1 - c0) / (w1 - w0)))
+        nap(NAP_MS)
+        it += 1
+        win.on_boundary(time.monotonic_ns(), it)
+    assert done, "window never finished"
+    res = done[0]
+    assert res.error == "", res.error
+    assert res.samples_path is not None and res.raw_path is not None
+    raw = RawWindow.load(res.raw_path)
+    cpu = SampleSet.load(res.samples_path).get("cpu")
+    assert cpu is not None and len(cpu.t_ns) > 800  # >= ~1 kHz over 1.5 s (+ margins)
+    assert cpu.t_ns[0] <= res.start_ns and cpu.t_ns[-1] >= res.end_ns  # samples cover the window
+
+    busy_py = _rows(raw, "busy", EventKind.PYTHON)
+    busy_op = _rows(raw, "busy_op", EventKind.ANNOTATION)
+    naps = _rows(raw, "nap", EventKind.PYTHON)
+    assert len(busy_py) >= 10 and len(busy_op) >= 10 and len(naps) >= 10
+    # executions start and end when the calls did (stack sampling: to ~1 ms, plus GIL hand-over)
+    def edge_errors_ms(rows: list[tuple[int, int]]) -> list[float]:
+        out = []
+        for s, e in rows:
+            t = min(truth, key=lambda t: abs(t[0] - s))
+            out.append(max(abs(t[0] - s), abs(t[1] - e)) / 1e6)
+        return out
+
+    assert np.median(edge_errors_ms(busy_py)) < 10.0  # 1 ms ticks idle; scheduler delay on a loaded node
+    assert np.median(edge_errors_ms(busy_op)) < 1.0
+
+    def errors(rows: list[tuple[int, int]], shift_ns: int) -> list[float]:
+        out = []
+        for s, e in rows:
+            s, e = s + shift_ns, e + shift_ns
+            match = [t for t in truth if abs(t[0] - (s - shift_ns)) < 5_000_000]
+            u = _mean_util_inside(cpu.t_ns, cpu.value, s, e)
+            if match and u is not None:
+                out.append(abs(u - match[0][2]))
+        return out
+
+    true_busy = float(np.median([t[2] for t in truth]))
+    assert true_busy > 0.1, "the machine is too loaded for this test to mean anything"
+    for rows in (busy_py, busy_op):
+        err = errors(rows, 0)
+        assert len(err) >= 8
+        assert np.median(err) < 0.12, f"sampled CPU inside busy executions off by {np.median(err):.2f}"
+        # the control: a clock off by one execution (into the sleeps) gives a large error
+        assert np.median(errors(rows, BUSY_MS * 1_000_000)) > np.median(err) + 0.5 * true_busy
+    nap_util = [u for s, e in naps if (u := _mean_util_inside(cpu.t_ns, cpu.value, s, e)) is not None]
+    assert len(nap_util) >= 8
+    assert np.median(nap_util) < 0.08, nap_util
+    if true_busy > 0.9:  # an idle machine: the issue's "about 100 %" holds literally
+        busy_util = [_mean_util_inside(cpu.t_ns, cpu.value, s, e) for s, e in busy_op]
+        assert np.median([u for u in busy_util if u is not None]) > 0.85
