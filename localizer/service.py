@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib
 import json
 import logging
 import os
@@ -78,6 +79,8 @@ class LocalizerService:
         self.localize_options = localize_options
         self._token = token.encode()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
+        self._writer = GroupCommit(store.run_batch)  # the only thread that writes the store
+        self._pending_writes: dict[str, int] = {}  # session -> uploads being committed
         self._waiters: dict[str, asyncio.Event] = {}
         self._localizing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -148,6 +151,11 @@ class LocalizerService:
         except (ValueError, UnicodeDecodeError) as exc:
             raise RequestError(f"body is not valid JSON ({exc})") from None
 
+    async def _write(self, fn: Callable[[], Any]) -> Any:
+        """Run a store-writing call on the writer thread, batched with concurrent ones; returns once
+        committed. Every write goes through here, so the event loop never waits for an fsync."""
+        return await self._writer.submit(fn)
+
     def _wake(self, job: str) -> None:
         ev = self._waiters.pop(job, None)
         if ev is not None:
@@ -156,7 +164,10 @@ class LocalizerService:
     # ---------------------------------------------------------------- lifecycle
     async def _on_startup(self, app: web.Application) -> None:
         self.sessions.recover()
-        self._checker = asyncio.get_running_loop().create_task(self._check_deadlines())
+        loop = asyncio.get_running_loop()
+        # import numpy/statsmodels now, on the localize thread, not when the first report is due
+        loop.run_in_executor(self._executor, _warm_imports)
+        self._checker = loop.create_task(self._check_deadlines())
 
     async def _on_cleanup(self, app: web.Application) -> None:
         if self._checker is not None:
@@ -169,6 +180,7 @@ class LocalizerService:
         for ev in self._waiters.values():
             ev.set()
         self._executor.shutdown(wait=True)
+        self._writer.close()
 
     async def _check_deadlines(self) -> None:
         while True:
@@ -180,8 +192,8 @@ class LocalizerService:
             await asyncio.sleep(self.options.check_interval_s)
 
     def _schedule_localize(self, session: str) -> None:
-        if session in self._localizing:
-            return
+        if session in self._localizing or self._pending_writes.get(session):
+            return  # an upload being committed will be in the report; the checker comes back
         self._localizing.add(session)
         task = asyncio.get_running_loop().create_task(self._localize(session))
         self._tasks.add(task)
@@ -189,7 +201,7 @@ class LocalizerService:
 
     async def _localize(self, session: str) -> None:
         try:
-            s = self.sessions.begin_localizing(session)
+            s = await self._write(lambda: self.sessions.begin_localizing(session))
             if s is None:
                 return
             loop = asyncio.get_running_loop()
@@ -198,10 +210,11 @@ class LocalizerService:
                                                     self.localize_options)
             except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
                 log.exception("localizing session %s failed", session)
-                self.sessions.fail(session, f"{type(exc).__name__}: {exc}")
+                error = f"{type(exc).__name__}: {exc}"
+                await self._write(lambda: self.sessions.fail(session, error))
                 return
-            self.sessions.finish(session, report)
-            self._write_report_file(report)
+            if await self._write(lambda: self.sessions.finish(session, report)):
+                self._write_report_file(report)
         finally:
             self._localizing.discard(session)
 
@@ -250,14 +263,15 @@ class LocalizerService:
 
     async def register(self, request: web.Request) -> web.Response:
         reg = parse_registration(await self._json(request))
-        grown = self.sessions.register(reg)
+        grown = await self._write(lambda: self.sessions.register(reg))
         trig = self.sessions.next_trigger(reg.job)
         return web.json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
                                   "ranks": [w.rank for w in reg.workers], "sessions_grown": grown,
                                   "open_session": trig.to_dict() if trig else None})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        self.sessions.heartbeat(parse_heartbeat(await self._json(request)))
+        hb = parse_heartbeat(await self._json(request))
+        await self._write(lambda: self.sessions.heartbeat(hb))
         return web.json_response({"ok": True})
 
     async def jobs(self, request: web.Request) -> web.Response:
@@ -286,7 +300,7 @@ class LocalizerService:
         job = parse_name(request.match_info["job"], "job")
         req = parse_trigger(await self._json(request))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
-        s, joined = self.sessions.trigger(job, req.reason, req.window_s, kind=kind)
+        s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
         self._wake(job)
         return web.json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
                                   "reason": s.reason, "kind": s.kind, "expected": list(s.expected)},
@@ -309,7 +323,17 @@ class LocalizerService:
         if ps.session != session:
             raise RequestError(f"PatternSet.session {ps.session!r} does not match the URL's session {session!r}",
                                status=422)
-        s = self.sessions.accept_patterns(ps)  # committed to the store before we answer
+        self.sessions.check_patterns(ps)
+        body = raw if request.content_type == PATTERNS_ZLIB else zlib.compress(raw, 1)
+        self._pending_writes[session] = self._pending_writes.get(session, 0) + 1
+        try:
+            # committed (group commit: one transaction and fsync for concurrent uploads) before we answer
+            await self._write(lambda: self.sessions.commit_patterns([(ps, body)]))
+        finally:
+            left = self._pending_writes.pop(session) - 1
+            if left:
+                self._pending_writes[session] = left
+        s = self.sessions.view(session)
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
         return web.json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
@@ -335,7 +359,7 @@ class LocalizerService:
         except (TypeError, ValueError, AttributeError) as exc:
             raise RequestError(f"HangSnapshot: bad shape ({exc})", status=422) from None
         parse_name(snap.job, "job")
-        s = self.sessions.accept_hang_snapshot(snap)
+        s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
         self._wake(snap.job)
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
@@ -367,6 +391,60 @@ class LocalizerService:
             return _error(409, f"session {session!r} failed: {s.error}", state=s.state)
         return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
                                   "deadline_ns": s.deadline_ns}, status=202)
+
+
+def _warm_imports() -> None:
+    for name in ("localizer.localize", "localizer.hang"):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - reported when a session needs it
+            log.warning("cannot import %s yet: %s", name, exc)
+
+
+class GroupCommit:
+    """Batches concurrent writes into one call of ``commit(items)`` on a dedicated thread.
+
+    While one batch is being committed (one sqlite transaction, one fsync), new items queue up and
+    go in the next batch; every ``submit`` returns once its item is committed, or raises what the
+    commit raised."""
+
+    def __init__(self, commit: Callable[[list[Any]], list[tuple[bool, Any]]], max_batch: int = 512) -> None:
+        self._commit = commit  # items -> [(ok, result or exception)] per item, after one commit
+        self._max_batch = max_batch
+        self._queue: list[tuple[Any, asyncio.Future[Any]]] = []
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+        self._draining = False
+
+    async def submit(self, item: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((item, fut))
+        if not self._draining:
+            self._draining = True
+            loop.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
+                try:
+                    results = await loop.run_in_executor(self._thread, self._commit, [item for item, _ in batch])
+                except Exception as exc:  # noqa: BLE001 - the commit failed: every waiter of the batch gets it
+                    results = [(False, exc)] * len(batch)
+                for (_, fut), (ok, value) in zip(batch, results, strict=True):
+                    if fut.done():
+                        continue
+                    if ok:
+                        fut.set_result(value)
+                    else:
+                        fut.set_exception(value)
+        finally:
+            self._draining = False
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
 
 
 def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,

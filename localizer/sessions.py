@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 OPEN, LOCALIZING, DONE, FAILED = "open", "localizing", "done", "failed"
 SLOWDOWN, HANG = "slowdown", "hang"
+PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see finish)
 
 
 class WallClock:
@@ -50,6 +51,7 @@ class SessionOptions:
     default_window_s: float = 20.0
     collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
     hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
+    hang_recheck_s: float = 5.0  # a session whose ranks all pause is looked at again after this
     max_expected_ranks: int = 1_000_000
 
 
@@ -86,6 +88,12 @@ class SessionManager:
         self.clock: Clock = clock or WallClock()
         self.options = options or SessionOptions()
         self._lock = threading.RLock()  # the service's loop and the executor both call in
+        self._unresolved_hangs: dict[str, str] = {}  # session -> job: hang reports until the job resumes
+        self._paused: set[str] = set()  # hang sessions whose ranks all pause: not due until the recheck
+        # In-memory views of open sessions, so an upload costs no scan of the store:
+        self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
+        self._sets: dict[str, dict[int, PatternSet]] = {}  # session -> accepted PatternSets
+        self._dead: dict[str, dict[int, int]] = {}  # job -> rank -> received_ns of a "never answers" beat
 
     # ---------------------------------------------------------------- startup
     def recover(self) -> list[str]:
@@ -120,6 +128,18 @@ class SessionManager:
                                                    r.last_event_age_s, r.alive, r.iteration_ms, now)
                                    for r in hb.ranks])
         self.store.touch_agent(hb.job, hb.agent_id, now)
+        from localizer.hang import never_answers  # lazy: owned by the hangs stage
+
+        with self._lock:
+            dead = self._dead_of(hb.job)
+            for r in hb.ranks:
+                if never_answers(r.alive, r.phase):
+                    dead[r.rank] = now
+                else:
+                    dead.pop(r.rank, None)
+        if hb.job in self._unresolved_hangs.values():
+            with self._lock:
+                self._resolve_hangs(hb.job)
 
     # ---------------------------------------------------------------- triggers
     def trigger(self, job: str, reason: str, window_s: float | None = None,
@@ -158,7 +178,7 @@ class SessionManager:
 
     # ---------------------------------------------------------------- uploads
     def _open_session_for(self, session: str, job: str, rank: int) -> SessionRecord:
-        s = self.store.get_session(session)
+        s = self.store.get_session(session, with_uploaded=False)
         if s is None:
             raise RequestError(f"unknown session {session!r}", status=404)
         if s.job != job:
@@ -170,16 +190,62 @@ class SessionManager:
                                f"(register the agent first)", status=422)
         return s
 
-    def accept_patterns(self, ps: PatternSet) -> SessionRecord:
+    def check_patterns(self, ps: PatternSet) -> SessionRecord:
+        """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
+        with self._lock:
+            return self._open_session_for(ps.session, ps.job, ps.rank)
+
+    def commit_patterns(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
+        """Persist checked uploads in one transaction, then count them. Safe to call from a writer thread."""
+        if not items:
+            return
+        with self._lock, self.store.transaction():
+            for ps, _ in items:  # again, inside the transaction: the session may have closed meanwhile
+                self._open_session_for(ps.session, ps.job, ps.rank)
+            self.store.put_patterns_many(items, self.clock.now_ns())
+            by_session: dict[str, list[PatternSet]] = {}
+            for ps, _ in items:
+                self._uploaded_of(ps.session).add(ps.rank)
+                self._sets.setdefault(ps.session, {})[ps.rank] = ps
+                by_session.setdefault(ps.session, []).append(ps)
+            for session, sets in by_session.items():
+                s = self.store.get_session(session, with_uploaded=False)
+                extra = {p.rank for p in sets} - set(s.expected) if s is not None else set()
+                if s is not None and extra:  # an unregistered-at-open rank that uploads is expected
+                    self.store.update_session(session, expected=sorted({*s.expected, *extra}))
+
+    def accept_patterns(self, ps: PatternSet, body: bytes | None = None) -> SessionRecord:
         """Validate against the session and persist. Returns the session after the upload."""
         with self._lock:
-            s = self._open_session_for(ps.session, ps.job, ps.rank)
-            self.store.put_patterns(ps, self.clock.now_ns())
-            if ps.rank not in s.expected:
-                self.store.update_session(s.session, expected=sorted({*s.expected, ps.rank}))
-            got = self.store.get_session(s.session)
-            assert got is not None
-            return got
+            self.check_patterns(ps)
+            self.commit_patterns([(ps, body)])
+            return self.view(ps.session)
+
+    def view(self, session: str) -> SessionRecord:
+        """The session with its uploaded ranks, from memory (no scan of the store)."""
+        s = self.store.get_session(session, with_uploaded=False)
+        if s is None:
+            raise RequestError(f"unknown session {session!r}", status=404)
+        return dataclasses.replace(s, uploaded=tuple(sorted(self._uploaded_of(session))))
+
+    def _uploaded_of(self, session: str) -> set[int]:
+        got = self._uploaded.get(session)
+        if got is None:  # first look after a restart
+            got = self._uploaded[session] = self.store.uploaded_ranks(session)
+        return got
+
+    def _dead_of(self, job: str) -> dict[int, int]:
+        dead = self._dead.get(job)
+        if dead is None:
+            from localizer.hang import never_answers  # lazy: owned by the hangs stage
+
+            dead = self._dead[job] = {h.rank: h.received_ns for h in self.store.heartbeats(job)
+                                      if never_answers(h.alive, h.phase)}
+        return dead
+
+    def _forget(self, session: str) -> None:
+        self._uploaded.pop(session, None)
+        self._sets.pop(session, None)
 
     def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
         """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
@@ -194,28 +260,34 @@ class SessionManager:
                 deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
                 self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
             self.store.put_hang_snapshot(snap, s.session, now)
-            got = self.store.get_session(s.session)
-            assert got is not None
-            return got
+            self._paused.discard(s.session)
+            self._uploaded_of(s.session).add(snap.rank)
+            return self.view(s.session)
 
     # ---------------------------------------------------------------- closing
     def dead_ranks(self, s: SessionRecord) -> set[int]:
-        """Ranks whose latest heartbeat, received after the session opened, says the process is dead."""
-        return {h.rank for h in self.store.heartbeats(s.job) if not h.alive and h.received_ns >= s.opened_ns}
+        """Ranks whose latest heartbeat, received after the session opened, says the process is dead
+        (or SIGSTOPped: it cannot answer either)."""
+        with self._lock:
+            return {r for r, t in self._dead_of(s.job).items() if t >= s.opened_ns}
 
     def is_complete(self, s: SessionRecord) -> bool:
+        """Every expected rank uploaded or is known not to answer (and at least one uploaded)."""
         if not s.expected:
             return False
-        outstanding = set(s.missing) - self.dead_ranks(s)
-        return not outstanding and bool(s.uploaded)
+        with self._lock:
+            uploaded = self._uploaded_of(s.session)
+            outstanding = set(s.expected) - uploaded
+            return bool(uploaded) and (not outstanding or not outstanding - self.dead_ranks(s))
 
     def due(self) -> list[SessionRecord]:
         """Open sessions that are complete or past their deadline."""
         now = self.clock.now_ns()
-        return [s for s in self.store.sessions(states=(OPEN,)) if now >= s.deadline_ns or self.is_complete(s)]
+        return [s for s in self.store.sessions(states=(OPEN,), with_uploaded=False)
+                if now >= s.deadline_ns or (s.session not in self._paused and self.is_complete(s))]
 
     def next_deadline_ns(self) -> int | None:
-        return min((s.deadline_ns for s in self.store.sessions(states=(OPEN,))), default=None)
+        return min((s.deadline_ns for s in self.store.sessions(states=(OPEN,), with_uploaded=False)), default=None)
 
     def begin_localizing(self, session: str) -> SessionRecord | None:
         """open -> localizing, once. None if the session is not open (another caller took it)."""
@@ -231,7 +303,13 @@ class SessionManager:
         if s.kind == HANG:
             return build_hang_report(s, self.store.hang_snapshots(s.session), self.store.heartbeats(s.job),
                                      self.clock.now_ns())
-        sets = self.store.pattern_sets(s.session)
+        with self._lock:
+            cached = dict(self._sets.get(s.session, {}))
+        stored = self.store.pattern_ranks(s.session)
+        if set(stored) == set(cached):  # every upload of this process's lifetime: no re-parsing
+            sets = [cached[r] for r in sorted(cached)]
+        else:  # after a restart: read the store
+            sets = self.store.pattern_sets(s.session)
         missing = tuple(r for r in s.expected if r not in {p.rank for p in sets})
         if not sets:
             return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
@@ -245,16 +323,55 @@ class SessionManager:
             report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
             ranks_missing=missing, status="partial" if missing else report.status)
 
-    def finish(self, session: str, report: Report) -> None:
+    def finish(self, session: str, report: Report) -> bool:
+        """Store the report and close the session. Returns False when nothing was stored: a hang
+        session whose ranks all pause (not a hang yet) goes back to open for another look, and one
+        whose job resumed from such a pause closes with no report."""
+        now = self.clock.now_ns()
+        if report.kind == HANG and report.status in (PAUSE, RESUMED):
+            with self._lock:
+                if report.status == PAUSE:
+                    self._paused.add(session)  # due again at the deadline or on a new snapshot
+                    self.store.update_session(session, state=OPEN,
+                                              deadline_ns=now + int(self.options.hang_recheck_s * 1e9))
+                else:
+                    self._paused.discard(session)
+                    self.store.update_session(session, state=DONE, closed_ns=now,
+                                              error="no hang: every rank paused in user code, then resumed")
+                    self._forget(session)
+            log.info("session %s: all ranks pause in user code; %s", session,
+                     "looking again later" if report.status == PAUSE else "the job resumed: no hang report")
+            return False
         with self._lock:
+            self._paused.discard(session)
             self.store.put_report(report)
-            self.store.update_session(session, state=DONE, closed_ns=self.clock.now_ns())
+            self.store.update_session(session, state=DONE, closed_ns=now)
+            self._forget(session)
+            if report.kind == HANG and report.status in ("complete", "partial"):
+                self._unresolved_hangs[report.session] = report.job
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
+        return True
+
+    def _resolve_hangs(self, job: str) -> None:
+        """Recovery: a stored hang report of this job becomes "resolved" once the job moves on."""
+        from localizer.hang import job_resumed  # lazy: owned by the hangs stage
+
+        beats = [(h.rank, h.iteration, h.received_ns) for h in self.store.heartbeats(job)]
+        for session in [k for k, j in self._unresolved_hangs.items() if j == job]:
+            report = self.store.get_report(session)
+            if report is None or not job_resumed(self.store.hang_snapshots(session), beats):
+                continue
+            top = max(it for _, it, _ in beats)
+            self.store.put_report(dataclasses.replace(
+                report, status="resolved", summary=f"{report.summary} (resolved: the job resumed, iteration {top})"))
+            del self._unresolved_hangs[session]
+            log.info("hang session %s resolved: job %s resumed", session, job)
 
     def fail(self, session: str, error: str) -> None:
         with self._lock:
             self.store.update_session(session, state=FAILED, closed_ns=self.clock.now_ns(), error=error[:2000])
+            self._forget(session)
         log.error("session %s failed: %s", session, error)
 
     def localize_now(self, session: str, localize_options: object | None = None) -> SessionRecord | None:
@@ -272,7 +389,7 @@ class SessionManager:
 def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
                  now_ns: int) -> dict[int, Any]:
     """Expected ranks without a snapshot, each with what its latest heartbeat says."""
-    from localizer.hang import SilentRank  # lazy: owned by the hangs stage
+    from localizer.hang import SilentRank, silent_detail  # lazy: owned by the hangs stage
 
     beats = {h.rank: h for h in heartbeats}
     out: dict[int, Any] = {}
@@ -284,7 +401,7 @@ def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[He
             out[r] = SilentRank(r, "no heartbeat from its agent")
             continue
         age_s = max(0.0, (now_ns - h.received_ns) / 1e9)
-        detail = "process dead" if not h.alive else f"process running but silent (phase {h.phase or '?'})"
+        detail = silent_detail(h.alive, h.phase)
         out[r] = SilentRank(r, detail, silent_s=h.last_event_age_s + age_s, last_iteration=h.iteration)
     return out
 
@@ -293,14 +410,19 @@ def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
                       heartbeats: Sequence[HeartbeatRecord], now_ns: int,
                       options: object | None = None) -> Report:
     """The hang seam: snapshots + liveness -> a Report of kind "hang" via localizer.hang.localize_hang."""
-    from localizer.hang import localize_hang  # lazy: owned by the hangs stage
+    from localizer.hang import HangOptions, job_resumed, localize_hang  # lazy: hangs stage
 
     got = {snap.rank for snap in snapshots}
     silent = silent_ranks(s.expected, got, heartbeats, now_ns)
+    if options is None:
+        options = HangOptions.from_env()
     report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)
     if report is None:
+        # every rank pauses in user code (a checkpoint save, an evaluation): not a hang (yet).
+        # "pause" re-opens the session for a later look; "resumed" closes it with no report.
+        resumed = job_resumed(snapshots, [(h.rank, h.iteration, h.received_ns) for h in heartbeats])
         return Report(job=s.job, session=s.session, kind=HANG, created_ns=time.time_ns(),
                       trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
-                      ranks_missing=tuple(sorted(silent)), status="resolved",
+                      ranks_missing=tuple(sorted(silent)), status=RESUMED if resumed else PAUSE,
                       summary="the snapshots show no hang: the ranks were pausing, not blocked")
     return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)

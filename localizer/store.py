@@ -17,7 +17,7 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,7 +149,9 @@ class Store:
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the write connection (and any open transaction)
+        self._rlock = threading.Lock()  # the read connection
+        self._local = threading.local()  # .depth: transactions this thread has open
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
@@ -158,6 +160,9 @@ class Store:
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.executescript(_DDL)
             self._check_version()
+            # WAL: readers see the last commit and never wait for a writer's fsync
+            self._rdb = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
+                                        timeout=30.0)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: cannot open the localizer store ({exc})") from None
         except OSError as exc:
@@ -172,26 +177,59 @@ class Store:
                               f"(this perftracker reads {STORE_SCHEMA_VERSION})")
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._rlock:
+            self._rdb.close()
             self._db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; nested calls on the same thread join the outer one (one commit, one fsync).
+        Reads on this thread inside it see its own writes."""
         with self._lock:
+            depth = getattr(self._local, "depth", 0)
+            if depth:
+                self._local.depth = depth + 1
+                try:
+                    yield self._db
+                finally:
+                    self._local.depth = depth
+                return
             try:
                 self._db.execute("BEGIN IMMEDIATE")
+                self._local.depth = 1
                 try:
                     yield self._db
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
+                finally:
+                    self._local.depth = 0
                 self._db.execute("COMMIT")
             except sqlite3.OperationalError as exc:  # disk full, I/O error, locked
                 raise StoreError(f"{self.path}: write failed ({exc})") from None
 
+    _tx = transaction
+
+    def run_batch(self, fns: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        """Run writers in one transaction, each in its own savepoint: a failing one is rolled back
+        alone. Returns (ok, result or exception) per writer, after the commit."""
+        out: list[tuple[bool, Any]] = []
+        with self.transaction() as db:
+            for fn in fns:
+                db.execute("SAVEPOINT item")
+                try:
+                    out.append((True, fn()))
+                except Exception as exc:  # noqa: BLE001 - handed back to that writer's caller
+                    db.execute("ROLLBACK TO item")
+                    out.append((False, exc))
+                db.execute("RELEASE item")
+        return out
+
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
+        if getattr(self._local, "depth", 0):  # inside this thread's transaction: see its writes
             return self._db.execute(sql, tuple(args)).fetchall()
+        with self._rlock:
+            return self._rdb.execute(sql, tuple(args)).fetchall()
 
     # ---------------------------------------------------------------- registrations
     def register(self, job: str, agent_id: str, host: str, workers: Sequence[WorkerRecord],
@@ -254,21 +292,25 @@ class Store:
         with self._tx() as db:
             db.execute(f"UPDATE sessions SET {cols} WHERE session=?", (*values.values(), session))
 
-    def _session_from_row(self, r: tuple[Any, ...]) -> SessionRecord:
-        uploaded = tuple(x[0] for x in self._query(
-            "SELECT rank FROM patterns WHERE session=? UNION SELECT rank FROM hang_snapshots "
-            "WHERE session=? ORDER BY rank", (r[1], r[1])))
+    def _session_from_row(self, r: tuple[Any, ...], with_uploaded: bool = True) -> SessionRecord:
+        uploaded = tuple(sorted(self.uploaded_ranks(r[1]))) if with_uploaded else ()
         return SessionRecord(seq=r[0], session=r[1], job=r[2], kind=r[3], reason=r[4], window_s=r[5],
                              state=r[6], opened_ns=r[7], deadline_ns=r[8], closed_ns=r[9],
                              expected=tuple(json.loads(r[10])), joins=r[11], error=r[12],
                              uploaded=uploaded)
 
-    def get_session(self, session: str) -> SessionRecord | None:
+    def get_session(self, session: str, *, with_uploaded: bool = True) -> SessionRecord | None:
+        """One session; ``with_uploaded=False`` skips the uploaded-ranks query (``uploaded`` is empty)."""
         rows = self._query(f"SELECT {_SESSION_COLS} FROM sessions WHERE session=?", (session,))
-        return self._session_from_row(rows[0]) if rows else None
+        return self._session_from_row(rows[0], with_uploaded) if rows else None
+
+    def uploaded_ranks(self, session: str) -> set[int]:
+        """Ranks with patterns or a hang snapshot in the session."""
+        return {x[0] for x in self._query("SELECT rank FROM patterns WHERE session=? UNION "
+                                          "SELECT rank FROM hang_snapshots WHERE session=?", (session, session))}
 
     def sessions(self, job: str | None = None, states: Sequence[str] = (), after_seq: int = 0,
-                 limit: int = 1000) -> list[SessionRecord]:
+                 limit: int = 1000, *, with_uploaded: bool = True) -> list[SessionRecord]:
         sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE seq > ?"
         args: list[Any] = [after_seq]
         if job is not None:
@@ -279,14 +321,21 @@ class Store:
             args.extend(states)
         sql += " ORDER BY seq LIMIT ?"
         args.append(limit)
-        return [self._session_from_row(r) for r in self._query(sql, args)]
+        return [self._session_from_row(r, with_uploaded) for r in self._query(sql, args)]
 
     # ---------------------------------------------------------------- patterns and snapshots
-    def put_patterns(self, ps: PatternSet, now_ns: int) -> None:
-        """Persist one worker's patterns (a repeat upload of the same rank replaces the old one)."""
+    def put_patterns(self, ps: PatternSet, now_ns: int, body: bytes | None = None) -> None:
+        """Persist one worker's patterns (a repeat upload of the same rank replaces the old one).
+
+        ``body`` is the validated wire form (zlib JSON that decodes to ``ps``), stored as is."""
+        self.put_patterns_many([(ps, body)], now_ns)
+
+    def put_patterns_many(self, items: Sequence[tuple[PatternSet, bytes | None]], now_ns: int) -> None:
+        """Persist several uploads in one transaction (one fsync: the service's group commit)."""
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO patterns VALUES (?,?,?,?,?)",
-                       (ps.session, ps.rank, ps.to_bytes(), now_ns, STORE_SCHEMA_VERSION))
+            db.executemany("INSERT OR REPLACE INTO patterns VALUES (?,?,?,?,?)",
+                           [(ps.session, ps.rank, body if body is not None else ps.to_bytes(), now_ns,
+                             STORE_SCHEMA_VERSION) for ps, body in items])
 
     def pattern_ranks(self, session: str) -> list[int]:
         return [r[0] for r in self._query("SELECT rank FROM patterns WHERE session=? ORDER BY rank", (session,))]

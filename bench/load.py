@@ -1,0 +1,239 @@
+"""Load benchmark: a real localizer process and N simulated agents in one session.
+
+Every agent registers its worker, long-polls for triggers, "profiles" for the window when the
+trigger arrives, and uploads a realistic PatternSet (python stacks sharing a frame table, kernels,
+a collective, a memcpy; one slow rank). We count acknowledged uploads, then read the localizer's
+store directly (sqlite, after it stored the report) to check that every acknowledged pattern is
+there.
+
+Progress goes to stderr; the last stdout line is
+``{"agents", "uploaded", "stored", "lost", "p99_upload_ms", "localize_s"}`` where ``localize_s`` is
+the time from the last acknowledged upload to the stored report. Targets: lost = 0, localize_s <= 5.
+
+    python bench/load.py [--agents 2000] [--window-s 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
+from perftracker.model import Category, Pattern, PatternSet  # noqa: E402
+
+TOKEN = "bench-load-token"
+PLACEHOLDER = b"@@SESSION@@"
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[load {time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()
+
+
+def realistic_patterns(job: str, session: str, rank: int, world: int, slow_rank: int, rng: random.Random) -> PatternSet:
+    """About what the summarizer emits for a small DDP model: ~100 functions."""
+    pats: list[Pattern] = []
+    root = ["train.py:210 in <module>", "train.py:180 in main", "train.py:120 in train_epoch"]
+    for i in range(60):
+        depth = rng.randint(3, 12)
+        stack = root + [f"model/layers.py:{20 + 7 * j + i} in block{j}_{i % 9}" for j in range(depth)]
+        pats.append(Pattern(";".join(stack), Category.PYTHON, rng.uniform(0, 0.006), rng.uniform(0.7, 1.0),
+                            rng.uniform(0, 0.08), label=stack[-1], executions=rng.randint(10, 3000),
+                            critical_ns=rng.randint(10**5, 10**8), resource="cpu"))
+    for i in range(40):
+        beta = rng.uniform(0.005, 0.03) * (2.2 if rank == slow_rank and i < 10 else 1.0)
+        name = f"aten::{['addmm', 'mm', 'conv2d', 'relu', 'softmax', 'layer_norm', 'gelu', 'bmm'][i % 8]}_{i}"
+        pats.append(Pattern(name, Category.COMPUTE, beta, rng.uniform(0.85, 0.97), rng.uniform(0.01, 0.04),
+                            label=name, executions=rng.randint(100, 8000), critical_ns=rng.randint(10**6, 10**9),
+                            resource="cpu"))
+    for name, cat, res in (("gloo:all_reduce", Category.COLLECTIVE, "nic"), ("gloo:broadcast", Category.COLLECTIVE, "nic"),
+                           ("aten::copy_", Category.MEMORY, "pcie")):
+        pats.append(Pattern(name, cat, rng.uniform(0.02, 0.06), rng.uniform(0.2, 0.4), rng.uniform(0.01, 0.05),
+                            label=name, executions=rng.randint(100, 500), critical_ns=rng.randint(10**8, 10**9),
+                            resource=res))
+    start = time.time_ns()
+    return PatternSet(job=job, session=session, rank=rank, world_size=world, host=f"node{rank // 8}",
+                      window_start_ns=start, window_end_ns=start + 20 * 10**9, patterns=tuple(pats),
+                      local_rank=rank % 8, pid=10_000 + rank,
+                      iteration_ms=tuple(rng.uniform(95, 105) * (1.6 if rank == slow_rank else 1) for _ in range(8)))
+
+
+def start_localizer(tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
+    store = tmp / "store.sqlite"
+    ready = tmp / "ready.json"
+    env = dict(os.environ, PERFTRACKER_TOKEN=TOKEN, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store", str(store),
+                             "--ready-file", str(ready), "--collect-grace-s", "120"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "localizer.log", "wb"))  # noqa: SIM115
+    end = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            raise SystemExit(f"localizer did not start: {(tmp / 'localizer.log').read_text()[-2000:]}")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())["url"], store
+
+
+class Agent:
+    def __init__(self, idx: int, job: str, world: int) -> None:
+        self.idx = idx
+        self.job = job
+        self.world = world
+        self.agent_id = f"agent-{idx:05d}"
+        self.upload_ms: float | None = None
+        self.acked_at = 0.0
+        self.error = ""
+
+    async def run(self, http: aiohttp.ClientSession, url: str, registered: asyncio.Event, counter: list[int],
+                  window_s: float, body_template: bytes, seed: int) -> None:
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        rank = self.idx
+        body = {"job": self.job, "agent_id": self.agent_id, "host": f"node{rank // 8}",
+                "workers": [{"rank": rank, "local_rank": rank % 8, "world_size": self.world, "pid": 10_000 + rank,
+                             "tid": 10_000 + rank, "host": f"node{rank // 8}"}]}
+        try:
+            for attempt in range(20):
+                try:
+                    async with http.post(url + "/v1/agents/register", json=body, headers=h) as r:
+                        if r.status == 200:
+                            break
+                        self.error = f"register {r.status}"
+                except aiohttp.ClientError as exc:
+                    self.error = f"register {exc}"
+                await asyncio.sleep(0.05 * 2**min(attempt, 5))
+            counter[0] += 1
+            if counter[0] == self.world:
+                registered.set()
+            session = ""
+            while not session:  # long poll
+                async with http.get(f"{url}/v1/jobs/{self.job}/triggers", params={"timeout_s": "60"}, headers=h) as r:
+                    if r.status == 200:
+                        session = (await r.json())["session"]
+            rng = random.Random(seed + rank)
+            await asyncio.sleep(window_s + rng.uniform(0, 1.0))  # the window, then summarizing skew
+            # the PatternSet was serialized before the trigger (JSON, session as a placeholder) so that
+            # the client's own CPU does not count in the upload latency
+            data = body_template.replace(PLACEHOLDER, session.encode())
+            t0 = time.perf_counter()
+            for attempt in range(10):
+                try:
+                    async with http.post(f"{url}/v1/sessions/{session}/patterns", data=data,
+                                         headers={**h, "Content-Type": "application/json"}) as r:
+                        if r.status == 200 and (await r.json()).get("stored"):
+                            self.upload_ms = (time.perf_counter() - t0) * 1000
+                            self.acked_at = time.time()
+                            self.error = ""
+                            return
+                        self.error = f"upload {r.status} {await r.text()}"
+                        if r.status < 500:
+                            return
+                except aiohttp.ClientError as exc:
+                    self.error = f"upload {exc}"
+                await asyncio.sleep(0.1 * 2**attempt)
+        except Exception as exc:  # noqa: BLE001 - counted as not uploaded
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+async def drive(url: str, n_agents: int, window_s: float, seed: int) -> tuple[list[Agent], str, float]:
+    job = "bench-load"
+    slow_rank = n_agents // 3
+    agents = [Agent(i, job, n_agents) for i in range(n_agents)]
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    templates = [json.dumps(realistic_patterns(job, PLACEHOLDER.decode(), i, n_agents, slow_rank, rng).to_dict(),
+                            separators=(",", ":")).encode() for i in range(n_agents)]
+    log(f"{n_agents} PatternSets of {sum(map(len, templates)) / n_agents / 1024:.1f} KiB JSON "
+        f"({len(realistic_patterns(job, 'x', 0, n_agents, slow_rank, rng).to_bytes()) / 1024:.1f} KiB zlib) "
+        f"built in {time.monotonic() - t0:.1f} s")
+    registered = asyncio.Event()
+    counter = [0]
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(a.run(http, url, registered, counter, window_s, templates[a.idx], seed))
+                 for a in agents]
+        await asyncio.wait_for(registered.wait(), 300)
+        log(f"{n_agents} agents registered in {time.monotonic() - t0:.1f} s; all long-polling")
+        await asyncio.sleep(1.0)  # let every long poll reach the server
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        async with http.post(f"{url}/v1/jobs/{job}/triggers", json={"reason": "bench", "window_s": window_s},
+                             headers=h) as r:
+            session = (await r.json())["session"]
+        log(f"trigger: session {session}")
+        await asyncio.gather(*tasks)
+        done = [a for a in agents if a.upload_ms is not None]
+        log(f"{len(done)}/{n_agents} uploads acknowledged; waiting for the report")
+        end = time.monotonic() + 300
+        closed_ns = 0
+        while time.monotonic() < end:
+            async with http.get(f"{url}/v1/sessions/{session}", headers=h) as r:
+                s = await r.json()
+            if s["state"] in ("done", "failed"):
+                if s["state"] == "failed":
+                    log(f"session failed: {s['error']}")
+                closed_ns = s["closed_ns"]
+                break
+            await asyncio.sleep(0.05)
+    return agents, session, closed_ns / 1e9
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agents", type=int, default=2000)
+    ap.add_argument("--window-s", type=float, default=2.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, max(soft, 4 * args.agents + 1024))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    with tempfile.TemporaryDirectory(prefix="perftracker-load-") as d:
+        tmp = Path(d)
+        proc, url, store = start_localizer(tmp)
+        log(f"localizer at {url}, store {store}")
+        try:
+            agents, session, closed_s = asyncio.run(drive(url, args.agents, args.window_s, args.seed))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        acked = {a.idx for a in agents if a.upload_ms is not None}
+        db = sqlite3.connect(store)
+        stored = {r[0] for r in db.execute("SELECT rank FROM patterns WHERE session=?", (session,))}
+        report = db.execute("SELECT status, body FROM reports WHERE session=?", (session,)).fetchone()
+        db.close()
+        errors = [a.error for a in agents if a.error][:5]
+        if errors:
+            log(f"errors (first 5): {errors}")
+        lat = sorted(a.upload_ms for a in agents if a.upload_ms is not None)
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
+        last_ack = max((a.acked_at for a in agents if a.upload_ms is not None), default=0.0)
+        localize_s = closed_s - last_ack if report is not None and closed_s else float("nan")
+        if report is not None:
+            body = json.loads(report[1])
+            log(f"report {report[0]}: {len(body['findings'])} finding(s); {body['summary'][:200]}")
+            for f in body["findings"][:3]:
+                log(f"  finding {f['label']} on ranks {f['ranks'][:10]}: {f['sentence'][:160]}")
+        else:
+            log(f"no report stored; {(tmp / 'localizer.log').read_text()[-1500:]}")
+        log(f"upload latency ms: p50 {lat[len(lat) // 2]:.1f}, p99 {p99:.1f}, max {lat[-1]:.1f}" if lat else "no uploads")
+    print(json.dumps({"agents": args.agents, "uploaded": len(acked), "stored": len(stored & acked),
+                      "lost": len(acked - stored), "p99_upload_ms": round(p99, 1), "localize_s": round(localize_s, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
