@@ -24,6 +24,7 @@ The verdict, in order:
 from __future__ import annotations
 
 import logging
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,10 +67,14 @@ LIVENESS_DETAIL = {
 }
 
 
+FOLLOWER = re.compile(r"dead after rank (\d+)")  # an agent saw this worker die just after that one
+
+
 def silent_detail(alive: bool, phase: str) -> str:
     """The report's words for a silent rank from its latest heartbeat."""
     if not alive:
-        return LIVENESS_DETAIL["dead"]
+        m = FOLLOWER.fullmatch(phase)
+        return f"process dead after rank {m.group(1)}" if m else LIVENESS_DETAIL["dead"]
     return LIVENESS_DETAIL.get(phase, f"process running but silent (phase {phase or '?'})")
 
 
@@ -136,6 +141,15 @@ def localize_hang(
             continue
         v = silent.get(r, "")
         quiet[r] = v if isinstance(v, SilentRank) else SilentRank(r, str(v))
+    # ranks that died right after another silent rank (torchrun stops the rest of a node when one
+    # worker dies): they were waiting for it, and are not culprits themselves
+    followers: dict[int, int] = {}
+    for r, q in quiet.items():
+        m = FOLLOWER.search(q.detail)
+        if m and int(m.group(1)) in quiet and int(m.group(1)) != r and not FOLLOWER.search(quiet[int(m.group(1))].detail):
+            followers[r] = int(m.group(1))
+    for r in followers:
+        del quiet[r]
     waiting: dict[str, list[int]] = defaultdict(list)
     user: dict[str, list[int]] = defaultdict(list)
     for r, p in placed.items():
@@ -146,6 +160,10 @@ def localize_hang(
     if quiet or (user and waiting):
         culprits |= {r for rs in user.values() for r in rs}
         summary = _culprit_sentence(placed, quiet, user, waiting, since, opts)
+        if followers:
+            summary += "; " + "; ".join(
+                f"{_ranks(rs)} died after rank {leader} (stopped by the launcher)"
+                for leader, rs in sorted(_invert(followers).items()))
     elif waiting and not user:
         if len(waiting) == 1:
             (op,) = waiting
@@ -176,9 +194,14 @@ def localize_hang(
             signature=p.signature,
             idle_s=round(_idle(p.snap, now_ns), 3),
             last_iteration=p.snap.last_iteration,
-            detail=p.snap.kernel_state,
+            detail=p.snap.error or p.snap.kernel_state,
         )
         for r, p in placed.items()
+    ]
+    states += [
+        RankState(rank=r, state=WAITING, where=f"unknown: died after rank {leader}", detail=f"process dead "
+                  f"after rank {leader}")
+        for r, leader in followers.items()
     ]
     states += [
         RankState(rank=r, state=SILENT, where="", idle_s=q.silent_s, last_iteration=q.last_iteration,
@@ -195,7 +218,7 @@ def localize_hang(
         trigger_reason="blocked",
         window_s=0.0,
         ranks_reported=tuple(sorted(latest)),
-        ranks_missing=tuple(sorted(quiet)),
+        ranks_missing=tuple(sorted({*quiet, *followers})),
         hang_states=tuple(states),
         summary=summary,
     )
@@ -245,6 +268,13 @@ def _since_iteration(snaps: object) -> int:
     return min(its) if its else -1
 
 
+def _invert(followers: Mapping[int, int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for r, leader in followers.items():
+        out[leader].append(r)
+    return out
+
+
 def _minority(groups: Mapping[str, list[int]]) -> set[int]:
     """Ranks outside the largest group; every rank when no group is largest."""
     sizes = sorted((len(v) for v in groups.values()), reverse=True)
@@ -268,16 +298,33 @@ def _verb(rs: Sequence[int] | set[int], one: str, many: str) -> str:
     return one if len(rs) == 1 else many
 
 
-def _others_clause(waiting: Mapping[str, list[int]], named: set[int], everyone: set[int],
-                   opts: HangOptions) -> str:
+def _others_clause(placed: Mapping[int, _Placed], waiting: Mapping[str, list[int]], named: set[int],
+                   everyone: set[int], opts: HangOptions) -> str:
     if not waiting:
         return ""
+
+    def verb(rs: Sequence[int], plural: bool) -> str:
+        errors = {placed[r].snap.error for r in rs}
+        if "" not in errors:  # exit snapshots: the collective failed under them
+            gist = _short_error(next(iter(errors))) if len(errors) == 1 else ""
+            return "failed" + (f" ({gist})" if gist else "") + " in"
+        return ("wait" if plural else "waits") + " in"
+
     waiters = {r for rs in waiting.values() for r in rs}
     if len(waiting) == 1 and waiters | named == everyone:
-        return f"all other ranks wait in {next(iter(waiting))}"
-    parts = [f"{_ranks(rs)} {_verb(rs, 'waits', 'wait')} in {op}"
+        ((op, rs),) = waiting.items()
+        return f"all other ranks {verb(rs, True)} {op}"
+    parts = [f"{_ranks(rs)} {verb(rs, len(rs) > 1)} {op}"
              for op, rs in sorted(waiting.items(), key=lambda kv: -len(kv[1]))[: opts.max_listed_groups]]
     return "; ".join(parts)
+
+
+def _short_error(error: str) -> str:
+    """"RuntimeError: [../pair.cc:537] Read error [1.2.3.4]:5: Connection reset by peer. ..." -> the gist."""
+    m = re.search(r"(Connection (?:reset|closed|refused)[^.]*|[Tt]imed? ?out[^.]*|Broken pipe)", error)
+    if m:
+        return m.group(1).strip()
+    return error.split(":", 1)[0]
 
 
 def _culprit_sentence(placed: Mapping[int, _Placed], quiet: Mapping[int, SilentRank],
@@ -305,7 +352,7 @@ def _culprit_sentence(placed: Mapping[int, _Placed], quiet: Mapping[int, SilentR
         parts.append(f"{len(user) - opts.max_listed_groups} more place(s) in user code")
     named = set(quiet) | {r for rs in user.values() for r in rs}
     everyone = named | set(placed)
-    others = _others_clause(waiting, named, everyone, opts)
+    others = _others_clause(placed, waiting, named, everyone, opts)
     return "hang: " + ", ".join(parts) + (f"; {others}" if others else "")
 
 

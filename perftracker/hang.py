@@ -24,16 +24,18 @@ they lie under it.
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import logging
 import os
+import re
 import sys
 import sysconfig
 import threading
 import time
 from collections.abc import Sequence
 from itertools import islice
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from perftracker.model import Frame, HangSnapshot
@@ -74,6 +76,7 @@ _COLLECTIVE_NAMES = {
 # wrappers that sit between user code and the collective and say nothing themselves
 _WRAPPERS = {"wrapper", "_wrapper", "inner", "wrapped", "_fn", "__call__"}
 COLLECTIVE_PREFIX = "c10d "
+_CALLEE = re.compile(r"[\w.]+(?:(?:\(.*\)|\[.*\])[\w.]*)*")  # a.b, m(x).sum, d["k"].f
 
 
 def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
@@ -126,6 +129,52 @@ def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
     )
 
 
+def exit_snapshot(runtime: Any, exc: BaseException, session: str = "") -> HangSnapshot | None:
+    """A snapshot of where an exception ended the training thread (call it at exit); never raises.
+
+    When a peer dies, gloo fails the pending collective on the survivors ("Connection reset by
+    peer") and their training threads end with that exception: its traceback shows that they
+    were waiting in the collective, which tells them apart from the rank that died first.
+    """
+    try:
+        frames: list[FrameType] = []
+        tb = exc.__traceback__
+        while tb is not None and len(frames) < MAX_FRAMES:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        if not frames:
+            return None
+        stack = tuple(Frame(normalize_path(f.f_code.co_filename), int(line or 0), f.f_code.co_name)
+                      for f, line in zip(frames, _tb_lines(exc), strict=False))
+        user = [i for i, fr in enumerate(stack) if is_user_frame(fr)]
+        call = ""
+        if user:
+            call = _call_at(frames[user[-1]].f_code, _tb_lasti(exc, user[-1]))
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        snap = take_snapshot(runtime, session=session)  # identity, counters, idle time
+        current_op = recognise_collective(stack, call, "", _distributed_active()) or call
+        return dataclasses.replace(snap, stack=stack, current_op=current_op, kernel_state="", error=error[:300])
+    except Exception:
+        log.warning("hang snapshot at exit failed", exc_info=True)
+        return None
+
+
+def _tb_lines(exc: BaseException) -> list[int]:
+    out = []
+    tb = exc.__traceback__
+    while tb is not None:
+        out.append(tb.tb_lineno)
+        tb = tb.tb_next
+    return out
+
+
+def _tb_lasti(exc: BaseException, index: int) -> int:
+    tb = exc.__traceback__
+    for _ in range(index):
+        tb = tb.tb_next if tb is not None else None
+    return tb.tb_lasti if tb is not None else -1
+
+
 # --------------------------------------------------------------------------------------------
 # reading the training thread
 # --------------------------------------------------------------------------------------------
@@ -168,14 +217,20 @@ def call_in_progress(frame: FrameType) -> str:
 
     Uses the code object's column table (``co_positions``) at ``f_lasti`` and the source line.
     """
+    return _call_at(frame.f_code, frame.f_lasti)
+
+
+def _call_at(code: CodeType, lasti: int) -> str:
+    if lasti < 0:
+        return ""
     try:
-        pos = next(islice(frame.f_code.co_positions(), frame.f_lasti // 2, None), None)
+        pos = next(islice(code.co_positions(), lasti // 2, None), None)
         if pos is None:
             return ""
         line, end_line, col, end_col = pos
         if line is None or col is None or end_col is None or line != end_line:
             return ""
-        src = linecache.getline(frame.f_code.co_filename, line).encode()
+        src = linecache.getline(code.co_filename, line).encode()
         text = src[col:end_col].decode(errors="replace").strip()
     except Exception:
         return ""
@@ -196,6 +251,8 @@ def callee_of(expr: str) -> str:
             depth -= 1
             if depth == 0:
                 callee = expr[:i].strip()
+                if not _CALLEE.fullmatch(callee):
+                    return ""  # a statement ("raise X(...)"), not a call expression
                 if len(callee) > 60:
                     callee = "..." + callee[-57:]
                 return callee

@@ -290,6 +290,9 @@ class HangSnapshot:
     # the blocked thread's kernel state from procfs, "<state letter> <wchan>", e.g.
     # "S futex_do_wait" (waiting on a lock/condition, e.g. a gloo work), "S hrtimer_nanosleep", "R"
     kernel_state: str = ""
+    # set when the snapshot was taken at exit, from the exception that ended the training thread
+    # (e.g. "RuntimeError: ... Connection reset by peer"): the stack is the exception's traceback
+    error: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -307,6 +310,7 @@ class HangSnapshot:
             "last_event": self.last_event,
             "session": self.session,
             "kernel_state": self.kernel_state,
+            "error": self.error,
         }
 
     @classmethod
@@ -332,6 +336,7 @@ class HangSnapshot:
             last_event=_opt(d, "last_event", str, where, ""),
             session=_opt(d, "session", str, where, ""),
             kernel_state=_opt(d, "kernel_state", str, where, ""),
+            error=_opt(d, "error", str, where, ""),
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from localizer.hang import HangOptions, SilentRank, localize_hang, place
@@ -195,3 +196,31 @@ def test_liveness_words_and_resume() -> None:
 def test_pause_s_comes_from_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("PERFTRACKER_HANG_PAUSE_S", "12.5")
     assert HangOptions.from_env().pause_s == 12.5
+
+
+def test_a_killed_rank_whose_peers_failed_in_the_collective_is_named() -> None:
+    err = ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+           "[127.0.0.1]:11496: Connection reset by peer. This is typically caused by a remote worker hanging")
+    snaps = [dataclasses.replace(snap(r, DDP_BACKWARD, "c10d allreduce (DDP backward)", kernel=""), error=err)
+             for r in (0, 1, 2)]
+    report = localize_hang(snaps, {3: SilentRank(3, "process dead")}, range(4))
+    assert report is not None and culprits(report) == [3]
+    assert report.summary == ("hang: rank 3 silent (process dead); all other ranks failed (Connection reset by "
+                              "peer) in c10d allreduce (DDP backward)")
+    assert {s.rank: s.detail for s in report.hang_states}[0] == err
+
+
+def test_ranks_that_died_after_another_are_not_culprits() -> None:
+    from localizer.hang import silent_detail
+
+    silent = {1: silent_detail(False, "dead"), 0: silent_detail(False, "dead after rank 1")}
+    assert silent[0] == "process dead after rank 1"
+    report = localize_hang([], silent, [0, 1])
+    assert report is not None and culprits(report) == [1]
+    st = {s.rank: s for s in report.hang_states}
+    assert st[0].state == "waiting" and st[0].where == "unknown: died after rank 1"
+    assert report.summary == "hang: rank 1 silent (process dead); rank 0 died after rank 1 (stopped by the launcher)"
+    assert report.ranks_missing == (0, 1)
+    # a follower of a rank that is not silent, or of another follower, stays a culprit
+    report = localize_hang([], {0: "process dead after rank 1", 1: "process dead after rank 0"}, [0, 1])
+    assert report is not None and culprits(report) == [0, 1]

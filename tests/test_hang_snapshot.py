@@ -238,3 +238,84 @@ def test_snapshot_with_the_real_runtime(clean_env: dict[str, str]) -> None:
     assert snap.stack[-1].file == "<stdlib>/threading.py"
     assert any(f.function == "test_snapshot_with_the_real_runtime" for f in snap.stack)
     assert snap.current_op == "t.join"
+
+
+def _inner_fail() -> None:
+    raise RuntimeError("Connection reset by peer\nmore text")
+
+
+def _outer_fail() -> None:
+    _inner_fail()
+
+
+def test_exit_snapshot_from_an_exception_traceback() -> None:
+    from perftracker.hang import exit_snapshot
+
+    try:
+        _outer_fail()
+    except RuntimeError as exc:
+        snap = exit_snapshot(_runtime(FakeClock(10**9)), exc, session="s")
+    assert snap is not None
+    assert [f.function for f in snap.stack] == ["test_exit_snapshot_from_an_exception_traceback", "_outer_fail",
+                                                "_inner_fail"]
+    assert snap.error == "RuntimeError: Connection reset by peer"
+    assert snap.current_op == ""  # a raise is not a call
+    assert snap.rank == 2 and snap.last_iteration == 301 and snap.session == "s"
+    assert exit_snapshot(_runtime(), RuntimeError("never raised")) is None  # no traceback
+
+
+KILLED_PEER = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from types import SimpleNamespace
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from perftracker.hang import exit_snapshot
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    runtime = SimpleNamespace(
+        identity=SimpleNamespace(rank=rank, world_size=2, local_rank=rank, host="h", pid=os.getpid(),
+                                 training_tid=threading.get_native_id(), job="j"),
+        iteration=0, last_event=lambda: None)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+
+    def step():
+        loss = model(torch.randn(8, 32)).sum()
+        loss.backward()
+
+    try:
+        for it in range(1000):
+            if rank == 1 and it == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+            step()
+            runtime.iteration = it + 1
+    except Exception as exc:
+        snap = exit_snapshot(runtime, exc)
+        with open(sys.argv[1], "w") as fh:
+            json.dump(snap.to_dict(), fh)
+    """
+)
+
+
+def test_real_gloo_survivor_of_a_killed_peer_fails_in_the_collective(tmp_path: Path, free_port: int) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_PEER)
+    base = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_port), WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / f"exit{r}.json")], cwd=tmp_path,
+                              env=dict(base, RANK=str(r)), stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        rc0 = procs[0].wait(timeout=60)
+        rc1 = procs[1].wait(timeout=10)
+    finally:
+        for p in procs:
+            p.kill()
+    assert rc1 == -9 and rc0 == 0, procs[0].stderr.read()[-2000:]  # type: ignore[union-attr]
+    snap = HangSnapshot.from_dict(json.loads((tmp_path / "exit0.json").read_text()))
+    # what a gloo survivor shows: the exception ends DDP backward's allreduce wait
+    assert snap.current_op == "c10d allreduce (DDP backward)", snap
+    assert snap.stack[-1].function == "_engine_run_backward" and snap.stack[-2].function == "backward"
+    assert snap.error.startswith("RuntimeError") and ("Connection" in snap.error or "closed" in snap.error)
+    assert snap.last_iteration == 5
+    assert not (tmp_path / "exit1.json").exists()
