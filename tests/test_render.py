@@ -252,3 +252,23 @@ def test_real_localizer_output_validates_and_renders() -> None:
     assert "13" in _text(slow, width=200) and "rank 13</text>" in _html(slow)
     assert "No abnormal functions." in _text(clean)
     assert "culprit" in _text(hang, width=200)
+
+
+def test_long_frame_paths_are_shortened_for_display_only() -> None:
+    from localizer.render import short_frame
+
+    long = "/usr/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
+    assert short_frame(long) == "graph.py(966): _engine_run_backward"
+    assert short_frame("/a/train.py(1): <module>;/a/b/train.py(243): main") == "train.py(1): <module>;train.py(243): main"
+    for same in ("aten::addmm", "gloo:all_reduce", "<frozen importlib._bootstrap>(1165): _find_and_load", "## backward ##"):
+        assert short_frame(same) == same
+    report = slow_compute_report()
+    f0 = report.findings[0]
+    f = type(f0)(**{**f0.__dict__, "key": "/x/train.py(1): <module>;" + long, "label": long})
+    report = type(report)(**{**report.__dict__, "findings": (f,)})
+    out = _text(report, width=200)
+    assert "graph.py(966): _engine_run_backward" in out and "site-packages" not in out
+    doc = _html(report)
+    assert f'title="/x/train.py(1): &lt;module&gt;;{long}"' in doc  # the full key stays available
+    assert "<span>graph.py(966): _engine_run_backward</span>" in doc
+    assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).findings[0].key.endswith(long)  # JSON untouched

@@ -7,12 +7,19 @@ both go through it.
 from __future__ import annotations
 
 import importlib
+import re
 from typing import TextIO
 
 from perftracker.errors import PerftrackerError
 from perftracker.model import Report
 
 FORMATS = ("text", "json", "html")
+_DIRS = re.compile(r"(?:[^\s;:()<>]*/)+(?=[^/\s;()]+\(\d+\))")
+
+
+def short_frame(text: str) -> str:
+    """Display form of a frame or stack: directories dropped from "path/file.py(123): fn" frames."""
+    return _DIRS.sub("", text)
 
 
 def write(report: Report, fmt: str, file: TextIO, **options: object) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TextIO
 
+from localizer.render import short_frame
 from perftracker.model import Finding, RankState, Report, compress_ranks
 
 ABNORMAL = "#d62728"
@@ -112,12 +113,13 @@ def _window(window_s: float) -> str:
 def _finding_section(f: Finding) -> str:
     chips = [
         f"<span>{escape(f.category.value)}</span>",
-        f"<span>{escape(f.label or f.key)}</span>",
+        f"<span>{escape(short_frame(f.label or f.key))}</span>",
         f"<span>test: {escape(', '.join(f.tests))}</span>",
         f"<span>{escape(f.kind)}</span>",
         f'<span class="r">ranks {escape(_ranks(f.ranks))}</span>',
     ]
-    key = f'<p class="key">{escape(f.key)}</p>' if f.key != f.label else ""
+    stack = " \u203a ".join(short_frame(fr) for fr in f.key.split(";"))
+    key = f'<p class="key" title="{escape(f.key)}">{escape(stack)}</p>' if f.key != f.label else ""
     return (
         f'<section class="finding"><p class="sentence">{escape(f.sentence)}</p>'
         f'<div class="chips">{"".join(chips)}</div>{key}'
@@ -169,7 +171,7 @@ def _hang_section(states: Sequence[RankState]) -> str:
 
 def _top_table(report: Report) -> str:
     rows = "".join(
-        f"<tr><td>{escape(t.label or t.key)}</td><td>{escape(t.category.value)}</td>"
+        f"<tr><td>{escape(short_frame(t.label or t.key))}</td><td>{escape(t.category.value)}</td>"
         f'<td class="n">{t.median.beta:.3f}</td><td class="n">{t.median.mu:.3f}</td><td class="n">{t.median.sigma:.3f}</td></tr>'
         for t in report.top_functions
     )

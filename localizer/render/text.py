@@ -16,6 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from localizer.render import short_frame
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
 
 _STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "waiting": "yellow", "paused": "cyan", "ok": "green"}
@@ -124,12 +125,12 @@ def _function_panel(key: str, group: list[Finding]) -> Panel:
     title = Text()
     title.append(first.category.value, style="magenta")
     title.append("  ")
-    title.append(first.label or key, style="bold")
+    title.append(short_frame(first.label or key), style="bold")
     return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED, border_style="red")
 
 
 def _short_stack(key: str, keep: int = 4) -> str:
-    frames = key.split(";")
+    frames = [short_frame(f) for f in key.split(";")]
     if len(frames) <= keep:
         return " > ".join(frames)
     return "... > " + " > ".join(frames[-keep:])
@@ -170,5 +171,5 @@ def _top_table(report: Report) -> Table:
         table.add_column(_DIM_LABELS[dim].split()[0], justify="right")
     for t in report.top_functions:
         m: Triple = t.median
-        table.add_row(t.label or t.key, t.category.value, _num(m.beta), _num(m.mu), _num(m.sigma))
+        table.add_row(short_frame(t.label or t.key), t.category.value, _num(m.beta), _num(m.mu), _num(m.sigma))
     return table
