@@ -6,7 +6,8 @@ Builds a simulated GPU job (localizer.synthetic) with injected anomalies: thrott
 the workers, NVLink down on 6 hosts (48 workers, 3 of them with PCIe traffic), an injected sleep on
 one rank and random GC pauses on 2% of the workers. Pins itself to core 0. In one run, on the same
 arrays, it times ``localize_arrays`` (the entry point ``localize()`` itself calls after stacking
-PatternSets), then the reference, then ours again; ``localize_s`` is the mean of our two runs.
+PatternSets), then the reference, then ours again; ``localize_s`` is the mean wall time of our two
+runs. CPU times (process_time) and the load average are printed too, since the machine may be shared.
 
 The reference is the obvious vectorized numpy implementation of the same definitions: for every
 function D_exp as the full L1 distance to the box, P̂ = P / max, the full N × |S| matrix of L1
@@ -119,22 +120,26 @@ def main() -> int:
     opts = LocalizeOptions(seed=args.seed, created_ns=0)
 
     runs = []
-    t = time.perf_counter()
+    cpu = []
+    t, c = time.perf_counter(), time.process_time()
     report = localize_arrays(arr, opts)
     runs.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)
     log(f"ours (localize_arrays): {runs[-1]:.2f} s, {len(report.findings)} finding(s)")
     for fd in report.findings:
         log(f"  {fd.kind:8s} {len(fd.ranks):6d} ranks  {fd.sentence[:150]}")
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     ref_verdicts = reference_verdicts(arr, opts)
     ref_findings, ref_summary, _ = build_findings(arr, ref_verdicts, opts)
     reference_s = time.perf_counter() - t
+    reference_cpu_s = time.process_time() - c
     log(f"reference: {reference_s:.2f} s")
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     report2 = localize_arrays(arr, opts)
     runs.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)
     log(f"ours again: {runs[-1]:.2f} s")
 
     expectations = resolve_expectations(opts, arr.gpu)
@@ -172,6 +177,9 @@ def main() -> int:
         "entry": "localize_arrays",
         "localize_runs_s": [round(x, 3) for x in runs],
         "reference_s": round(reference_s, 3),
+        "localize_cpu_s": round(sum(cpu) / len(cpu), 3),
+        "reference_cpu_s": round(reference_cpu_s, 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "functions": 20,
         "findings": len(report.findings),
         "patternsets_workers": ps_n,

@@ -69,13 +69,12 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
 
     index: dict[str, int] = {}
     infos: list[FunctionInfo] = []
-    rows: list[tuple[int, int, float, float, float]] = []
+    fcol: list[int] = []
+    wcol: list[int] = []
+    vcol: list[float] = []
     for w, ps in enumerate(sets):
-        seen_keys: set[str] = set()
+        before = len(fcol)
         for p in ps.patterns:
-            if p.key in seen_keys:
-                raise InputError(f"rank {ps.rank}: function {p.key!r} appears twice in one pattern set")
-            seen_keys.add(p.key)
             f = index.get(p.key)
             if f is None:
                 f = index[p.key] = len(infos)
@@ -83,13 +82,18 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
             elif infos[f].category is not p.category:
                 raise InputError(f"rank {ps.rank}: function {p.key!r} has category {p.category.value!r}, "
                                  f"other ranks say {infos[f].category.value!r}")
-            rows.append((f, w, p.beta, p.mu, p.sigma))
+            fcol.append(f)
+            vcol += (p.beta, p.mu, p.sigma)
+        if len(set(fcol[before:])) != len(fcol) - before:
+            raise InputError(f"rank {ps.rank}: a function appears twice in one pattern set")
+        wcol += [w] * (len(fcol) - before)
     values = np.zeros((len(infos), 3, len(sets)), dtype=np.float64)
-    if rows:
-        table = np.array(rows, dtype=np.float64)
-        fi, wi = table[:, 0].astype(np.int64), table[:, 1].astype(np.int64)
+    if fcol:
+        fi = np.array(fcol, dtype=np.int64)
+        wi = np.array(wcol, dtype=np.int64)
+        triples = np.array(vcol, dtype=np.float64).reshape(-1, 3)
         for d in range(3):
-            values[fi, d, wi] = table[:, 2 + d]
+            values[fi, d, wi] = triples[:, d]
     if np.isnan(values).any():
         f, d, w = (int(i[0]) for i in np.nonzero(np.isnan(values)))
         raise InputError(f"rank {sets[w].rank}: function {infos[f].key!r} has a NaN "
@@ -124,8 +128,11 @@ def validate_arrays(arr: PatternArrays) -> None:
         raise InputError(f"values has shape {arr.values.shape}, expected {(len(arr.functions), 3, n)}")
     if arr.values.dtype != np.float64:
         raise InputError(f"values must be float64, got {arr.values.dtype}")
-    sorted_ranks = np.sort(arr.ranks)
-    dup = sorted_ranks[1:][sorted_ranks[1:] == sorted_ranks[:-1]]
+    if not bool(np.all(arr.ranks[1:] > arr.ranks[:-1])):  # already strictly increasing: no sort needed
+        sorted_ranks = np.sort(arr.ranks)
+        dup = sorted_ranks[1:][sorted_ranks[1:] == sorted_ranks[:-1]]
+    else:
+        dup = arr.ranks[:0]
     if dup.size:
         raise InputError(f"duplicate ranks in session {arr.session!r}: {np.unique(dup)[:20].tolist()}")
     keys = [f.key for f in arr.functions]
@@ -133,10 +140,12 @@ def validate_arrays(arr: PatternArrays) -> None:
         raise InputError("a function key appears twice")
     for f in range(len(arr.functions)):  # per function keeps temporaries small at N = 1M
         v = arr.values[f]
+        low, high = float(v.min()), float(v.max())  # NaN propagates into both
+        if low >= 0.0 and high <= 1.0:
+            continue
         if np.isnan(v).any():
             d, w = (int(i[0]) for i in np.nonzero(np.isnan(v)))
             raise InputError(f"rank {int(arr.ranks[w])}: function {keys[f]!r} has a NaN "
                              f"{('beta', 'mu', 'sigma')[d]}")
-        if v.min() < 0.0 or v.max() > 1.0:
-            _check_range(arr.values[f:f + 1], arr.ranks, arr.functions[f:f + 1])
-            raise InputError(f"function {keys[f]!r}: values outside [0, 1]")
+        _check_range(arr.values[f:f + 1], arr.ranks, arr.functions[f:f + 1])
+        raise InputError(f"function {keys[f]!r}: values outside [0, 1]")

@@ -72,43 +72,81 @@ def differential_distance_blocks(normalized: np.ndarray, sample: np.ndarray, eps
     Returns (len(rows),) int64.
     """
     x = np.asarray(normalized, dtype=np.float64)
-    y = x[:, sample]
-    idx = np.arange(x.shape[1]) if rows is None else np.asarray(rows)
-    out = np.zeros(idx.size, dtype=np.int64)
-    m = max(1, y.shape[1])
-    step = max(1, _BLOCK_ELEMENTS // m)
-    for start in range(0, idx.size, step):
-        part = idx[start:start + step]
-        d = np.abs(x[0, part, None] - y[0, None, :])
-        d += np.abs(x[1, part, None] - y[1, None, :])
-        d += np.abs(x[2, part, None] - y[2, None, :])
+    p = x if rows is None else x[:, np.asarray(rows)]
+    return _count_far(p, x[:, sample], eps)
+
+
+def _count_far(p: np.ndarray, y: np.ndarray, eps: float) -> np.ndarray:
+    """For each column of p (3, R): how many columns of y (3, m) are farther than eps in L1."""
+    out = np.zeros(p.shape[1], dtype=np.int64)
+    step = max(1, _BLOCK_ELEMENTS // max(1, y.shape[1]))
+    for start in range(0, p.shape[1], step):
+        part = p[:, start:start + step]
+        d = np.abs(part[0, :, None] - y[0, None, :])
+        d += np.abs(part[1, :, None] - y[1, None, :])
+        d += np.abs(part[2, :, None] - y[2, None, :])
         out[start:start + step] = np.count_nonzero(d > eps, axis=1)
     return out
 
 
-def differential_distance(normalized: np.ndarray, sample: np.ndarray, eps: float,
-                          grid_cells: int = 32) -> np.ndarray:
+def _normalize_columns(x: np.ndarray, maxima: np.ndarray | None, cols: np.ndarray) -> np.ndarray:
+    """P̂ of some workers, exactly as normalize_by_max computes it (elementwise x / max)."""
+    sub = x[:, cols]
+    if maxima is None:
+        return sub
+    out = np.zeros_like(sub)
+    for d in range(3):
+        if maxima[d] > 0.0:
+            np.divide(sub[d], maxima[d], out=out[d])
+    return out
+
+
+def differential_distance(values: np.ndarray, sample: np.ndarray, eps: float,
+                          grid_cells: int = 32, refine_cells: int = 256,
+                          maxima: np.ndarray | None = None) -> np.ndarray:
     """D_diff, exactly equal to ``differential_distance_blocks`` but computed per grid cell.
 
-    normalized: (3, N) with values in [0, 1]; sample: indices of S. Returns (N,) int64.
+    values: (3, N), already normalized (P̂, in [0, 1]) when ``maxima`` is None; otherwise the raw
+    patterns, with ``maxima`` their per-dimension maxima: P̂ = values / maxima is then formed only for
+    the sample and the workers compared one by one, and grid cells come from values · (g / max).
+    Workers whose cell at ``grid_cells`` per dimension is undecided get a second pass at
+    ``refine_cells``; only those still undecided are compared one by one. Both must be powers of two.
+    Returns (N,) int64.
     """
-    x = np.asarray(normalized, dtype=np.float64)
+    x = np.asarray(values, dtype=np.float64)
     n = x.shape[1]
     sample = np.asarray(sample, dtype=np.int64)
     if n == 0 or sample.size == 0:
         return np.zeros(n, dtype=np.int64)
-    g = int(grid_cells)
-    y = x[:, sample]  # (3, m)
+    mx = None if maxima is None else np.asarray(maxima, dtype=np.float64)
+    y = _normalize_columns(x, mx, sample)  # (3, m)
+    unit = np.ones(3) if mx is None else np.divide(1.0, mx, out=np.zeros(3), where=mx > 0)
+    counts, undecided = _grid_pass(x, unit, y, eps, int(grid_cells))
+    rows = np.flatnonzero(undecided)
+    if rows.size and refine_cells > grid_cells:
+        sub_counts, sub_undecided = _grid_pass(x[:, rows], unit, y, eps, int(refine_cells))
+        counts[rows] = sub_counts
+        rows = rows[sub_undecided]
+    if rows.size:
+        counts[rows] = _count_far(_normalize_columns(x, mx, rows), y, eps)
+    return counts
 
-    # cell of each worker, per dimension, and the flat cell id
-    cell_id = np.zeros(n, dtype=np.int32)
+
+def _grid_pass(x: np.ndarray, unit: np.ndarray, y: np.ndarray, eps: float, g: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per-worker counts where the worker's grid cell decides every sampled worker, and a mask of
+    the workers whose cell does not (their count is to be computed another way).
+
+    A worker's cell index is floor(x · unit · g), within a few ulps of floor(P̂ · g); the cell
+    decisions keep a margin of 1e-9 from ε, so such rounding never changes a decision."""
+    n = x.shape[1]
+    cell_id = np.zeros(n, dtype=np.int64 if g > 1024 else np.int32)
     for d in range(3):
-        c = (x[d] * g).astype(np.int32)
-        np.clip(c, 0, g - 1, out=c)
+        c = (x[d] * (unit[d] * g)).astype(cell_id.dtype)
+        np.minimum(c, g - 1, out=c)
         cell_id *= g
         cell_id += c
-    occupancy = np.bincount(cell_id, minlength=g ** 3)
-    cells = np.flatnonzero(occupancy)
+    cells, cell_id = _occupied(cell_id, g)
     cx, rest = np.divmod(cells, g * g)
     cy, cz = np.divmod(rest, g)
 
@@ -126,13 +164,36 @@ def differential_distance(normalized: np.ndarray, sample: np.ndarray, eps: float
     surely_near = near <= eps - _MARGIN
     cell_count = np.count_nonzero(surely_far, axis=1)
     cell_undecided = ~(surely_far | surely_near).all(axis=1)
+    return cell_count[cell_id], cell_undecided[cell_id]
 
-    lut_count = np.zeros(g ** 3, dtype=np.int64)
-    lut_count[cells] = cell_count
-    counts = lut_count[cell_id]
-    if cell_undecided.any():
-        lut_undecided = np.zeros(g ** 3, dtype=bool)
-        lut_undecided[cells[cell_undecided]] = True
-        rows = np.flatnonzero(lut_undecided[cell_id])
-        counts[rows] = differential_distance_blocks(x, sample, eps, rows=rows)
-    return counts
+
+def _occupied(cell_id: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """(occupied cell ids sorted, each worker's index into them)."""
+    if g ** 3 <= 4 * cell_id.size + (1 << 16):  # a dense table is cheaper than sorting
+        occupancy = np.bincount(cell_id, minlength=g ** 3)
+        cells = np.flatnonzero(occupancy)
+        lut = np.zeros(g ** 3, dtype=np.int32)
+        lut[cells] = np.arange(cells.size, dtype=np.int32)
+        return cells, lut[cell_id]
+    cells, inverse = np.unique(cell_id, return_inverse=True)
+    return cells, inverse
+
+
+def exact_median(x: np.ndarray) -> float:
+    """np.median(x) of a 1-D float array without NaN, exactly, in a few linear passes for large x:
+    a bracket around the median from a strided subsample, then a partition of the bracket only."""
+    x = np.asarray(x)
+    n = x.size
+    if n < 50_000:
+        return float(np.median(x))
+    sub = np.sort(x[:: n // 2048])
+    m = sub.size
+    half = int(4 * np.sqrt(m)) + 8
+    lo, hi = sub[max(m // 2 - half, 0)], sub[min(m // 2 + half, m - 1)]
+    below = int(np.count_nonzero(x < lo))
+    k_lo, k_hi = (n - 1) // 2 - below, n // 2 - below
+    inside = x[(x >= lo) & (x <= hi)]
+    if k_lo < 0 or k_hi >= inside.size:  # the bracket missed (very skewed data): the plain way
+        return float(np.median(x))
+    part = np.partition(inside, [k_lo, k_hi])
+    return float(np.mean(part[[k_lo, k_hi]]))

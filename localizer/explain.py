@@ -172,6 +172,6 @@ def describe_report(n_findings: int, first_sentence: str, n_workers: int,
     if n_findings == 0:
         tops = ", ".join(f"{label} {pct(b)}" for label, b in top[:3])
         where = f" (top of the critical path: {tops})" if tops else ""
-        return f"no abnormal function on {n_workers:,} ranks{where}"
+        return f"no abnormal function on {n_workers:,} rank{'' if n_workers == 1 else 's'}{where}"
     more = f" (+{n_findings - 1} more)" if n_findings > 1 else ""
     return f"{first_sentence}{more}"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from localizer.arrays import FunctionInfo, PatternArrays
+from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
 from localizer.rule import Threshold
 from perftracker.model import Box, Finding, TopFunction, Triple
@@ -176,7 +177,7 @@ def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: i
     """The median worker's pattern of function f (β's median is already in the verdict)."""
     if f not in cache:
         v = arr.values[f]
-        cache[f] = Triple(verdicts[f].median_beta, float(np.median(v[1])), float(np.median(v[2])))
+        cache[f] = Triple(verdicts[f].median_beta, exact_median(v[1]), exact_median(v[2]))
     return cache[f]
 
 

@@ -21,6 +21,7 @@ from localizer.arrays import FunctionInfo, PatternArrays, pattern_sets_to_arrays
 from localizer.distances import (
     differential_distance,
     differential_distance_blocks,
+    exact_median,
     normalize_by_max,
     outside_expectation,
     sample_workers,
@@ -48,6 +49,7 @@ class LocalizeOptions:
     max_points: int = 500  # (rank, β, μ) points kept per finding for plots
     top_functions: int = 5
     grid_cells: int = 32  # cells per dimension of the exact D_diff grid (a power of two)
+    refine_cells: int = 256  # second, finer grid for the workers the first leaves undecided
     method: str = "grid"  # "grid" (exact, fast) | "blocks" (the definition, full matrix)
     trigger_reason: str = ""
     created_ns: int | None = None  # None: now
@@ -88,17 +90,17 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     """The rule for one function over all workers. values: (3, N)."""
     box, hint = expectations.lookup(info.key, info.label, info.category)
     beta = values[0]
-    median_beta = float(np.median(beta))
+    median_beta = exact_median(beta)
     if not (beta > opts.beta_min).any():  # the rule's first term fails everywhere: nothing to compute
         return FunctionVerdict(info, box, hint, median_beta, None, None, None)
     lo = np.array(box.lo.as_tuple())
     hi = np.array(box.hi.as_tuple())
     outside = outside_expectation(values, lo, hi)
-    normalized = normalize_by_max(values)
-    if opts.method == "grid":
-        d_diff = differential_distance(normalized, sample, opts.eps, opts.grid_cells)
+    if opts.method == "grid":  # P̂ = P / max is formed inside, only where it is needed
+        maxima = values.max(axis=1)
+        d_diff = differential_distance(values, sample, opts.eps, opts.grid_cells, opts.refine_cells, maxima)
     else:
-        d_diff = differential_distance_blocks(normalized, sample, opts.eps)
+        d_diff = differential_distance_blocks(normalize_by_max(values), sample, opts.eps)
     threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
     by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)
@@ -107,7 +109,7 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
                  opts: LocalizeOptions) -> Report:
     findings, summary, top = build_findings(arr, verdicts, opts)
-    ranks_reported = np.sort(arr.ranks)
+    ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()
     if arr.world_size > 0:
         present = np.zeros(arr.world_size, dtype=bool)

@@ -9,6 +9,7 @@ from localizer.distances import (
     differential_distance,
     differential_distance_blocks,
     distance_from_expectation,
+    exact_median,
     normalize_by_max,
     outside_expectation,
     sample_workers,
@@ -78,10 +79,13 @@ def test_grid_is_exactly_the_definition(grid: int, kind: str) -> None:
     else:  # values on a 0.1 lattice and on cell edges: distances of exactly ε, ties everywhere
         p = rng.integers(0, 11, (3, n)) / 10.0
         p[:, : n // 4] = rng.integers(0, grid + 1, (3, n // 4)) / grid
-    p = normalize_by_max(p)
+    raw = p * np.array([[0.3], [0.9], [0.07]])  # raw patterns; P̂ = raw / max
+    p = normalize_by_max(raw)
     sample = sample_workers(n, 100, 5)
-    assert np.array_equal(differential_distance(p, sample, 0.4, grid),
-                          differential_distance_blocks(p, sample, 0.4))
+    expected = differential_distance_blocks(p, sample, 0.4)
+    assert np.array_equal(differential_distance(p, sample, 0.4, grid, refine_cells=0), expected)
+    assert np.array_equal(differential_distance(p, sample, 0.4, grid, refine_cells=4 * grid), expected)
+    assert np.array_equal(differential_distance(raw, sample, 0.4, grid, maxima=raw.max(axis=1)), expected)
 
 
 def test_grid_handles_degenerate_inputs() -> None:
@@ -91,3 +95,19 @@ def test_grid_handles_degenerate_inputs() -> None:
     one = np.ones((3, 1))
     assert differential_distance(one, sample_workers(1, 100, 0), 0.4).tolist() == [0]
     assert differential_distance(np.zeros((3, 0)), np.zeros(0, dtype=np.int64), 0.4).size == 0
+
+
+def test_raw_path_with_a_zero_dimension() -> None:
+    rng = np.random.default_rng(9)
+    raw = np.vstack([rng.random(3000) * 0.2, np.zeros(3000), rng.random(3000) * 0.05])
+    sample = sample_workers(3000, 100, 1)
+    assert np.array_equal(differential_distance(raw, sample, 0.4, maxima=raw.max(axis=1)),
+                          differential_distance_blocks(normalize_by_max(raw), sample, 0.4))
+
+
+@pytest.mark.parametrize("n", [10, 49_999, 100_000, 100_001])
+def test_exact_median_is_numpy_median(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for x in (rng.random(n), rng.integers(0, 3, n) / 7.0, rng.lognormal(0, 3, n), np.zeros(n),
+              np.r_[np.zeros(n // 2 + 1), rng.random(n - n // 2 - 1)]):
+        assert exact_median(x) == np.median(x)
