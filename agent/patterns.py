@@ -9,7 +9,11 @@ DESIGN.md section 5, exactly:
   all have d'_e = 0 gets μ = σ = 0.
 
 A sample i covers (t_{i-1}, t_i] (``UtilSeries``); it is *inside* an execution when that interval
-overlaps one of the execution's self-time segments. d'_e = (samples in the run) × period.
+lies within one of the execution's self-time segments. A sample that straddles an edge measures
+the neighbour as much as the execution, so it is left out: a function that sleeps gets μ = 0, not
+the utilization of whatever ran just before or after it. Executions shorter than a sampling
+period get no sample (d'_e = 0), which is all a sampler of that period can say about them.
+d'_e = (samples in the run) × period.
 """
 
 from __future__ import annotations
@@ -89,15 +93,15 @@ def samples_inside(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, 
     """(execution, sample index) pairs, unique and sorted by execution then time.
 
     ``owner``/``start_ns``/``end_ns`` are self-time segments; a sample is inside when its interval
-    (t_{i-1}, t_i] overlaps a segment of the execution.
+    (t_{i-1}, t_i] lies within a segment of the execution.
     """
     t = np.asarray(series.t_ns, dtype=np.int64)
     if len(t) == 0 or len(owner) == 0:
         z = np.zeros(0, dtype=np.int64)
         return z, z
     t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
-    lo = np.searchsorted(t, start_ns, side="right")
-    hi = np.searchsorted(t_prev, end_ns, side="left")
+    lo = np.searchsorted(t_prev, start_ns, side="left")
+    hi = np.searchsorted(t, end_ns, side="right")
     cnt = np.maximum(hi - lo, 0)
     total = int(cnt.sum())
     if total == 0:

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from agent import categories as cat
-from perftracker.rawdata import EventKind
+from perftracker.rawdata import EventKind, RawWindow
 
 REDUCER_WAIT = "ddp.reducer::wait (allreduce, in autograd engine)"
-_ENGINE = re.compile(r"run_backward")
+_ENGINE = re.compile(r"^<built-in method run_backward of ")
 _FINALIZE = re.compile(r"reducer::copy_bucket_to_grad$")
 
 
@@ -68,4 +68,21 @@ def add_reducer_waits(kind: np.ndarray, name_id: np.ndarray, names: list[str], r
         has = (j < len(f_start)) & (f_start[jj] < e_end)
         w_end = np.where(has, f_start[jj], e_end)
     ok &= w_end > w_start
-    return ExtraEvents(REDUCER_WAIT, w_start[ok].astype(np.int64), w_end[ok].astype(np.int64))
+    pairs = np.unique(np.stack([w_start[ok], w_end[ok]], axis=1).astype(np.int64), axis=0)
+    return ExtraEvents(REDUCER_WAIT, pairs[:, 0].copy(), pairs[:, 1].copy())
+
+
+def reducer_wait_intervals(raw: RawWindow) -> tuple[np.ndarray, np.ndarray]:
+    """The reducer-wait intervals ``summarize_window`` attributes to the collective category
+    (empty on GPU windows, where NCCL kernel time carries the wait)."""
+    kind = raw.col("kind").astype(np.int64)
+    if np.isin(kind, (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)).any():
+        z = np.zeros(0, dtype=np.int64)
+        return z, z
+    names = [cat.normalize_name(x) for x in raw.names]
+    name_id = raw.col("name_id").astype(np.int64)
+    role = cat.classify(kind, name_id, tuple(names), gpu=False).astype(np.int64)
+    extra = add_reducer_waits(kind, name_id, names, role, raw.col("tid").astype(np.int64),
+                              raw.col("start_ns").astype(np.int64), raw.col("end_ns").astype(np.int64),
+                              raw.meta.training_tid)
+    return extra.start_ns, extra.end_ns

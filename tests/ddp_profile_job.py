@@ -1,0 +1,85 @@
+"""A real 2-rank gloo DDP job for summarizer tests, run with torchrun.
+
+Every rank runs ``busy_fn`` (a pure-Python loop) and ``sleepy_fn`` (time.sleep) each iteration;
+rank ``SLOW_RANK`` also sleeps ``SLEEP_MS`` per iteration in ``straggle``. The profiled iterations
+are exported as Kineto JSON (``OUT/rank{r}.json``) with Python stacks, and a schedstat sampler
+process (tests.schedstat_sampler) records the training thread's CPU use (``OUT/samples{r}.npz``).
+A ``perftracker.sync:<monotonic ns>`` annotation ties the trace clock to CLOCK_MONOTONIC.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, record_function
+
+OUT = os.environ["OUT"]
+SLEEP_MS = float(os.environ.get("SLEEP_MS", "5"))
+SLOW_RANK = int(os.environ.get("SLOW_RANK", "1"))
+ITERS = int(os.environ.get("ITERS", "22"))
+
+
+def busy_fn(n: int = 60_000) -> int:
+    acc = 0
+    for i in range(n):  # no calls inside: one Python event, all self time
+        acc += i * i
+    return acc
+
+
+def sleepy_fn(ms: float = 2.0) -> None:
+    time.sleep(ms / 1000)
+
+
+def straggle() -> None:
+    time.sleep(SLEEP_MS / 1000)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        busy_fn()
+        sleepy_fn()
+        if rank == SLOW_RANK and SLEEP_MS > 0:
+            straggle()
+
+    for _ in range(5):
+        step()
+    sampler = subprocess.Popen(
+        [sys.executable, "-m", "tests.schedstat_sampler", str(os.getpid()), str(threading.get_native_id()),
+         os.path.join(OUT, f"samples{rank}.npz")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert sampler.stdout is not None and sampler.stdout.readline().strip() == "ready"
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
+            pass
+        for _ in range(ITERS):
+            step()
+    assert sampler.stdin is not None
+    sampler.stdin.close()
+    sampler.wait(timeout=30)
+    prof_path = os.path.join(OUT, f"rank{rank}.json")
+    # export_chrome_trace after the sampler stopped: its cost is not in the window
+    prof.export_chrome_trace(prof_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
