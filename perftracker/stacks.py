@@ -9,7 +9,10 @@ keeps ``(id(frame), code)`` per level; frames are never kept alive (their locals
 ``python_executions`` turns samples into executions: a function's execution at depth d lasts as
 long as consecutive samples show the same frame object (same id and code) at depth d with the
 same callers. Start and end are the midpoints between the last sample without it and the first
-with it (and vice versa), so they are exact to half the sampling period. A function called many
+with it (and vice versa), so they are exact to half the sampling period. A gap much longer than the
+period means the sampler could not get the GIL: the training thread sat in one GIL-holding C call
+(a GC pass, a C extension), made by the stack seen right after the gap, so a long gap goes to that
+stack and the stack before it ends one period after its last sample. A function called many
 times within one period shows as one execution: its (β, μ, σ) stay right, only its count does not.
 
 ``GcRecorder`` records collector pauses (``gc.callbacks``) on the same clock.
@@ -136,7 +139,12 @@ class PythonExecutions:
     stack: list[tuple[CodeType, ...]]  # per execution: the call stack, outermost first, itself last
 
 
-def python_executions(t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns: int, hi_ns: int) -> PythonExecutions:
+LONG_GAP_PERIODS = 3
+
+
+def python_executions(
+    t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns: int, hi_ns: int, period_ns: int = 1_000_000
+) -> PythonExecutions:
     """Turn stack samples into nested executions clipped to [lo_ns, hi_ns]."""
     t = [int(x) for x in t_ns]
     n = len(t)
@@ -153,7 +161,12 @@ def python_executions(t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns
         limit = min(len(cur), len(prev))
         while k < limit and cur[k][0] == prev[k][0] and cur[k][1] is prev[k][1]:
             k += 1
-        edge = lo_ns if i == 0 else (t[i - 1] + t[i]) // 2
+        if i == 0:
+            edge = lo_ns
+        elif t[i] - t[i - 1] > LONG_GAP_PERIODS * period_ns:
+            edge = t[i - 1] + period_ns
+        else:
+            edge = (t[i - 1] + t[i]) // 2
         for row in open_rows[k:]:
             ends[row] = edge
         del open_rows[k:]

@@ -335,7 +335,7 @@ class ProfileWindow:
         pyexec = None
         if cur.stack_sampler is not None:
             ss = cur.stack_sampler
-            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns)
+            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns)
         b = cur.boundaries_ns
         meta = WindowMeta(
             job=str(getattr(self.identity, "job", "")), session=cur.session,

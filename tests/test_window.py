@@ -1,0 +1,282 @@
+"""ProfileWindow: boundaries, refusal of a second trigger, profiler failure, cleanup, NVTX, stacks."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from perftracker import window as window_mod
+from perftracker.rawdata import EventKind, RawWindow
+from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+
+
+class _Ident:
+    rank, world_size, local_rank, host, job = 3, 4, 1, "h", "j"
+    pid = os.getpid()
+    training_tid = threading.get_native_id()
+
+
+def _spin(ms: float) -> None:
+    t = time.perf_counter()
+    while time.perf_counter() - t < ms / 1000:
+        pass
+
+
+CALLS: list[tuple[str, int, int]] = []  # ground truth: (function, start_ns, end_ns) of every call
+
+
+def outer() -> None:  # 30 ms self + inner()
+    t0 = time.monotonic_ns()
+    _spin(30)
+    inner()
+    CALLS.append(("outer", t0, time.monotonic_ns()))
+
+
+def inner() -> None:
+    t0 = time.monotonic_ns()
+    _spin(10)
+    torch.ones(64, 64).matmul(torch.ones(64, 64))
+    CALLS.append(("inner", t0, time.monotonic_ns()))
+
+
+def other() -> None:
+    t0 = time.monotonic_ns()
+    _spin(10)
+    CALLS.append(("other", t0, time.monotonic_ns()))
+
+
+def _drive(win: ProfileWindow, done: list[WindowResult], limit_s: float = 30.0, body=None) -> int:
+    """Train until the window armed now has delivered its result."""
+    it = 0
+    want = len(done) + 1
+    deadline = time.monotonic() + limit_s
+    while len(done) < want and time.monotonic() < deadline:
+        (body or (lambda: (outer(), other())))()
+        it += 1
+        win.on_boundary(time.monotonic_ns(), it)
+    return it
+
+
+def _no_profiler_state(before_switch: float, callbacks_before: int) -> None:
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert not torch._C._autograd._profiler_enabled()
+    assert sys.getswitchinterval() == pytest.approx(before_switch)
+    assert len(gc.callbacks) == callbacks_before
+    assert not [t for t in threading.enumerate() if t.name == "perftracker-stack-sampler"]
+
+
+def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    switch, ncb = sys.getswitchinterval(), len(gc.callbacks)
+    win = ProfileWindow(_Ident(), tmp_path)
+    done: list[WindowResult] = []
+    assert win.arm("s1", 1.5, done.append)
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        assert not win.arm("s2", 1.0, done.append)  # armed, not started: still refused
+    assert "ignored" in caplog.text and "s2" in caplog.text
+    seen_active = False
+
+    def body() -> None:
+        nonlocal seen_active
+        outer()
+        other()
+        if win.state == "active" and not seen_active:
+            seen_active = True
+            assert not win.arm("s3", 1.0, done.append)  # a second trigger during the window
+            gc.collect()  # a GC pause inside the window
+
+    _drive(win, done, body=body)
+    assert seen_active and len(done) == 1
+    res = done[0]
+    assert res.error == "" and res.session == "s1" and res.raw_path is not None
+    assert res.end_ns - res.start_ns >= 1.5e9
+    _no_profiler_state(switch, ncb)
+    raw = RawWindow.load(res.raw_path)
+    m = raw.meta
+    assert (m.rank, m.world_size, m.local_rank, m.host, m.pid, m.training_tid) == (3, 4, 1, "h", os.getpid(), _Ident.training_tid)
+    assert (m.window_start_ns, m.window_end_ns) == (res.start_ns, res.end_ns)
+    assert len(m.iteration_ms) == res.iterations >= 5
+    # it stopped at the FIRST boundary after window_s: the one before was still inside
+    assert res.end_ns - res.start_ns - m.iteration_ms[-1] * 1e6 < 1.5e9 + 1e6
+    kinds = raw.col("kind")
+    assert {EventKind.PYTHON, EventKind.CPU_OP, EventKind.GC} <= set(kinds.tolist())
+    assert raw.col("start_ns").min() >= m.window_start_ns and raw.col("end_ns").max() <= m.window_end_ns
+    ops = kinds == EventKind.CPU_OP
+    assert set(raw.col("tid")[ops].tolist()) == {m.training_tid}  # ops on the training thread
+    mm = [i for i, n in enumerate(raw.names) if n == "aten::mm"]
+    assert np.isin(raw.col("name_id")[ops], mm).sum() >= res.iterations
+    # aten::mm nests in aten::matmul
+    parents = raw.col("parent")[ops & np.isin(raw.col("name_id"), mm)]
+    assert all(raw.names[raw.col("name_id")[p]] == "aten::matmul" for p in parents if p >= 0)
+
+    # Python executions: enough for beta. outer() runs 40 of every ~50 ms, inner() 10, other() 10.
+    names = raw.names
+    py = kinds == EventKind.PYTHON
+    T = m.window_ns
+
+    def share(func: str) -> float:
+        ids = [i for i, n in enumerate(names) if n.endswith(f": {func}") and __file__ in n]
+        sel = py & np.isin(raw.col("name_id"), ids)
+        return float((raw.col("end_ns")[sel] - raw.col("start_ns")[sel]).sum() / T), int(sel.sum())
+
+    def truth(func: str) -> float:
+        lo, hi = m.window_start_ns, m.window_end_ns
+        return sum(max(0, min(e, hi) - max(s, lo)) for f, s, e in CALLS if f == func) / T
+
+    for func in ("outer", "inner", "other"):
+        beta, n = share(func)
+        expected = truth(func)
+        assert expected > 0.05
+        assert abs(beta - expected) < 0.2 * expected + 0.02, (func, beta, expected)
+        assert n >= res.iterations - 2  # one execution per call (calls are > 1 ms apart)
+    # parent links and stacks: every inner() execution sits in an outer() execution
+    inner_ids = [i for i, n in enumerate(names) if n.endswith(": inner") and __file__ in n]
+    rows = np.nonzero(py & np.isin(raw.col("name_id"), inner_ids))[0]
+    for r in rows:
+        p = raw.col("parent")[r]
+        assert p >= 0 and names[raw.col("name_id")[p]].endswith(": outer")
+        assert raw.col("start_ns")[p] <= raw.col("start_ns")[r] and raw.col("end_ns")[r] <= raw.col("end_ns")[p]
+        stack = raw.stacks[raw.col("stack_id")[r]]
+        assert [names[i].rsplit(": ", 1)[1] for i in stack[-2:]] == ["outer", "inner"]
+    gc_rows = kinds == EventKind.GC
+    assert gc_rows.sum() >= 1 and set(raw.col("tid")[gc_rows].tolist()) == {m.training_tid}
+    # a later window works again: nothing left armed
+    assert win.arm("s4", 0.2, done.append)
+    _drive(win, done)
+    assert len(done) == 2 and done[1].error == ""
+    _no_profiler_state(switch, ncb)
+
+
+def test_profiler_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    switch, ncb = sys.getswitchinterval(), len(gc.callbacks)
+    win = ProfileWindow(_Ident(), tmp_path)
+    done: list[WindowResult] = []
+    with torch.profiler.profile() as other_prof:  # another profiler is already active
+        assert win.arm("busy", 0.5, done.append)
+        with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+            iterations = 0
+            for i in range(5):
+                outer()
+                win.on_boundary(time.monotonic_ns(), i)
+                iterations += 1
+            win.wait(5)
+        assert iterations == 5  # training went on
+        assert torch.autograd.profiler._is_profiler_enabled  # theirs untouched
+    assert other_prof.events() is not None
+    assert len(done) == 1 and done[0].raw_path is None
+    assert "another profiler" in done[0].error
+    assert "profiling skipped, training continues" in caplog.text and "another profiler" in caplog.text
+    _no_profiler_state(switch, ncb)
+    assert win.arm("again", 0.2, done.append)  # and the window is usable afterwards
+    _drive(win, done)
+    assert done[-1].error == ""
+
+
+def test_write_failure_is_reported_not_raised(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    win = ProfileWindow(_Ident(), blocker / "sub", options=WindowOptions(writer="thread"))
+    done: list[WindowResult] = []
+    assert win.arm("w", 0.2, done.append)
+    _drive(win, done)
+    assert done and done[0].error and done[0].raw_path is None
+    assert not torch._C._autograd._profiler_enabled()
+
+
+def test_nvtx_ranges_wrap_window_and_iterations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nvtx
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(nvtx, "start_range", lambda message=None, domain=None, **k: calls.append(("start", message)) or 7)
+    monkeypatch.setattr(nvtx, "end_range", lambda rid: calls.append(("end", str(rid))))
+    monkeypatch.setattr(nvtx, "push_range", lambda message=None, domain=None, **k: calls.append(("push", message)))
+    monkeypatch.setattr(nvtx, "pop_range", lambda domain=None: calls.append(("pop", "")))
+    win = ProfileWindow(_Ident(), tmp_path)
+    done: list[WindowResult] = []
+    assert win.arm("nv", 0.3, done.append)
+    _drive(win, done)
+    assert calls[0] == ("start", "perftracker window nv") and calls[-1] == ("end", "7")
+    pushes = [c for c in calls if c[0] == "push"]
+    assert len(pushes) == len([c for c in calls if c[0] == "pop"]) == done[0].iterations
+    assert pushes[1][1].startswith("perftracker iteration ")
+
+
+def test_tracer_mode_gives_python_rows_with_parents(tmp_path: Path) -> None:
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(stacks="tracer"))
+    done: list[WindowResult] = []
+    assert win.arm("tr", 0.3, done.append)
+    _drive(win, done)
+    raw = RawWindow.load(done[0].raw_path)
+    py = raw.col("kind") == EventKind.PYTHON
+    inner_ids = [i for i, n in enumerate(raw.names) if n.endswith(": inner")]
+    rows = np.nonzero(py & np.isin(raw.col("name_id"), inner_ids))[0]
+    assert len(rows) >= 3
+    for r in rows:
+        p = raw.col("parent")[r]
+        assert raw.names[raw.col("name_id")[p]].endswith(": outer")
+        assert raw.names[raw.stacks[raw.col("stack_id")[r]][-1]].endswith(": inner")
+
+
+def test_runtime_boundaries_drive_the_window(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    """Hooked to the real Runtime: DataLoader + optimizer.step boundaries open and close it."""
+    from perftracker import runtime as rt_mod
+    from perftracker.config import Config
+
+    rt = rt_mod.activate(Config.from_env(autostart_agent=False))
+    try:
+        win = ProfileWindow(rt.identity, tmp_path)
+        done: list[WindowResult] = []
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4096, 8)), batch_size=8)
+        armed = False
+        for i, (x,) in enumerate(data):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            _spin(5)
+            if i == 3:
+                armed = win.arm("rt", 0.3, done.append)
+            if done:
+                break
+        assert armed and done and done[0].error == "", done
+        assert done[0].iterations >= 10
+        assert RawWindow.load(done[0].raw_path).meta.training_tid == rt.identity.training_tid
+    finally:
+        rt_mod.deactivate()
+
+
+def test_local_window_sink_spawns_sampler(tmp_path: Path, clean_env: dict[str, str]) -> None:
+    from perftracker import runtime as rt_mod
+    from perftracker.config import Config
+    from perftracker.rawdata import SampleSet
+
+    rt = rt_mod.activate(Config.from_env(autostart_agent=False))
+    try:
+        sink = window_mod.LocalWindowSink(rt, tmp_path, window_s=0.5)
+        rt.set_sink(sink)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        deadline = time.monotonic() + 40
+        triggered = False
+        while not sink.results and time.monotonic() < deadline:
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            _spin(5)
+            if not triggered and rt.iteration >= 3:
+                triggered = rt.trigger("manual")
+        assert sink.results, "no window result"
+        res = sink.results[0]
+        assert res.error == "" and res.samples_path is not None
+        cpu = SampleSet.load(res.samples_path).get("cpu")
+        assert cpu is not None and cpu.t_ns[0] <= res.start_ns and cpu.t_ns[-1] >= res.end_ns
+    finally:
+        rt_mod.deactivate()
