@@ -80,9 +80,11 @@ class Detector:
         self.last_kind = -1
         self.last_t_ns = -1
         self.last_boundary_ns = -1
-        self.mean_iteration_ns = 0.0  # mean over the last W iteration durations (0: unknown)
-        self.durations_ns: deque[int] = deque(maxlen=max(o.slowdown_window_iters, 1))
+        self._w = max(o.slowdown_window_iters, 1)
+        self.durations_ns: deque[int] = deque(maxlen=self._w)
         self._durations_sum = 0
+        self._observe = self.rule.observe
+        self._cooldown_ns = o.trigger_cooldown_s * 1e9
         self.pending: dict[str, object] | None = None  # a slowdown trigger waiting to be collected
         self._last_trigger_ns = -(1 << 62)
         # learning state
@@ -123,24 +125,30 @@ class Detector:
             return
         duration_ns = t_ns - last
         durations = self.durations_ns
-        if len(durations) == durations.maxlen:
-            self._durations_sum -= durations[0]
+        if len(durations) == self._w:
+            self._durations_sum += duration_ns - durations[0]
+        else:
+            self._durations_sum += duration_ns
         durations.append(duration_ns)
-        self._durations_sum += duration_ns
-        self.mean_iteration_ns = self._durations_sum / len(durations)
         if self._dirty:
             self._dirty = False
             return
         if self.phase != "tracking":
             return
-        detail = self.rule.observe(duration_ns)
+        detail = self._observe(duration_ns)
         if detail is not None:
-            if t_ns - self._last_trigger_ns < self.options.trigger_cooldown_s * 1e9:
+            if t_ns - self._last_trigger_ns < self._cooldown_ns:
                 return
             self._last_trigger_ns = t_ns
             detail["iteration"] = self.iteration
             detail["mode"] = self.options.mode
             self.pending = detail
+
+    @property
+    def mean_iteration_ns(self) -> float:
+        """Mean of the last W iteration durations; 0 while unknown. Safe from any thread."""
+        n = len(self.durations_ns)
+        return self._durations_sum / n if n else 0.0
 
     def _mismatch(self, kind: int) -> None:
         self._unmatched += 1

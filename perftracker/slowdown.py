@@ -6,7 +6,8 @@ Two rules share one small interface (``observe(duration_ns) -> detail | None`` a
   recent shortest iteration by more than ``threshold``. **[decision]** "recent shortest" is the
   minimum over the same last W iterations, so the rule forgets a level once it has left the window.
 - ``ChangepointRule``: robust change-point detection on log iteration times. A rolling reference
-  (median and MAD of the iterations just before the test windows) gives the level and the noise;
+  (median and interquartile range of the iterations just before the test windows) gives the level
+  and the noise;
   short windows (5, 10, 20 iterations, each with its largest value trimmed so that one spike such
   as a checkpoint save counts for nothing) fire when their trimmed mean exceeds the reference by
   more than ``max(log(1 + threshold), z * noise / sqrt(k - 1))``. A slow drift is caught against
@@ -24,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-_MAD_TO_SIGMA = 1.4826
+_IQR_TO_SIGMA = 1.349  # interquartile range of a normal, in sigmas
 _MEDIAN_SE = 1.2533  # standard error of a median, in units of sigma / sqrt(n), for a normal
 
 
@@ -96,71 +97,91 @@ class ChangepointOptions:
     ref_iters: int = 300  # reference window (iterations just before the test windows)
     min_ref_iters: int = 30  # iterations needed in the reference before testing
     windows: tuple[int, ...] = (5, 10, 20)
-    block_iters: int = 25  # reference statistics are refreshed every block
-    anchor_blocks: int = 40  # drift anchor: lowest block median over this many blocks
+    block_iters: int = 100  # reference statistics are refreshed every block
+    anchor_blocks: int = 20  # drift anchor: lowest block median over this many blocks
     min_noise: float = 0.002  # floor on the relative noise (perfectly regular series)
 
 
 class ChangepointRule:
-    """Multi-window robust level-shift test on log durations, plus a drift test against an anchor."""
+    """Multi-window robust level-shift test on log durations, plus a drift test against an anchor.
+
+    Hot path per iteration: one log, two list appends and one subtraction and comparison per
+    window (window sums come from a running prefix sum). The reference statistics (one sort)
+    are refreshed once per block.
+    """
 
     def __init__(self, options: ChangepointOptions | None = None) -> None:
         o = self.options = options or ChangepointOptions()
         self._windows = tuple(sorted(o.windows))
         self._kmax = self._windows[-1]
         self._log_thr = math.log1p(o.threshold)
-        self._recent: deque[float] = deque(maxlen=self._kmax)
-        self._ref: deque[float] = deque(maxlen=o.ref_iters)
-        self._anchors: deque[float] = deque(maxlen=o.anchor_blocks)
+        self.reset()
+
+    def reset(self) -> None:
+        self._xs: list[float] = []  # log durations (trimmed to the last ref_iters + kmax + block)
+        self._cum: list[float] = [0.0]  # prefix sums: sum(xs[a:b]) == cum[b] - cum[a]
+        self._ref_lo = 0  # the reference starts here in xs
+        self._test_lo = 0  # test windows use xs[test_lo:] only
+        self._anchors: deque[float] = deque(maxlen=self.options.anchor_blocks)
         self._since_block = 0
         self._level = math.nan  # reference median (log ns)
         self._noise = math.nan  # reference robust sigma (log units)
-        self._bounds: tuple[float, ...] = ()
-        self._sums = [0.0] * len(self._windows)
         self._noise_floor = 0.0  # after a rebase: the noise seen before it (stay conservative)
+        self._tests: tuple[tuple[int, float], ...] = ()  # (k, k * bound)
 
-    def reset(self) -> None:
-        self._recent.clear()
-        self._ref.clear()
-        self._anchors.clear()
-        self._sums = [0.0] * len(self._windows)
-        self._since_block = 0
-        self._level = math.nan
-        self._noise = math.nan
-        self._noise_floor = 0.0
-        self._bounds = ()
+    def _reference(self) -> list[float]:
+        n = len(self._xs)
+        hi = max(self._test_lo, n - self._kmax)
+        lo = max(self._ref_lo, hi - self.options.ref_iters)
+        return self._xs[lo:hi]
 
-    def _rebase(self, seed: list[float]) -> None:
-        """After firing: the values that fired (the new level) become the whole reference.
+    def _rebase(self, k: int) -> None:
+        """After firing: the k values that fired (the new level) become the whole reference.
 
-        Testing resumes as soon as the shortest window refills, against that level, with the
-        earlier noise as a floor; a transient burst therefore blinds the rule for a few iterations
-        only, and a sustained slowdown fires once.
+        Tests resume on the values that follow, as soon as the shortest window refills, with the
+        earlier noise as a floor: a transient burst blinds the rule for a few iterations only, and
+        a sustained slowdown fires once.
         """
+        n = len(self._xs)
         noise = self._noise
-        self.reset()
-        self._ref.extend(seed)
+        self._ref_lo, self._test_lo = n - k, n
+        self._anchors.clear()
+        self._since_block = 0
         self._noise_floor = noise if noise == noise else 0.0
         self._refresh(drift=False)
 
+    def _trim(self) -> None:
+        keep = self.options.ref_iters + self._kmax
+        cut = min(len(self._xs) - keep, self._ref_lo, self._test_lo)
+        if cut <= 0:
+            return
+        del self._xs[:cut]
+        base = self._cum[cut]
+        self._cum = [c - base for c in self._cum[cut:]]
+        self._ref_lo -= cut
+        self._test_lo -= cut
+
     def _refresh(self, drift: bool = True) -> dict[str, object] | None:
-        """Recompute level, noise, window bounds and the drift anchor; test the drift."""
+        """Recompute level, noise and window bounds; update the drift anchor and test the drift."""
         o = self.options
-        ref = sorted(self._ref)
+        raw = self._reference()
+        ref = sorted(raw)  # the one sort per block: level and spread both come from it
         n = len(ref)
+        if n == 0:
+            self._tests = ()
+            return None
         mid = n // 2
         level = ref[mid] if n % 2 else 0.5 * (ref[mid - 1] + ref[mid])
-        devs = sorted(abs(x - level) for x in ref)
-        mad = devs[mid] if n % 2 else 0.5 * (devs[mid - 1] + devs[mid])
-        noise = max(_MAD_TO_SIGMA * mad, o.min_noise, self._noise_floor)
+        iqr = ref[(3 * (n - 1)) // 4] - ref[(n - 1) // 4]
+        noise = max(iqr / _IQR_TO_SIGMA, o.min_noise, self._noise_floor)
         self._level, self._noise = level, noise
-        self._bounds = tuple(
-            level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)) for k in self._windows
+        self._tests = tuple(
+            (k, k * (level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)))) for k in self._windows
         )
         if not drift:
             return None
         # drift: the median of the latest block against the lowest block median seen recently
-        block = sorted(list(self._ref)[-2 * o.block_iters :])
+        block = sorted(raw[-o.block_iters :])
         block_median = block[len(block) // 2]
         anchor = min(self._anchors) if self._anchors else block_median
         self._anchors.append(block_median)
@@ -178,37 +199,39 @@ class ChangepointRule:
         return None
 
     def observe(self, duration_ns: int) -> dict[str, object] | None:
+        xs, cum = self._xs, self._cum
         x = math.log(duration_ns) if duration_ns > 0 else 0.0
-        recent = self._recent
-        n = len(recent)
-        sums = self._sums
-        for j, k in enumerate(self._windows):
-            sums[j] += x - recent[-k] if n >= k else x
-        if n == self._kmax:
-            self._ref.append(recent[0])
-        recent.append(x)
-        if len(self._ref) < self.options.min_ref_iters:
-            if not self._noise_floor:
-                return None  # warming up
-            self._refresh(drift=False)  # rebased: a small reference, refreshed every iteration
-        else:
-            self._noise_floor = 0.0
+        xs.append(x)
+        cum.append(cum[-1] + x)
+        n = len(xs)
+        if self._noise_floor:
+            if n - self._kmax - self._test_lo < self.options.min_ref_iters:
+                self._refresh(drift=False)  # rebased: a small reference, refreshed every iteration
+            else:
+                self._noise_floor = 0.0
+                self._since_block = self.options.block_iters
+        if not self._noise_floor:
             self._since_block += 1
-            if not self._bounds or self._since_block >= self.options.block_iters:
+            if self._since_block >= self.options.block_iters or not self._tests:
+                if n - self._kmax - self._ref_lo < self.options.min_ref_iters:
+                    return None  # warming up
                 self._since_block = 0
-                self._resum()
+                self._trim()
+                n = len(xs)
+                cum = self._cum
                 detail = self._refresh()
                 if detail is not None:
-                    self._rebase(list(recent))
+                    self._rebase(min(self._kmax, n - self._test_lo))
                     return detail
-        n = len(recent)
-        for j, k in enumerate(self._windows):
+        avail = n - self._test_lo
+        top = cum[n]
+        for k, bound_k in self._tests:
             # the trimmed mean never exceeds the plain mean: test the cheap one first
-            if sums[j] <= self._bounds[j] * k or k > n:
+            if k > avail or top - cum[n - k] <= bound_k:
                 continue
-            window = [recent[i] for i in range(n - k, n)]
-            trimmed = (sums[j] - max(window)) / (k - 1)
-            if trimmed > self._bounds[j]:
+            window = xs[n - k :]
+            trimmed = (top - cum[n - k] - max(window)) / (k - 1)
+            if trimmed > bound_k / k:
                 detail = {
                     "rule": "changepoint",
                     "test": f"window{k}",
@@ -217,14 +240,9 @@ class ChangepointRule:
                     "recent_ms": math.exp(trimmed) / 1e6,
                     "noise": self._noise,
                 }
-                self._rebase(window)
+                self._rebase(k)
                 return detail
         return None
-
-    def _resum(self) -> None:
-        """Recompute the running window sums exactly (bounds floating-point drift)."""
-        recent = list(self._recent)
-        self._sums = [sum(recent[-k:]) for k in self._windows]
 
 
 def make_rule(mode: str, threshold: float, window_iters: int, z: float, ref_iters: int) -> SlowdownRule:
