@@ -159,7 +159,7 @@ def _hang_section(states: Sequence[RankState]) -> str:
             f'<tr><td class="state-{escape(state)}">{escape(state)}</td>'
             f'<td class="nw">{escape(compress_ranks([m.rank for m in members]))}</td><td>{escape(where)}</td>'
             f'<td class="n">{f"{idle:.1f}" if idle > 0 else "-"}</td>'
-            f'<td class="n">{last if last >= 0 else "-"}</td><td>{escape(detail)}</td></tr>'
+            f'<td class="n">{last if last >= 0 else "-"}</td><td class="nw">{escape(detail)}</td></tr>'
         )
     return (
         "<section><h2>Ranks by state</h2><table><tr><th>state</th><th>ranks</th><th>where</th>"
