@@ -79,7 +79,10 @@ def silent_detail(alive: bool, phase: str) -> str:
 
 
 def never_answers(alive: bool, phase: str) -> bool:
-    """A rank that cannot send a snapshot: dead or stopped (no point waiting for it)."""
+    """A rank that cannot send a snapshot: dead or stopped (no point waiting for it). A rank that
+    "exited" by itself sent its exit snapshot, if any, before it went: that may still be on its way."""
+    if phase == "exited":
+        return False
     return not alive or phase in ("stopped", "dead")
 
 
@@ -128,10 +131,9 @@ def localize_hang(
     ``now_ns`` (wall clock, like ``HangSnapshot.taken_ns``) ages the snapshots' idle times to now.
     """
     opts = options if isinstance(options, HangOptions) else HangOptions()
-    latest: dict[int, HangSnapshot] = {}
-    for s in snapshots:
-        if s.rank not in latest or s.taken_ns >= latest[s.rank].taken_ns:
-            latest[s.rank] = s
+    latest: dict[int, HangSnapshot] = {}  # the latest snapshot per rank, one with a stack if any
+    for s in sorted(snapshots, key=lambda x: (bool(x.stack), x.taken_ns)):
+        latest[s.rank] = s
     if not latest and not silent and not expected_ranks:
         return None
     placed = {r: place(s, opts, now_ns) for r, s in sorted(latest.items())}

@@ -83,8 +83,18 @@ def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
     """Snapshot the runtime's training thread. Call it from any other thread; it never raises.
 
     ``runtime`` is a ``perftracker.runtime.Runtime`` (duck-typed: ``identity``, ``iteration``,
-    ``last_event()`` and optionally ``clock``).
+    ``last_event()`` and optionally ``clock``). When the training thread has no Python frame left
+    because an unhandled exception is ending it, the snapshot comes from that exception.
     """
+    snap = _snapshot(runtime, session, read_stack=True)
+    if not snap.stack:
+        exc = getattr(sys, "last_value", None)
+        if isinstance(exc, Exception) and exc.__traceback__ is not None:
+            return exit_snapshot(runtime, exc, session) or snap
+    return snap
+
+
+def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:
     ident = getattr(runtime, "identity", None)
     taken_ns = time.time_ns()
     stack: tuple[Frame, ...] = ()
@@ -92,7 +102,7 @@ def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
     kernel_state = ""
     native_tid = int(getattr(ident, "training_tid", 0) or 0)
     try:
-        frame, native_tid = _training_frame(native_tid)
+        frame, native_tid = _training_frame(native_tid) if read_stack else (None, 0)
         if frame is not None:
             stack, call = _walk(frame)
             kernel_state = read_kernel_state(os.getpid(), native_tid)
@@ -151,7 +161,7 @@ def exit_snapshot(runtime: Any, exc: BaseException, session: str = "") -> HangSn
         if user:
             call = _call_at(frames[user[-1]].f_code, _tb_lasti(exc, user[-1]))
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        snap = take_snapshot(runtime, session=session)  # identity, counters, idle time
+        snap = _snapshot(runtime, session, read_stack=False)  # identity, counters, idle time
         current_op = recognise_collective(stack, call, "", _distributed_active()) or call
         return dataclasses.replace(snap, stack=stack, current_op=current_op, kernel_state="", error=error[:300])
     except Exception:

@@ -187,6 +187,7 @@ def test_liveness_words_and_resume() -> None:
     assert silent_detail(True, "stopped") == "process stopped"
     assert silent_detail(True, "tracking") == "process running but silent (phase tracking)"
     assert never_answers(True, "stopped") and never_answers(False, "") and not never_answers(True, "silent")
+    assert not never_answers(False, "exited")  # its exit snapshot may still be on the way
     snaps = [snap(0, ALLREDUCE, "c10d allreduce", it=301), snap(1, CHECKPOINT, "torch.save", it=301)]
     assert not job_resumed(snaps, [(0, 301, T0 + 10**9), (1, 301, T0 + 10**9)])
     assert not job_resumed(snaps, [(0, 305, T0 - 10**9)])  # a heartbeat from before the snapshot
@@ -224,3 +225,10 @@ def test_ranks_that_died_after_another_are_not_culprits() -> None:
     # a follower of a rank that is not silent, or of another follower, stays a culprit
     report = localize_hang([], {0: "process dead after rank 1", 1: "process dead after rank 0"}, [0, 1])
     assert report is not None and culprits(report) == [0, 1]
+
+
+def test_a_snapshot_with_a_stack_beats_a_later_empty_one() -> None:
+    empty = snap(0, (), "", kernel="R", taken_ns=T0 + 10**9)
+    full = snap(0, ALLREDUCE, "c10d allreduce", taken_ns=T0)
+    report = localize_hang([full, empty, snap(1, FORWARD_SLEEP, "time.sleep")], {}, [0, 1])
+    assert report is not None and culprits(report) == [1]

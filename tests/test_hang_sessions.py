@@ -92,3 +92,20 @@ def test_a_pause_that_outlasts_pause_s_becomes_a_hang_report(mgr: SessionManager
     report = mgr.store.get_report(s.session)
     assert report is not None and report.kind == "hang"
     assert report.summary.startswith("hang: all 3 ranks stopped at train.py:140 in save_checkpoint (torch.save)")
+
+
+def test_a_death_trigger_turns_an_open_slowdown_session_into_a_hang_session(mgr: SessionManager) -> None:
+    slow, _ = mgr.trigger("j", "slowdown on rank 0")
+    assert slow.kind == "slowdown"
+    s, joined = mgr.trigger("j", "hang: rank 1 process died", kind="hang")
+    assert joined and s.session == slow.session and s.kind == "hang"
+    assert s.deadline_ns == T0 + 20 * 10**9
+    _beat(mgr, 1, 50, phase="dead", alive=False)
+    for r in (0, 2):
+        _beat(mgr, r, 50, phase="dead after rank 1", alive=False)
+    assert [d.session for d in mgr.due()] == [s.session]  # everyone is dead: no need to wait
+    mgr.localize_now(s.session)
+    report = mgr.store.get_report(s.session)
+    assert report is not None and [st.rank for st in report.hang_states if st.state == "silent"] == [1]
+    assert report.summary.startswith("hang: rank 1 silent")
+    assert "ranks 0,2 died after rank 1" in report.summary

@@ -319,3 +319,17 @@ def test_real_gloo_survivor_of_a_killed_peer_fails_in_the_collective(tmp_path: P
     assert snap.error.startswith("RuntimeError") and ("Connection" in snap.error or "closed" in snap.error)
     assert snap.last_iteration == 5
     assert not (tmp_path / "exit1.json").exists()
+
+
+def test_snapshot_falls_back_to_the_exception_when_the_thread_has_no_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the main thread printing an unhandled exception has no Python frame: sys._current_frames() lacks it
+    monkeypatch.setattr("perftracker.hang._training_frame", lambda tid: (None, 0))
+    try:
+        _outer_fail()
+    except RuntimeError as exc:
+        monkeypatch.setattr(sys, "last_value", exc, raising=False)
+    snap = take_snapshot(_runtime(FakeClock(10**9)), session="s")
+    assert snap.error == "RuntimeError: Connection reset by peer" and snap.session == "s"
+    assert [f.function for f in snap.stack][-2:] == ["_outer_fail", "_inner_fail"]
+    monkeypatch.setattr(sys, "last_value", None, raising=False)
+    assert take_snapshot(_runtime()).stack == ()
