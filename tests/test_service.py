@@ -238,3 +238,17 @@ def test_cli_trigger_waits_for_report_and_sessions_lists_it(localizer: Localizer
     from_store = subprocess.run([*cli, "sessions", "--store", str(localizer.store), "--json", "--job", "job-cli"],
                                 capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert [s["session"] for s in json.loads(from_store.stdout)] == [session]
+
+
+def test_concurrent_uploads_are_all_acknowledged_and_stored(localizer: LocalizerProcess) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 48
+    up = Uplink(localizer.url, TOKEN)
+    up.register("job-conc", "agent-0", "node0", workers(range(n), n))
+    session, _ = up.create_trigger("job-conc", "cli", window_s=60)
+    with ThreadPoolExecutor(16) as pool:  # concurrent requests share group commits
+        acks = list(pool.map(lambda r: up.upload_patterns(make_pattern_set("job-conc", session, r, n)), range(n)))
+    assert all(a["stored"] for a in acks)
+    s = _wait_report(up, session)
+    assert s["uploaded"] == list(range(n)) and s["state"] in ("done", "failed")

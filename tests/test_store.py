@@ -114,3 +114,18 @@ def test_write_is_visible_to_another_connection_immediately(tmp_path: Path) -> N
     store.put_patterns(make_pattern_set("j", "s1", 1, 2), 3)
     other = sqlite3.connect(path)
     assert other.execute("SELECT rank FROM patterns WHERE session='s1'").fetchall() == [(1,)]
+
+
+def test_run_batch_commits_together_and_isolates_a_failing_writer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    store.insert_session(_session())
+
+    def bad() -> None:
+        store.put_patterns(make_pattern_set("j", "s1", 5, 6), 1)  # written, then rolled back alone
+        raise RuntimeError("boom")
+
+    results = store.run_batch([lambda: store.put_patterns(make_pattern_set("j", "s1", 0, 2), 1), bad,
+                               lambda: store.put_patterns(make_pattern_set("j", "s1", 1, 2), 1) or "ok"])
+    assert [ok for ok, _ in results] == [True, False, True] and results[2][1] == "ok"
+    assert isinstance(results[1][1], RuntimeError)
+    assert store.pattern_ranks("s1") == [0, 1]
