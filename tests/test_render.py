@@ -272,3 +272,12 @@ def test_long_frame_paths_are_shortened_for_display_only() -> None:
     assert f'title="/x/train.py(1): &lt;module&gt;;{long}"' in doc  # the full key stays available
     assert "<span>graph.py(966): _engine_run_backward</span>" in doc
     assert Report.from_dict(json.loads(json.dumps(report.to_dict()))).findings[0].key.endswith(long)  # JSON untouched
+
+
+def test_html_says_when_the_plot_is_a_sample() -> None:
+    report = slow_compute_report()
+    assert "The plot shows" not in _html(report)  # all 8 ranks plotted
+    f0 = report.findings[0]
+    few = type(f0)(**{**f0.__dict__, "points": f0.points[:5]})
+    report = type(report)(**{**report.__dict__, "findings": (few,)})
+    assert "The plot shows 5 of 8 ranks" in _html(report)

@@ -66,7 +66,7 @@ def render(report: Report, file: TextIO) -> None:
     if report.hang_states:
         out.append(_hang_section(report.hang_states))
     for f in report.findings:
-        out.append(_finding_section(f))
+        out.append(_finding_section(f, len(report.ranks_reported)))
     if not report.findings and report.kind != "hang":
         out.append('<section><h2>No abnormal functions</h2>')
         out.append(_top_table(report) if report.top_functions else "")
@@ -110,7 +110,7 @@ def _window(window_s: float) -> str:
     return f"{window_s:.3g} s" if window_s >= 1 else f"{window_s * 1000:.3g} ms"
 
 
-def _finding_section(f: Finding) -> str:
+def _finding_section(f: Finding, n_ranks: int = 0) -> str:
     chips = [
         f"<span>{escape(f.category.value)}</span>",
         f"<span>{escape(short_frame(f.label or f.key))}</span>",
@@ -123,8 +123,14 @@ def _finding_section(f: Finding) -> str:
     return (
         f'<section class="finding"><p class="sentence">{escape(f.sentence)}</p>'
         f'<div class="chips">{"".join(chips)}</div>{key}'
-        f'<div class="row">{_scatter(f) if f.points else ""}{_pattern_table(f)}</div></section>'
+        f'<div class="row">{_scatter(f) if f.points else ""}{_pattern_table(f)}</div>{_sample_note(f, n_ranks)}</section>'
     )
+
+
+def _sample_note(f: Finding, n_ranks: int) -> str:
+    if not f.points or len(f.points) >= n_ranks:
+        return ""
+    return f'<p class="note">The plot shows {len(f.points)} of {n_ranks} ranks (a sample the localizer kept).</p>'
 
 
 def _pattern_table(f: Finding) -> str:
