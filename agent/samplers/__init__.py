@@ -47,8 +47,10 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             from agent.samplers.nsys import NsysSampler
             from agent.samplers.nvml import NvmlSampler
 
-            nsys = NsysSampler(options.gpu_index, options.nsys_frequency_hz, options.gpu_lock_dir)
             nvml = NvmlSampler(options.gpu_index)
+            nvml_ok = nvml.unavailable_reason() is None
+            nsys = NsysSampler(options.gpu_index, options.nsys_frequency_hz, options.gpu_lock_dir,
+                               fallback=nvml if nvml_ok else None)
             candidates = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}[name]
         else:
             log.warning("unknown sampler %r ignored", name)

@@ -1,0 +1,162 @@
+"""The NVML sampler (nvidia-ml-py): SM utilization, PCIe and NVLink throughput of one GPU.
+
+NOT VERIFIED ON HARDWARE: built against nvidia-ml-py's API and tested with a replayed fixture.
+
+- ``sm``: ``nvmlDeviceGetSamples(handle, NVML_GPU_UTILIZATION_SAMPLES, last_seen_us)``: the driver's
+  own utilization samples (percent of time a kernel ran, ~every 1/6 s to 1/50 s depending on the
+  GPU), timestamped in CLOCK_REALTIME µs; converted to CLOCK_MONOTONIC with the offset measured at
+  start (as the profiler's times are).
+- ``pcie``: ``nvmlDeviceGetPcieThroughput`` TX and RX (KB/s over the driver's 20 ms window), max of
+  the two over the link's peak: max link speed per lane (MT/s ≈ Mbit/s per lane) × max width / 8
+  × 128/130 encoding.
+- ``nvlink``: ``nvmlDeviceGetFieldValues`` NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB counters,
+  all links), rate over NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON × NVML_FI_DEV_NVLINK_LINK_COUNT.
+NVML reads the driver's counters, not the GPU profiling counters, so it never conflicts with
+CUPTI, nsys or DCGM profiling: it is the fallback when those hold the counters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from agent.samplers.base import WindowBounds, rate_series
+from perftracker.rawdata import UtilSeries
+
+log = logging.getLogger(__name__)
+
+ALL_LINKS = 0xFFFFFFFF
+
+
+def _load_nvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def realtime_offset_ns() -> int:
+    m0 = time.monotonic_ns()
+    r = time.time_ns()
+    m1 = time.monotonic_ns()
+    return r - (m0 + m1) // 2
+
+
+class NvmlSampler:
+    name = "nvml"
+
+    def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0) -> None:
+        self.gpu_index = gpu_index
+        self._nvml = nvml
+        self.period_ms = period_ms
+        self._handle: Any = None
+
+    def unavailable_reason(self) -> str | None:
+        try:
+            nv = self._nvml or _load_nvml()
+            nv.nvmlInit()
+            self._handle = nv.nvmlDeviceGetHandleByIndex(self.gpu_index)
+            self._nvml = nv
+        except Exception as exc:  # ImportError, NVMLError (no driver, no such GPU)
+            return f"NVML unavailable: {type(exc).__name__}: {exc}"
+        return None
+
+    def _pcie_peak_bytes_per_s(self) -> float:
+        nv = self._nvml
+        try:
+            per_lane_mbps = float(nv.nvmlDeviceGetPcieLinkMaxSpeed(self._handle))
+            width = float(nv.nvmlDeviceGetMaxPcieLinkWidth(self._handle))
+            return per_lane_mbps * 1e6 / 8 * width * 128 / 130
+        except Exception as exc:
+            log.info("nvml: no PCIe link speed (%s)", exc)
+            return 0.0
+
+    def _nvlink_fields(self) -> tuple[float, float] | None:
+        nv = self._nvml
+        try:
+            vals = nv.nvmlDeviceGetFieldValues(self._handle, [
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+                (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+            ])
+            if any(v.nvmlReturn != 0 for v in vals):
+                return None
+            return float(vals[0].value.ullVal), float(vals[1].value.ullVal)
+        except Exception:
+            return None
+
+    def _nvlink_peak_bytes_per_s(self) -> float:
+        nv = self._nvml
+        try:
+            vals = nv.nvmlDeviceGetFieldValues(self._handle, [nv.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON,
+                                                              nv.NVML_FI_DEV_NVLINK_LINK_COUNT])
+            speed, links = float(vals[0].value.uiVal), float(vals[1].value.uiVal)
+            return speed * 1e6 * links
+        except Exception:
+            return 0.0
+
+    def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
+        nv = self._nvml
+        h = self._handle
+        offset = realtime_offset_ns()
+        period_ns = int(self.period_ms * 1e6)
+        pcie_peak = self._pcie_peak_bytes_per_s()
+        nvl_peak = self._nvlink_peak_bytes_per_s()
+        sm_t: list[int] = []
+        sm_v: list[float] = []
+        pc_t: list[int] = []
+        pc_v: list[float] = []
+        nl_t: list[int] = []
+        nl_tx: list[float] = []
+        nl_rx: list[float] = []
+        last_us = (time.time_ns() // 1000) - 1_000_000
+        if not bounds.wait_for_start():
+            return {}
+        while True:
+            now = time.monotonic_ns()
+            if bounds.done(now):
+                break
+            try:
+                _, samples = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, last_us)
+                for s in samples:
+                    if s.timeStamp > last_us:
+                        sm_t.append(int(s.timeStamp) * 1000 - offset)
+                        sm_v.append(float(s.sampleValue.uiVal) / 100.0)
+                        last_us = int(s.timeStamp)
+            except Exception as exc:  # NVML_ERROR_NOT_FOUND: no new sample yet
+                log.debug("nvml samples: %s", exc)
+            if pcie_peak > 0:
+                try:
+                    tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
+                    rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
+                    pc_t.append(now)
+                    pc_v.append(max(tx, rx) * 1000.0 / pcie_peak)
+                except Exception as exc:
+                    log.debug("nvml pcie: %s", exc)
+            if nvl_peak > 0:
+                f = self._nvlink_fields()
+                if f is not None:
+                    nl_t.append(now)
+                    nl_tx.append(f[0] * 1024)
+                    nl_rx.append(f[1] * 1024)
+            time.sleep(self.period_ms / 1000)
+        out: dict[str, UtilSeries] = {}
+        if sm_t:
+            order = np.argsort(sm_t, kind="stable")
+            t = np.array(sm_t, np.int64)[order]
+            out["sm"] = UtilSeries("sm", t, np.clip(np.array(sm_v, np.float32)[order], 0, 1), _median_period(t), "nvml")
+        if pc_t:
+            out["pcie"] = UtilSeries("pcie", np.array(pc_t, np.int64), np.clip(np.array(pc_v, np.float32), 0, 1),
+                                     period_ns, "nvml")
+        if len(nl_t) > 1:
+            t = np.array(nl_t, np.int64)
+            tx = rate_series("nvlink", t, np.array(nl_tx), nvl_peak, period_ns, "nvml")
+            rx = rate_series("nvlink", t, np.array(nl_rx), nvl_peak, period_ns, "nvml")
+            out["nvlink"] = UtilSeries("nvlink", tx.t_ns, np.maximum(tx.value, rx.value), period_ns, "nvml")
+        return {k: bounds.trim(v) for k, v in out.items()}
+
+
+def _median_period(t: np.ndarray) -> int:
+    return int(np.median(np.diff(t))) if len(t) > 1 else 0
