@@ -323,7 +323,7 @@ def _others_clause(placed: Mapping[int, _Placed], waiting: Mapping[str, list[int
 
 def _short_error(error: str) -> str:
     """"RuntimeError: [../pair.cc:537] Read error [1.2.3.4]:5: Connection reset by peer. ..." -> the gist."""
-    m = re.search(r"(Connection (?:reset|closed|refused)[^.]*|[Tt]imed? ?out[^.]*|Broken pipe)", error)
+    m = re.search(r"(Connection (?:reset|closed|refused)(?: by peer)?|[Tt]imed? ?out|Broken pipe)", error)
     if m:
         return m.group(1).strip()
     return error.split(":", 1)[0]

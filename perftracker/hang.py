@@ -83,15 +83,16 @@ def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
     """Snapshot the runtime's training thread. Call it from any other thread; it never raises.
 
     ``runtime`` is a ``perftracker.runtime.Runtime`` (duck-typed: ``identity``, ``iteration``,
-    ``last_event()`` and optionally ``clock``). When the training thread has no Python frame left
-    because an unhandled exception is ending it, the snapshot comes from that exception.
+    ``last_event()`` and optionally ``clock``). Once an unhandled exception has ended the main
+    thread (``sys.last_value``; the process is exiting, its stack shows only exit handlers or
+    nothing), the snapshot comes from that exception's traceback.
     """
-    snap = _snapshot(runtime, session, read_stack=True)
-    if not snap.stack:
-        exc = getattr(sys, "last_value", None)
-        if isinstance(exc, Exception) and exc.__traceback__ is not None:
-            return exit_snapshot(runtime, exc, session) or snap
-    return snap
+    exc = getattr(sys, "last_value", None)
+    if isinstance(exc, Exception) and exc.__traceback__ is not None:
+        snap = exit_snapshot(runtime, exc, session)
+        if snap is not None:
+            return snap
+    return _snapshot(runtime, session, read_stack=True)
 
 
 def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:

@@ -232,3 +232,12 @@ def test_a_snapshot_with_a_stack_beats_a_later_empty_one() -> None:
     full = snap(0, ALLREDUCE, "c10d allreduce", taken_ns=T0)
     report = localize_hang([full, empty, snap(1, FORWARD_SLEEP, "time.sleep")], {}, [0, 1])
     assert report is not None and culprits(report) == [1]
+
+
+def test_error_gist() -> None:
+    from localizer.hang import _short_error
+
+    assert _short_error("RuntimeError: [pair.cc:589] Connection closed by peer [127.0.0.1]:5512") == \
+        "Connection closed by peer"
+    assert _short_error("RuntimeError: Timed out waiting 1800000ms for recv operation") == "Timed out"
+    assert _short_error("ValueError: bad") == "ValueError"

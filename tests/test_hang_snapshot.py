@@ -322,7 +322,7 @@ def test_real_gloo_survivor_of_a_killed_peer_fails_in_the_collective(tmp_path: P
 
 
 def test_snapshot_falls_back_to_the_exception_when_the_thread_has_no_frame(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the main thread printing an unhandled exception has no Python frame: sys._current_frames() lacks it
+    # after an unhandled exception the main thread has no Python frame (or only exit handlers)
     monkeypatch.setattr("perftracker.hang._training_frame", lambda tid: (None, 0))
     try:
         _outer_fail()
