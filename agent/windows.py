@@ -105,6 +105,8 @@ class WindowRunner:
                 sampler = await processing.start_sampler(w.pid, w.training_tid, now_ns, end_ns, samples_path)
             except (OSError, processing.ProcessingError) as exc:
                 self._warn_once("sampler", "samplers not started (%s); patterns will have no utilization", exc)
+        log.info("session %s: rank %d samplers %s after %.1f s; starting the window", run.session, w.rank,
+                 "ready" if sampler is not None else "off", time.monotonic() - run.started)
         try:
             await send(w, wire.make_message(MessageType.START_WINDOW, session=run.session, window_s=run.window_s))
             wait_s = run.window_s + self.options.window_timeout_s
@@ -112,6 +114,7 @@ class WindowRunner:
                 done = await asyncio.wait_for(run.done[w.rank], wait_s)
             except TimeoutError:
                 raise processing.ProcessingError(f"rank {w.rank} sent no window within {wait_s:.0f} s") from None
+            log.info("session %s: rank %d window done after %.1f s", run.session, w.rank, time.monotonic() - run.started)
             if done.get("error") or not done.get("raw_path"):
                 raise processing.ProcessingError(f"rank {w.rank} window failed: {done.get('error') or 'no raw file'}")
             await self.process_window(w, run.session, done, sampler, samples_path, run)

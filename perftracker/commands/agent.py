@@ -111,7 +111,8 @@ async def serve(args: argparse.Namespace) -> int:
             await daemon.stop()
     finally:
         if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
+            # bounded: the service may still hold an agent's long poll; sqlite (WAL) is crash-safe anyway
+            await asyncio.to_thread(embedded.stop, 3.0)
         os.close(lock_fd)
     return 0
 
