@@ -40,6 +40,7 @@ TOKEN_NAME = "token"
 INFO_NAME = "localizer.json"
 LOCK_NAME = "localizer.lock"
 REPORTS_NAME = "reports"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local URL: never via a proxy
 
 
 class EmbeddedError(PerftrackerError):
@@ -73,7 +74,7 @@ def discover(runs_dir: str | Path = DEFAULT_RUNS_DIR, timeout_s: float = 0.0) ->
             info = json.loads((runs / INFO_NAME).read_text())
             url = str(info["url"])
             token = (runs / TOKEN_NAME).read_text().strip()
-            with urllib.request.urlopen(url + "/v1/healthz", timeout=2) as r:  # noqa: S310 - our own URL
+            with _OPENER.open(url + "/v1/healthz", timeout=2) as r:
                 if r.status == 200:
                     return url, token
         except (OSError, ValueError, KeyError):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.commands.trigger import DEFAULT_RUNS_DIR, add_connection_arguments, connect, say
-from perftracker.errors import ConfigError
+from perftracker.errors import ConfigError, TransportError
 
 HELP = "list profiling sessions"
 DESCRIPTION = """List sessions: state, uploads, missing ranks and report path. Reads a running localizer
@@ -41,10 +41,16 @@ def _from_store(path: Path, job: str | None) -> list[dict[str, Any]]:
 def load_sessions(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.store:
         return _from_store(Path(args.store), args.job)
-    running = args.url or os.environ.get("PERFTRACKER_LOCALIZER_URL") or (Path(args.runs_dir) / "localizer.json").is_file()
-    if not running:
-        return _from_store(Path(args.runs_dir or DEFAULT_RUNS_DIR) / "localizer.sqlite", args.job)
-    return list(connect(args).list_sessions(args.job))
+    store = Path(args.runs_dir or DEFAULT_RUNS_DIR) / "localizer.sqlite"
+    if args.url or os.environ.get("PERFTRACKER_LOCALIZER_URL"):
+        return list(connect(args).list_sessions(args.job))
+    if (Path(args.runs_dir) / "localizer.json").is_file():  # an embedded localizer, unless it died
+        try:
+            return list(connect(args).list_sessions(args.job))
+        except TransportError as exc:
+            if getattr(exc, "status", 0) or not store.is_file():
+                raise
+    return _from_store(store, args.job)
 
 
 def run(args: argparse.Namespace) -> int:
