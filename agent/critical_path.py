@@ -24,7 +24,8 @@ def critical_ns(start_ns: np.ndarray, end_ns: np.ndarray, level: np.ndarray,
     s = np.clip(start_ns, window_start_ns, window_end_ns).astype(np.int64)
     e = np.clip(end_ns, window_start_ns, window_end_ns).astype(np.int64)
     valid = (e > s) & (level >= 0) & (level < n_levels)
-    bounds = np.unique(np.concatenate([s[valid], e[valid]]))
+    bounds = np.sort(np.concatenate([s[valid], e[valid]]))
+    bounds = bounds[np.r_[True, bounds[1:] != bounds[:-1]]]  # sort-based unique: faster than np.unique's hash
     if len(bounds) < 2:
         return out
     lengths = np.diff(bounds).astype(np.float64)  # elementary intervals between boundaries

@@ -30,8 +30,7 @@ def nest(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> Nesting
         return Nesting(z, z)
     order = np.lexsort((-end_ns, start_ns, group))
     g = group[order]
-    _, grank = np.unique(g, return_inverse=True)
-    grank = grank.reshape(-1).astype(np.int64)
+    grank = np.cumsum(np.r_[False, g[1:] != g[:-1]]).astype(np.int64)  # group rank (g is sorted)
     t0 = int(start_ns.min())
     span = int(max(end_ns.max(), start_ns.max())) - t0 + 2
     s = start_ns[order] - t0
