@@ -80,7 +80,6 @@ class LocalizerService:
         self._token = token.encode()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
         self._writer = GroupCommit(store.run_batch)  # the only thread that writes the store
-        self._pending_writes: dict[str, int] = {}  # session -> uploads being committed
         self._waiters: dict[str, asyncio.Event] = {}
         self._localizing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -192,8 +191,8 @@ class LocalizerService:
             await asyncio.sleep(self.options.check_interval_s)
 
     def _schedule_localize(self, session: str) -> None:
-        if session in self._localizing or self._pending_writes.get(session):
-            return  # an upload being committed will be in the report; the checker comes back
+        if session in self._localizing:
+            return
         self._localizing.add(session)
         task = asyncio.get_running_loop().create_task(self._localize(session))
         self._tasks.add(task)
@@ -325,14 +324,10 @@ class LocalizerService:
                                status=422)
         self.sessions.check_patterns(ps)
         body = raw if request.content_type == PATTERNS_ZLIB else zlib.compress(raw, 1)
-        self._pending_writes[session] = self._pending_writes.get(session, 0) + 1
-        try:
-            # committed (group commit: one transaction and fsync for concurrent uploads) before we answer
-            await self._write(lambda: self.sessions.commit_patterns([(ps, body)]))
-        finally:
-            left = self._pending_writes.pop(session) - 1
-            if left:
-                self._pending_writes[session] = left
+        # committed (group commit: one transaction and fsync for concurrent uploads) before we answer.
+        # The writer is FIFO and commit_patterns re-checks the session inside the transaction, so an
+        # upload queued before the session starts localizing is in the report, and one after gets 409.
+        await self._write(lambda: self.sessions.commit_patterns([(ps, body)]))
         s = self.sessions.view(session)
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
