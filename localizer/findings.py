@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
 from localizer.rule import Threshold
 from perftracker.model import Box, Finding, TopFunction, Triple
+
+if TYPE_CHECKING:
+    from localizer.localize import LocalizeOptions
 
 _RANDOM_MIN_WORKERS = 3
 _RANDOM_IQR_OVER_MEDIAN = 0.5
@@ -62,11 +66,11 @@ class _Draft:
     folded: bool = False
 
 
-def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: object
+def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: LocalizeOptions
                    ) -> tuple[list[Finding], str, list[TopFunction]]:
     """(findings sorted by impact, the report summary, the top critical-path functions)."""
     n = arr.n_workers
-    common_fraction = float(getattr(opts, "common_fraction", 0.5))
+    common_fraction = opts.common_fraction
     drafts: list[_Draft] = []
     medians: dict[int, Triple] = {}
     for f, v in enumerate(verdicts):
@@ -90,9 +94,9 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     _fold_consequences(drafts, arr)
     kept = [d for d in drafts if not d.folded]
     kept.sort(key=lambda d: (-_impact(d), d.verdict.info.key, int(d.idx[0])))
-    max_points = int(getattr(opts, "max_points", 500))
+    max_points = opts.max_points
     findings = [_finding(d, arr, max_points) for d in kept]
-    top = top_functions(arr, verdicts, int(getattr(opts, "top_functions", 5)), medians)
+    top = top_functions(arr, verdicts, opts.top_functions, medians)
     summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
                               [(t.label, t.median.beta) for t in top])
     return findings, summary, top

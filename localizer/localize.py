@@ -28,8 +28,8 @@ from localizer.distances import (
 )
 from localizer.expect import Expectations, load_expectations
 from localizer.findings import FunctionVerdict, build_findings
-from localizer.rule import Threshold, apply_rule, differential_threshold
-from perftracker.model import Box, PatternSet, Report
+from localizer.rule import apply_rule, differential_threshold
+from perftracker.model import PatternSet, Report
 
 log = logging.getLogger(__name__)
 
@@ -128,4 +128,4 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
     )
 
 
-__all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "Box", "Threshold"]
+__all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "resolve_expectations"]
