@@ -192,7 +192,7 @@ async def drive(url: str, n_agents: int, window_s: float, seed: int) -> tuple[li
                     log(f"session failed: {s['error']}")
                 closed_ns = s["closed_ns"]
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.25)  # light polling: do not steal CPU from the localization
     return agents, session, closed_ns / 1e9
 
 
