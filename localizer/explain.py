@@ -15,6 +15,31 @@ _RESOURCE_NAMES = {
     "dram": "memory-bandwidth", "disk": "disk",
 }
 _MAX_RANK_TEXT = 40
+# a Python frame as the summarizer labels it: "/abs/path/to/file.py(123): function"
+_FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<fn>.+)$")
+_PATH_ANCHORS = ("site-packages/", "dist-packages/", "/lib/python3")
+
+
+def frame_text(label: str) -> str:
+    """A Python frame label for a sentence: "_engine_run_backward (torch/autograd/graph.py:966)".
+
+    Installed packages are shown from their package root, other files with their parent folder, so
+    a sentence stays readable without losing where the function is. Non-frame labels pass through.
+    """
+    m = _FRAME.match(label)
+    if m is None:
+        return label
+    path = m.group("path")
+    for anchor in _PATH_ANCHORS:
+        i = path.find(anchor)
+        if i >= 0:
+            path = path[i + len(anchor):]
+            if anchor == "/lib/python3":
+                path = path.split("/", 1)[-1]
+            break
+    else:
+        path = "/".join(path.split("/")[-2:])
+    return f"{m.group('fn')} ({path}:{m.group('line')})"
 
 
 @dataclass(frozen=True)
@@ -57,7 +82,7 @@ def describe_function(label: str, key: str, category: Category, gpu: bool) -> st
     if category is Category.COLLECTIVE:
         return f"collective {label}"
     where = " in data loading" if _DATA_LOADING.search(key) else ""
-    return f"Python {label}{where}"
+    return f"Python {frame_text(label)}{where}"
 
 
 def resource_name(resource: str, category: Category, gpu: bool) -> str:

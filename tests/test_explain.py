@@ -68,3 +68,13 @@ def test_report_summary() -> None:
     assert describe_report(0, "", 1000, [("GEMM", 0.34), ("flash", 0.14)]) == (
         "no abnormal function on 1,000 ranks (top of the critical path: GEMM 34%, flash 14%)")
     assert describe_report(3, "rank 1: x", 8, []) == "rank 1: x (+2 more)"
+
+
+def test_python_frames_are_shortened_in_sentences() -> None:
+    from localizer.explain import frame_text
+
+    site = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
+    assert frame_text(site) == "_engine_run_backward (torch/autograd/graph.py:966)"
+    assert frame_text("/work/main/examples/train.py(243): main") == "main (examples/train.py:243)"
+    assert frame_text("/usr/lib/python3.11/threading.py(10): run") == "run (threading.py:10)"
+    assert frame_text("aten::mm") == "aten::mm"
