@@ -1,0 +1,211 @@
+"""Hang diagnosis end to end on real torchrun jobs (gloo, 2 ranks) with the embedded default:
+examples/train.py imports perftracker, which starts the node agent and its embedded localizer.
+
+hang in forward -> the report names the rank and the place; SIGSTOP -> "process stopped", and the
+report is resolved after SIGCONT; SIGKILL -> the dead rank, not the one torchrun stopped after it;
+an all-rank checkpoint pause shorter than PERFTRACKER_HANG_PAUSE_S -> no hang report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from perftracker.model import Report
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples" / "train.py"
+AT_ITER = 60
+
+
+class Job:
+    def __init__(self, tmp_path: Path, port: int, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.dir = tmp_path
+        (tmp_path / "prog").mkdir()
+        self.env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PERFTRACKER_RUN_DIR=str(tmp_path / "run"),
+                        PERFTRACKER_AGENT_IDLE_EXIT_S="30", PERFTRACKER_DETECTOR_MODE="paper",
+                        PERFTRACKER_SLOWDOWN_THRESHOLD="1000", PERFTRACKER_TRIGGER_COOLDOWN_S="100000",
+                        **(env or {}))
+        self.env.pop("PERFTRACKER_DISABLE", None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), str(TRAIN), "--iters", "100000", "--quiet", "--hidden", "64",
+               "--in-dim", "64", "--progress-dir", str(tmp_path / "prog"), *args]
+        self.log = open(tmp_path / "torchrun.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=tmp_path, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.t0 = time.time()
+
+    def progress(self, rank: int) -> tuple[int, int, float]:
+        """(last completed iteration index, pid, wall time it was written); (-1, 0, 0) before the first."""
+        path = self.dir / "prog" / f"rank{rank}.iter"
+        try:
+            it, pid = path.read_text().split()
+            return int(it), int(pid), path.stat().st_mtime
+        except (OSError, ValueError):
+            return -1, 0, 0.0
+
+    def wait_for(self, what: str, cond: Callable[[], object], timeout_s: float, job_may_end: bool = False) -> object:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            got = cond()
+            if got:
+                return got
+            if self.proc.poll() is not None and not job_may_end:
+                break
+            time.sleep(0.1)
+        self.log.flush()
+        tail = (self.dir / "torchrun.log").read_bytes()[-3000:].decode(errors="replace")
+        agent = self.dir / "run" / "agent.log"
+        agent_tail = agent.read_text()[-3000:] if agent.exists() else "(no agent log)"
+        raise AssertionError(f"timed out waiting for {what}\n--- torchrun:\n{tail}\n--- agent:\n{agent_tail}")
+
+    def registered(self) -> bool:
+        """Both workers are known to the localizer (the agent starts after the first iteration)."""
+        db = self.dir / "perftracker-runs" / "localizer.sqlite"
+        if not db.exists():
+            return False
+        from localizer.store import Store
+
+        store = Store(db)
+        try:
+            return len(store.workers("train")) >= 2
+        finally:
+            store.close()
+
+    def hang_reports(self) -> list[Report]:
+        out = []
+        for f in sorted((self.dir / "perftracker-runs" / "reports").glob("*.json")):
+            try:
+                r = Report.from_dict(json.loads(f.read_text()))
+            except (OSError, ValueError):
+                continue  # being written
+            if r.kind == "hang":
+                out.append(r)
+        return out
+
+    def stored_hang_report(self, session: str) -> Report | None:
+        from localizer.store import Store
+
+        store = Store(self.dir / "perftracker-runs" / "localizer.sqlite")
+        try:
+            return store.get_report(session)
+        finally:
+            store.close()
+
+    def stop(self) -> None:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+        info = self.dir / "run" / "agent.json"
+        if info.exists():  # the autostarted agent runs detached: end it by its own pid
+            try:
+                os.kill(int(json.loads(info.read_text())["pid"]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError):
+                pass
+
+
+@pytest.fixture
+def job(tmp_path: Path, free_port: int) -> Iterator[Callable[..., Job]]:
+    jobs: list[Job] = []
+
+    def start(args: list[str], env: dict[str, str] | None = None) -> Job:
+        j = Job(tmp_path, free_port, args, env)
+        jobs.append(j)
+        return j
+
+    yield start
+    for j in jobs:
+        j.stop()
+
+
+def _culprits(r: Report) -> dict[int, str]:
+    return {s.rank: s.state for s in r.hang_states if s.state in ("culprit", "silent")}
+
+
+def test_rank_hanging_in_forward_is_named_with_its_place(job: Callable[..., Job]) -> None:
+    j = job(["--fault", f"hang:at_iter={AT_ITER}", "--fault-ranks", "1"])
+    j.wait_for("rank 1 to reach the hang", lambda: j.progress(1)[0] >= AT_ITER - 1, 90)
+    _, _, hang_wall = j.progress(1)
+    rate_s = (hang_wall - j.t0) / AT_ITER  # an upper bound of the mean iteration (includes startup)
+    reports = j.wait_for("a hang report", j.hang_reports, 40)
+    r = reports[0]  # type: ignore[index]
+    assert _culprits(r) == {1: "culprit"}, r.summary
+    where = {s.rank: s.where for s in r.hang_states}
+    assert "examples/train.py" in where[1] and "in hang_forever (time.sleep)" in where[1] and "forward" in where[1]
+    assert where[0] == "c10d allreduce (DDP backward)"
+    assert r.summary.startswith("hang: rank 1 stopped at ") and f"since iteration {AT_ITER}" in r.summary
+    assert r.summary.endswith("; all other ranks wait in c10d allreduce (DDP backward)")
+    delay_s = r.created_ns / 1e9 - hang_wall
+    assert delay_s <= 2 * rate_s + 10.0, f"report {delay_s:.1f} s after the hang"
+
+
+def test_stopped_rank_is_named_and_the_report_resolves_after_sigcont(job: Callable[..., Job]) -> None:
+    j = job([])
+    j.wait_for("iterations", lambda: j.progress(1)[0] >= AT_ITER and j.registered(), 90)
+    _, pid, _ = j.progress(1)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    reports = j.wait_for("a hang report", j.hang_reports, 40)
+    r = reports[0]  # type: ignore[index]
+    assert _culprits(r) == {1: "silent"}, r.summary
+    assert r.summary.startswith("hang: rank 1 silent for ") and "(process stopped)" in r.summary
+    assert r.summary.endswith("all other ranks wait in c10d allreduce (DDP backward)")
+    assert r.created_ns / 1e9 - t_stop <= 10.0 + 1.0
+    os.kill(pid, signal.SIGCONT)  # recovery: the job goes on, the hang session is resolved
+    resolved = j.wait_for("the report resolved", lambda: (x := j.stored_hang_report(r.session)) is not None
+                          and x.status == "resolved" and x, 30)
+    assert "resumed" in resolved.summary  # type: ignore[union-attr]
+    it_then = j.progress(0)[0]
+    j.wait_for("training to go on", lambda: j.progress(0)[0] > it_then + 20, 30)
+
+
+def test_killed_rank_is_named_not_the_rank_torchrun_stopped_after_it(job: Callable[..., Job]) -> None:
+    j = job([])
+    j.wait_for("iterations", lambda: j.progress(1)[0] >= AT_ITER and j.registered(), 90)
+    _, pid, _ = j.progress(1)
+    os.kill(pid, signal.SIGKILL)  # torchrun then SIGTERMs rank 0 and exits
+    reports = j.wait_for("a hang report", j.hang_reports, 30, job_may_end=True)
+    r = reports[0]  # type: ignore[index]
+    assert _culprits(r) == {1: "silent"}, r.summary
+    assert r.summary.startswith("hang: rank 1 silent") and "(process dead)" in r.summary
+    assert "rank 0 died after rank 1" in r.summary
+
+
+def test_all_rank_checkpoint_pause_raises_no_hang_report(job: Callable[..., Job]) -> None:
+    # a 9 s "checkpoint save" on every rank; blocked fires after 3 s; pauses up to 20 s are normal
+    j = job(["--checkpoint-every", str(AT_ITER), "--checkpoint-pause-s", "9"],
+            env={"PERFTRACKER_HANG_PAUSE_S": "20", "PERFTRACKER_BLOCKED_MIN_S": "3"})
+    from localizer.store import Store
+
+    def pause_judged() -> list[object]:
+        db = j.dir / "perftracker-runs" / "localizer.sqlite"
+        if not db.exists():
+            return []
+        store = Store(db)
+        try:
+            return [s for s in store.sessions() if s.state == "done"]
+        finally:
+            store.close()
+
+    closed = j.wait_for("the pause's hang session to close", pause_judged, 90)
+    assert j.progress(0)[0] >= AT_ITER  # the job went on after the checkpoint
+    assert j.hang_reports() == []
+    assert "reports the job blocked" in (j.dir / "run" / "agent.log").read_text()  # judged, not missed
+    store = Store(j.dir / "perftracker-runs" / "localizer.sqlite")
+    try:
+        for s in closed:  # type: ignore[attr-defined]
+            assert s.kind == "hang" and "no hang" in s.error and store.get_report(s.session) is None
+    finally:
+        store.close()
