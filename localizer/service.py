@@ -13,13 +13,16 @@ executor so that the event loop keeps answering while a session is localized.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hmac
 import importlib
 import json
 import logging
 import os
+import queue
 import signal
+import threading
 import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -79,10 +82,11 @@ class LocalizerService:
         self.localize_options = localize_options
         self._token = token.encode()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
-        self._writer = GroupCommit(store.run_batch)  # the only thread that writes the store
+        # the only thread that writes the store; after each commit it starts due localizations
+        self._writer = GroupCommit(store.run_batch, after_commit=self._after_commit)
+        self._localizing_lock = threading.Lock()
         self._waiters: dict[str, asyncio.Event] = {}
         self._localizing: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
@@ -173,13 +177,11 @@ class LocalizerService:
             self._checker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checker
-        for t in list(self._tasks):
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(t, 30)
         for ev in self._waiters.values():
             ev.set()
-        self._executor.shutdown(wait=True)
-        self._writer.close()
+        # a localization in progress finishes (its writes go through the writer, closed after it)
+        await asyncio.to_thread(self._executor.shutdown, True)
+        await asyncio.to_thread(self._writer.close)
 
     async def _check_deadlines(self) -> None:
         while True:
@@ -191,31 +193,46 @@ class LocalizerService:
             await asyncio.sleep(self.options.check_interval_s)
 
     def _schedule_localize(self, session: str) -> None:
-        if session in self._localizing:
-            return
-        self._localizing.add(session)
-        task = asyncio.get_running_loop().create_task(self._localize(session))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _localize(self, session: str) -> None:
+        """Localize the session on the localize thread (once). Callable from any thread."""
+        with self._localizing_lock:
+            if session in self._localizing:
+                return
+            self._localizing.add(session)
         try:
-            s = await self._write(lambda: self.sessions.begin_localizing(session))
+            self._executor.submit(self._localize, session)
+        except RuntimeError:  # shutting down
+            with self._localizing_lock:
+                self._localizing.discard(session)
+
+    def _after_commit(self, results: list[tuple[bool, Any]]) -> None:
+        """Writer thread, after a commit: sessions that just became complete are localized at once,
+        without waiting for the event loop (which may be busy answering the uploads)."""
+        for ok, value in results:
+            if ok and isinstance(value, _Uploaded):
+                s = self.sessions.view(value.session)
+                if s.state == "open" and self.sessions.is_complete(s):
+                    self._schedule_localize(value.session)
+
+    def _localize(self, session: str) -> None:
+        """Localize thread: open -> localizing -> report, with the writes through the writer thread."""
+        try:
+            s = self._writer.call(lambda: self.sessions.begin_localizing(session))
             if s is None:
                 return
-            loop = asyncio.get_running_loop()
             try:
-                report = await loop.run_in_executor(self._executor, self.sessions.build_report, s,
-                                                    self.localize_options)
+                report = self.sessions.build_report(s, self.localize_options)
             except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
                 log.exception("localizing session %s failed", session)
                 error = f"{type(exc).__name__}: {exc}"
-                await self._write(lambda: self.sessions.fail(session, error))
+                self._writer.call(lambda: self.sessions.fail(session, error))
                 return
-            if await self._write(lambda: self.sessions.finish(session, report)):
+            if self._writer.call(lambda: self.sessions.finish(session, report)):
                 self._write_report_file(report)
+        except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
+            log.exception("localizing session %s stopped", session)
         finally:
-            self._localizing.discard(session)
+            with self._localizing_lock:
+                self._localizing.discard(session)
 
     def report_path(self, session: str) -> Path | None:
         if not self.options.report_dir:
@@ -327,7 +344,11 @@ class LocalizerService:
         # committed (group commit: one transaction and fsync for concurrent uploads) before we answer.
         # The writer is FIFO and commit_patterns re-checks the session inside the transaction, so an
         # upload queued before the session starts localizing is in the report, and one after gets 409.
-        await self._write(lambda: self.sessions.commit_patterns([(ps, body)]))
+        def commit() -> _Uploaded:
+            self.sessions.commit_patterns([(ps, body)])
+            return _Uploaded(session)
+
+        await self._write(commit)
         s = self.sessions.view(session)
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
@@ -396,50 +417,78 @@ def _warm_imports() -> None:
             log.warning("cannot import %s yet: %s", name, exc)
 
 
+@dataclass(frozen=True)
+class _Uploaded:
+    """What an upload's write returns: the writer checks that session after the commit."""
+
+    session: str
+
+
+_STOP = object()
+
+
 class GroupCommit:
-    """Batches concurrent writes into one call of ``commit(items)`` on a dedicated thread.
+    """A writer thread that batches queued writes into one ``commit(items)`` call (one sqlite
+    transaction, one fsync). Items queued while a batch commits go into the next one. ``submit``
+    (from the event loop) and ``call`` (from another thread) return once the item is committed,
+    with its result, or raise what it raised. ``after_commit(results)`` runs on the writer thread
+    after each batch."""
 
-    While one batch is being committed (one sqlite transaction, one fsync), new items queue up and
-    go in the next batch; every ``submit`` returns once its item is committed, or raises what the
-    commit raised."""
-
-    def __init__(self, commit: Callable[[list[Any]], list[tuple[bool, Any]]], max_batch: int = 512) -> None:
+    def __init__(self, commit: Callable[[list[Any]], list[tuple[bool, Any]]],
+                 after_commit: Callable[[list[tuple[bool, Any]]], None] | None = None,
+                 max_batch: int = 512) -> None:
         self._commit = commit  # items -> [(ok, result or exception)] per item, after one commit
+        self._after_commit = after_commit
         self._max_batch = max_batch
-        self._queue: list[tuple[Any, asyncio.Future[Any]]] = []
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
-        self._draining = False
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def submit_threadsafe(self, item: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._queue.put((item, fut))
+        return fut
 
     async def submit(self, item: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((item, fut))
-        if not self._draining:
-            self._draining = True
-            loop.create_task(self._drain())
-        return await fut
+        return await asyncio.wrap_future(self.submit_threadsafe(item))
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._queue:
-                batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]
+    def call(self, item: Any, timeout_s: float | None = None) -> Any:
+        return self.submit_threadsafe(item).result(timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            while len(batch) < self._max_batch:
                 try:
-                    results = await loop.run_in_executor(self._thread, self._commit, [item for item, _ in batch])
-                except Exception as exc:  # noqa: BLE001 - the commit failed: every waiter of the batch gets it
-                    results = [(False, exc)] * len(batch)
-                for (_, fut), (ok, value) in zip(batch, results, strict=True):
-                    if fut.done():
-                        continue
-                    if ok:
-                        fut.set_result(value)
-                    else:
-                        fut.set_exception(value)
-        finally:
-            self._draining = False
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            try:
+                results = self._commit([item for item, _ in batch])
+            except Exception as exc:  # noqa: BLE001 - the commit failed: every waiter of the batch gets it
+                results = [(False, exc)] * len(batch)
+            for (_, fut), (ok, value) in zip(batch, results, strict=True):
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+            if self._after_commit is not None:
+                try:
+                    self._after_commit(results)
+                except Exception:  # noqa: BLE001 - never stop the writer
+                    log.exception("after-commit hook failed")
 
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
+    def close(self, timeout_s: float = 30.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
 
 
 def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,

@@ -61,7 +61,7 @@ class LocalizerProcess:
 
     def start(self, timeout_s: float = 20.0) -> str:
         ready = self.tmp / f"ready-{time.monotonic_ns()}.json"
-        env = dict(os.environ, PERFTRACKER_TOKEN=self.token, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PERFTRACKER_TOKEN=self.token, PYTHONPATH=str(REPO), PERFTRACKER_DISABLE="1")
         self.log = open(self.tmp / "localizer.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "perftracker", "localizer", "--port", str(self.port), "--store", str(self.store),

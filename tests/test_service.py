@@ -186,7 +186,8 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
         out = subprocess.run([sys.executable, "-c", "from localizer.embedded import start_embedded as s; "
                               f"h = s({str(runs)!r}); print(h.url, h.owned)"],
                              capture_output=True, text=True, timeout=60,
-                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                                      PERFTRACKER_DISABLE="1"))
         assert out.stdout.split() == [emb.url, "False"], out.stderr[-2000:]
         up = Uplink(emb.url, emb.token)
         up.register("job-e", "agent-0", "node0", workers(range(2), 2))
