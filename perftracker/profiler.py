@@ -27,6 +27,7 @@ from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, 
 
 from perftracker.errors import ProfilerError
 from perftracker.rawdata import EventKind
+from perftracker.throttle import NoThrottle, Throttle
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,11 @@ class KinetoRows:
     python_parent_id: list[int] = field(default_factory=list)
 
 
-def kineto_rows(result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_ns: int) -> KinetoRows:
+def kineto_rows(
+    result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_ns: int, throttle: Throttle | None = None
+) -> KinetoRows:
     """Rows of a ``_ProfilerResult`` on CLOCK_MONOTONIC, clipped to events overlapping [lo, hi]."""
+    tick = (throttle or NoThrottle()).tick
     events = result.events()
     main_rf = None
     for e in events:
@@ -126,7 +130,9 @@ def kineto_rows(result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_n
             main_rf = e.start_thread_id()
             break
     rows = KinetoRows()
+    cpu = torch.autograd.DeviceType.CPU
     for e in events:
+        tick()
         name = e.name()
         if name == MARKER:
             continue
@@ -138,7 +144,7 @@ def kineto_rows(result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_n
         kind = _KINDS.get(act, EventKind.OTHER)
         if kind == EventKind.PYTHON and not e.is_python_function():
             kind = EventKind.GC if name == "Python GC" else EventKind.OTHER
-        on_cpu = e.device_type() == torch.autograd.DeviceType.CPU
+        on_cpu = e.device_type() == cpu
         if on_cpu:
             rf = e.start_thread_id()
             tid = training_tid if rf == main_rf else -int(rf)

@@ -11,6 +11,7 @@ import numpy as np
 from perftracker.profiler import KinetoRows
 from perftracker.rawdata import COLUMNS, EventKind, RawWindow, WindowMeta
 from perftracker.stacks import PythonExecutions, frame_name
+from perftracker.throttle import NoThrottle, Throttle
 
 
 class _Interner:
@@ -31,20 +32,25 @@ class _Interner:
         return i
 
 
-def nest_parents(start_ns: np.ndarray, end_ns: np.ndarray, group: np.ndarray) -> np.ndarray:
+def nest_parents(
+    start_ns: np.ndarray, end_ns: np.ndarray, group: np.ndarray, throttle: Throttle | None = None
+) -> np.ndarray:
     """Index of the innermost enclosing row with the same group key (thread + kind family), or -1."""
+    tick = (throttle or NoThrottle()).tick
     n = len(start_ns)
     parent = np.full(n, -1, np.int32)
     order = np.lexsort((-end_ns, start_ns, group))
     stack: list[int] = []
     cur_group = None
+    group_l, start_l, end_l = group.tolist(), start_ns.tolist(), end_ns.tolist()
     for i in order.tolist():
-        g = group[i]
+        tick()
+        g = group_l[i]
         if g != cur_group:
             stack = []
             cur_group = g
-        s = start_ns[i]
-        while stack and end_ns[stack[-1]] <= s:
+        s = start_l[i]
+        while stack and end_l[stack[-1]] <= s:
             stack.pop()
         if stack:
             parent[i] = stack[-1]
@@ -57,8 +63,10 @@ def build_raw_window(
     kineto: KinetoRows | None,
     python: PythonExecutions | None,
     gc_pauses: Sequence[tuple[int, int, int]] = (),
+    throttle: Throttle | None = None,
 ) -> RawWindow:
     """One RawWindow, rows sorted by (start, longest first); parents re-indexed accordingly."""
+    tick = (throttle or NoThrottle()).tick
     it = _Interner()
     kind: list[int] = []
     name_id: list[int] = []
@@ -73,6 +81,7 @@ def build_raw_window(
     if python is not None:
         base = len(kind)
         for i, codes in enumerate(python.stack):
+            tick()
             ids = tuple(it.name(frame_name(c)) for c in codes)
             kind.append(EventKind.PYTHON)
             name_id.append(ids[-1])
@@ -94,6 +103,7 @@ def build_raw_window(
         families: dict[tuple[int, int, int], int] = {}
         py_stack_ids: dict[int, tuple[int, ...]] = {}
         for j in range(len(kineto.kind)):
+            tick()
             k = kineto.kind[j]
             nid = it.name(kineto.name[j])
             kind.append(k)
@@ -152,7 +162,7 @@ def build_raw_window(
     nested = groups >= 0
     if nested.any():
         idx = np.nonzero(nested)[0]
-        sub = nest_parents(cols["start_ns"][idx], cols["end_ns"][idx], groups[idx])
+        sub = nest_parents(cols["start_ns"][idx], cols["end_ns"][idx], groups[idx], throttle)
         cols["parent"][idx] = np.where(sub >= 0, idx[np.maximum(sub, 0)], -1).astype(np.int32)
     order = np.lexsort((-cols["end_ns"], cols["start_ns"]))
     new_index = np.empty(len(order), np.int64)

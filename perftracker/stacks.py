@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType
 
@@ -143,7 +144,8 @@ LONG_GAP_PERIODS = 3
 
 
 def python_executions(
-    t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns: int, hi_ns: int, period_ns: int = 1_000_000
+    t_ns: list[int] | np.ndarray, samples: list[Sample], lo_ns: int, hi_ns: int, period_ns: int = 1_000_000,
+    tick: Callable[[], None] | None = None,
 ) -> PythonExecutions:
     """Turn stack samples into nested executions clipped to [lo_ns, hi_ns]."""
     t = [int(x) for x in t_ns]
@@ -156,6 +158,8 @@ def python_executions(
     open_rows: list[int] = []  # row index per depth of the currently open executions
     prev: tuple[tuple[int, CodeType], ...] = ()
     for i in range(n):
+        if tick is not None:
+            tick()
         cur = tuple(reversed(samples[i]))  # outermost first
         k = 0
         limit = min(len(cur), len(prev))

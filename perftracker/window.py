@@ -38,6 +38,7 @@ from perftracker.profiler import KinetoCapture, kineto_rows
 from perftracker.rawbuild import build_raw_window
 from perftracker.rawdata import WindowMeta
 from perftracker.sampler_proc import SamplerProcess
+from perftracker.throttle import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ class WindowOptions:
     spawn_sampler: bool = False  # run `python -m agent.samplers` for this window ourselves
     sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
     sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
-    writer: str = "auto"  # "fork": a forked child writes the file; "thread": a thread does; "auto"
+    writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
+    writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
 
 
 @dataclass(frozen=True)
@@ -219,13 +221,13 @@ class ProfileWindow:
         """Undo everything the window did to this process; return the profiler result if any."""
         result = None
         error = ""
+        if cur.stack_sampler is not None:
+            cur.stack_sampler.stop()
         if cur.capture is not None and cur.capture.started:
             try:
                 result = cur.capture.stop()
             except PerftrackerError as exc:
                 error = str(exc)
-        if cur.stack_sampler is not None:
-            cur.stack_sampler.stop()
         cur.gc.remove()
         if cur.old_switch_s:
             sys.setswitchinterval(cur.old_switch_s)
@@ -246,22 +248,25 @@ class ProfileWindow:
         t0 = time.monotonic_ns()
         self._state = _FINISHING
         result = self._release(cur)
+        t1 = time.monotonic_ns()
         child = self._fork_writer(cur, result, end_ns) if result is not None and self._use_fork() else None
         if child is not None:
             result = None  # the child has its own copy; free ours now
         blocking_ns = time.monotonic_ns() - t0
+        log.info("perftracker: window %s stopped: %.3f s blocked (profiler stop %.3f s, fork %.3f s)",
+                 cur.session, blocking_ns / 1e9, (t1 - t0) / 1e9, (blocking_ns - (t1 - t0)) / 1e9)
         self._finisher = threading.Thread(target=self._finish, args=(cur, result, end_ns, blocking_ns, child),
                                           name="perftracker-window-writer", daemon=True)
         self._finisher.start()
 
     def _use_fork(self) -> bool:
-        mode = self.options.writer
-        if mode == "auto":
-            # A forked child must not touch CUDA; the result's accessors do not, but stay safe on GPUs.
-            import torch
+        # Measured (bench/datagen.py): fork() of a training process costs ~1 s of main-thread time
+        # on a loaded node, more than it saves; and a forked child must never touch CUDA.
+        if self.options.writer != "fork":
+            return False
+        import torch
 
-            return hasattr(os, "fork") and not torch.cuda.is_initialized()
-        return mode == "fork"
+        return hasattr(os, "fork") and not torch.cuda.is_initialized()
 
     def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
         """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
@@ -299,6 +304,10 @@ class ProfileWindow:
 
     # ---------------------------------------------------------------- writer thread
     def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
+        try:  # the writer yields the CPU to training as well as the GIL (Throttle)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):
+            pass
         res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
         try:
             samples_path = None
@@ -312,7 +321,7 @@ class ProfileWindow:
                     raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
                 rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
             else:
-                raw = self._build(cur, result, end_ns)
+                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty))
                 raw.save(raw_path)
                 rows = len(raw)
                 del raw, result
@@ -329,13 +338,15 @@ class ProfileWindow:
                 cur.sampler.close()
         self._deliver(cur, res)
 
-    def _build(self, cur: _Active, result: Any, end_ns: int) -> Any:
+    def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
         tid = self._training_tid()
-        krows = kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns) if result is not None else None
+        krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
+                 if result is not None else None)
         pyexec = None
         if cur.stack_sampler is not None:
             ss = cur.stack_sampler
-            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns)
+            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns,
+                                                  throttle.tick if throttle is not None else None)
         b = cur.boundaries_ns
         meta = WindowMeta(
             job=str(getattr(self.identity, "job", "")), session=cur.session,
@@ -345,7 +356,7 @@ class ProfileWindow:
             local_rank=int(getattr(self.identity, "local_rank", -1)),
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
         )
-        return build_raw_window(meta, krows, pyexec, cur.gc.pauses)
+        return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
 
     def _deliver(self, cur: _Active, res: WindowResult) -> None:
         with self._lock:

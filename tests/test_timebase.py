@@ -104,7 +104,7 @@ def test_busy_and_sleep_line_up_with_procfs_samples(tmp_path: Path) -> None:
         return out
 
     true_busy = float(np.median([t[2] for t in truth]))
-    assert true_busy > 0.1, "the machine is too loaded for this test to mean anything"
+    assert true_busy > 0.05, "the machine is too loaded for this test to mean anything"
     for rows in (busy_py, busy_op):
         err = errors(rows, 0)
         assert len(err) >= 8
