@@ -1,14 +1,15 @@
 """Overhead of always-on detection: the same training loop with perftracker off and on, interleaved.
 
-One process. A real loop (DataLoader ``next`` -> forward -> backward -> ``Optimizer.step``) runs in
-blocks; each round runs one block with perftracker off (hooks uninstalled, torch exactly as it
-was) and one with it on (hooks installed, the same Runtime, already tracking), in ABBA order so
-drift cancels. Two iteration sizes: tiny (about 1 ms) and realistic (about 50 ms).
+One process, a real loop (DataLoader ``next`` -> forward -> backward -> ``Optimizer.step``), two
+iteration sizes: tiny (about 1 ms) and realistic (about 50 ms). Off and on alternate *per
+iteration* in ABBA order (off, on, on, off, ...): hooks are installed before an "on" iteration and
+removed after it, outside the timing, with one Runtime that keeps tracking throughout. Alternating
+per iteration rather than per block cancels the slow load swings of this shared machine.
 
-The primary figure is the training thread's CPU time (``time.thread_time_ns``) per block: the hooks
-cost CPU in the training thread, and on this shared 2-core machine wall time is dominated by
-preemption from other processes. Wall-time ratios are printed beside it. The ratio is the median
-over rounds of on/off.
+The primary figure is the training thread's CPU time (``time.thread_time_ns``) per iteration: the
+hooks cost CPU in the training thread, and on a shared 2-core machine wall time is dominated by
+preemption. Ratio = trimmed mean(on) / trimmed mean(off) (the slowest 2 % of each side dropped);
+``*_se`` is its standard error. Wall-time ratios are printed beside it.
 
 ``hook_ns`` is measured directly: the cost of one hook call on the tracking hot path (the
 DataLoader wrapper, the step pre hook and the step post hook with the detector and slowdown rule
@@ -80,30 +81,38 @@ def calibrate(target_ms: float, batch: int) -> tuple[Loop, float]:
         width = int(width * max(1.1, min(2.0, (target_ms / ms) ** 0.5)))
 
 
-def interleave(loop: Loop, rt: Runtime, iters: int, rounds: int) -> dict[str, float]:
-    cpu_ratio: list[float] = []
-    wall_ratio: list[float] = []
-    per_iter_off_ms: list[float] = []
-    for r in range(rounds):
-        times: dict[bool, tuple[int, int]] = {}
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            if on:
-                rt.start()
-            else:
-                rt.stop()
-            c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
-            loop.run(iters)
-            times[on] = (time.thread_time_ns() - c0, time.perf_counter_ns() - w0)
-        rt.stop()
-        cpu_ratio.append(times[True][0] / times[False][0])
-        wall_ratio.append(times[True][1] / times[False][1])
-        per_iter_off_ms.append(times[False][0] / iters / 1e6)
-    q = statistics.quantiles(cpu_ratio, n=4)
+def interleave(loop: Loop, rt: Runtime, pairs: int) -> dict[str, object]:
+    """Per-iteration ABBA: each iteration runs alone with perftracker off or on, in the order
+    off, on, on, off, ...; hooks are installed/removed between iterations, outside the timing."""
+    times: dict[bool, list[int]] = {False: [], True: []}
+    walls: dict[bool, list[int]] = {False: [], True: []}
+    order = (False, True, True, False)
+    for i in range(2 * pairs):
+        on = order[i % 4]
+        if on:
+            rt.start()
+        c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+        loop.run(1)
+        times[on].append(time.thread_time_ns() - c0)
+        walls[on].append(time.perf_counter_ns() - w0)
+        if on:
+            rt.stop()
+
+    def trimmed_mean(xs: list[int]) -> float:
+        xs = sorted(xs)
+        cut = len(xs) // 50  # drop the 2 % slowest (preemption, page faults) on both sides alike
+        kept = xs[: len(xs) - cut]
+        return sum(kept) / len(kept)
+
+    off, on_ = trimmed_mean(times[False]), trimmed_mean(times[True])
+    # standard error of the difference of means, relative to the off mean
+    se = (statistics.pvariance(times[False]) / len(times[False]) + statistics.pvariance(times[True]) / len(times[True])) ** 0.5
     return {
-        "ratio_cpu": statistics.median(cpu_ratio),
-        "ratio_cpu_iqr": [q[0], q[2]],  # type: ignore[dict-item]
-        "ratio_wall": statistics.median(wall_ratio),
-        "iteration_ms": statistics.median(per_iter_off_ms),
+        "ratio_cpu": on_ / off,
+        "ratio_cpu_se": se / off,
+        "ratio_wall": trimmed_mean(walls[True]) / trimmed_mean(walls[False]),
+        "iteration_ms": off / 1e6,
+        "added_ns_per_iteration": on_ - off,
     }
 
 
@@ -167,7 +176,7 @@ def measure_hook_ns(calls: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=100, help="x100 pairs at 1 ms, x4 at 50 ms")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     rounds = 8 if args.quick else args.rounds
@@ -179,30 +188,31 @@ def main() -> int:
     hook_ns = measure_hook_ns(20_000 if args.quick else 50_000)
     print(f"hook call: {hook_ns:.0f} ns", file=sys.stderr, flush=True)
 
-    results: dict[str, dict[str, float]] = {}
-    for name, target_ms, batch, iters in (("1ms", 1.0, 8, 300), ("50ms", 50.0, 64, 12)):
+    results: dict[str, dict[str, object]] = {}
+    for name, target_ms, batch, pairs in (("1ms", 1.0, 8, 100 * rounds), ("50ms", 50.0, 64, 4 * rounds)):
         loop, ms = calibrate(target_ms, batch)
         rt.start()
         loop.run(40)  # learn the sequence, fill the detector's reference
         rt.stop()
-        print(f"[{name}] iteration ~{ms:.2f} ms CPU; {rounds} rounds of {iters} iterations", file=sys.stderr, flush=True)
-        results[name] = interleave(loop, rt, iters, rounds)
+        print(f"[{name}] iteration ~{ms:.2f} ms CPU; {pairs} off/on pairs", file=sys.stderr, flush=True)
+        results[name] = interleave(loop, rt, pairs)
         print(f"  {json.dumps(results[name])}", file=sys.stderr, flush=True)
 
     per_iter_ns = 3 * hook_ns
     out = {
-        "ratio_1ms": round(results["1ms"]["ratio_cpu"], 5),
-        "ratio_50ms": round(results["50ms"]["ratio_cpu"], 5),
+        "ratio_1ms": round(float(results["1ms"]["ratio_cpu"]), 5),  # type: ignore[arg-type]
+        "ratio_50ms": round(float(results["50ms"]["ratio_cpu"]), 5),  # type: ignore[arg-type]
         "hook_ns": round(hook_ns, 1),
-        "ratio_1ms_wall": round(results["1ms"]["ratio_wall"], 5),
-        "ratio_50ms_wall": round(results["50ms"]["ratio_wall"], 5),
-        "ratio_1ms_iqr": [round(x, 5) for x in results["1ms"]["ratio_cpu_iqr"]],  # type: ignore[union-attr]
-        "ratio_50ms_iqr": [round(x, 5) for x in results["50ms"]["ratio_cpu_iqr"]],  # type: ignore[union-attr]
-        "iteration_ms": {k: round(v["iteration_ms"], 3) for k, v in results.items()},
-        "ratio_1ms_from_hook_ns": round(1 + per_iter_ns / (results["1ms"]["iteration_ms"] * 1e6), 5),
-        "ratio_50ms_from_hook_ns": round(1 + per_iter_ns / (results["50ms"]["iteration_ms"] * 1e6), 5),
+        "ratio_1ms_wall": round(float(results["1ms"]["ratio_wall"]), 5),  # type: ignore[arg-type]
+        "ratio_50ms_wall": round(float(results["50ms"]["ratio_wall"]), 5),  # type: ignore[arg-type]
+        "ratio_1ms_se": round(float(results["1ms"]["ratio_cpu_se"]), 5),  # type: ignore[arg-type]
+        "ratio_50ms_se": round(float(results["50ms"]["ratio_cpu_se"]), 5),  # type: ignore[arg-type]
+        "added_ns_per_iteration": {k: round(float(v["added_ns_per_iteration"])) for k, v in results.items()},  # type: ignore[arg-type]
+        "iteration_ms": {k: round(float(v["iteration_ms"]), 3) for k, v in results.items()},  # type: ignore[arg-type]
+        "ratio_1ms_from_hook_ns": round(1 + per_iter_ns / (float(results["1ms"]["iteration_ms"]) * 1e6), 5),  # type: ignore[arg-type]
+        "ratio_50ms_from_hook_ns": round(1 + per_iter_ns / (float(results["50ms"]["iteration_ms"]) * 1e6), 5),  # type: ignore[arg-type]
         "rounds": rounds,
-        "measure": "training-thread CPU time, median of per-round on/off, ABBA interleaved",
+        "measure": "training-thread CPU time per iteration, off/on alternated per iteration (ABBA), 2% trimmed means",
     }
     print(json.dumps(out))
     return 0

@@ -104,14 +104,17 @@ class Detector:
         self.last_kind = kind
         self.last_t_ns = t_ns
         if self.phase == "tracking":
+            pos = self._pos
             seq = self.sequence
-            if kind == seq[self._pos]:
-                self._pos += 1
-                if self._pos == len(seq):
+            if kind == seq[pos]:
+                pos += 1
+                if pos == len(seq):
                     self._pos = 0
-                    self._unmatched = 0
+                    if self._unmatched:
+                        self._unmatched = 0
                     self._complete(t_ns)
                     return True
+                self._pos = pos
                 return False
             self._mismatch(kind)
             return False

@@ -205,8 +205,10 @@ class ChangepointRule:
         cum.append(cum[-1] + x)
         n = len(xs)
         if self._noise_floor:
-            if n - self._kmax - self._test_lo < self.options.min_ref_iters:
-                self._refresh(drift=False)  # rebased: a small reference, refreshed every iteration
+            grown = n - self._kmax - self._test_lo  # reference values added since the rebase
+            if grown < self.options.min_ref_iters:
+                if grown > 0 and grown % 5 == 0:
+                    self._refresh(drift=False)  # rebased: refresh the small reference as it grows
             else:
                 self._noise_floor = 0.0
                 self._since_block = self.options.block_iters
