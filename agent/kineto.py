@@ -11,15 +11,25 @@ file name (``rank3``, ``worker3``, ``rank_3`` ...), and the choice is logged.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import json
 import logging
 import re
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+try:  # optional: about 1.5x faster than json on Kineto files, same result
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    _loads = json.loads
 
 import numpy as np
 
@@ -56,6 +66,18 @@ def rank_from_filename(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """A trace is millions of small objects: the cyclic GC would rescan them while they are built."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def load_trace_json(path: str | Path) -> dict[str, Any]:
     """The parsed trace document; TraceError (one line, naming the file) when it is not one."""
     path = Path(path)
@@ -65,7 +87,8 @@ def load_trace_json(path: str | Path) -> dict[str, Any]:
                 data = fh.read()
         else:
             data = path.read_bytes()
-        doc = json.loads(data)
+        with _gc_paused():
+            doc = _loads(data)
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
         what = "truncated or invalid" if not isinstance(exc, FileNotFoundError) else "missing"
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -103,6 +126,11 @@ def read_kineto_trace(path: str | Path, *, rank: int | None = None, prefer_filen
 def window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str = "", session: str = "kineto"
                       ) -> RawWindow:
     """The RawWindow of a parsed trace document (``load_trace_json``) whose rank is resolved."""
+    with _gc_paused():
+        return _window_from_trace(doc, path, who, job, session)
+
+
+def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str, session: str) -> RawWindow:
     names: dict[str, int] = {}
     kinds, name_ids, tids, devs, starts, ends = [], [], [], [], [], []
     cpu_pids: Counter[int] = Counter()
