@@ -32,10 +32,10 @@ def critical_ns(start_ns: np.ndarray, end_ns: np.ndarray, level: np.ndarray,
     i0 = np.searchsorted(bounds, s)
     i1 = np.searchsorted(bounds, e)
     m = len(lengths)
-    counts = np.zeros((n_levels, m + 1), dtype=np.int64)
     lv = level[valid].astype(np.int64)
-    np.add.at(counts, (lv, i0[valid]), 1)
-    np.add.at(counts, (lv, i1[valid]), -1)
+    size = n_levels * (m + 1)
+    counts = (np.bincount(lv * (m + 1) + i0[valid], minlength=size)
+              - np.bincount(lv * (m + 1) + i1[valid], minlength=size)).reshape(n_levels, m + 1)
     active = np.cumsum(counts, axis=1)[:, :m]
     present = active > 0
     winner = np.where(present.any(axis=0), np.argmax(present, axis=0), -1)
