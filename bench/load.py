@@ -81,7 +81,7 @@ def start_localizer(tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
     store = tmp / "store.sqlite"
     ready = tmp / "ready.json"
     env = dict(os.environ, PERFTRACKER_TOKEN=TOKEN, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store", str(store),
+    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "-v", "localizer", "--port", "0", "--store", str(store),
                              "--ready-file", str(ready), "--collect-grace-s", "120"],
                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "localizer.log", "wb"))  # noqa: SIM115
     end = time.monotonic() + 60
@@ -242,6 +242,9 @@ def main() -> int:
                 log(f"  finding {f['label']} on ranks {f['ranks'][:10]}: {f['sentence'][:160]}")
         else:
             log(f"no report stored; {(tmp / 'localizer.log').read_text()[-1500:]}")
+        for line in (tmp / "localizer.log").read_text().splitlines():
+            if "localiz" in line and session in line:
+                log(f"localizer: {line}")
         log(f"upload latency ms: p50 {lat[len(lat) // 2]:.1f}, p99 {p99:.1f}, max {lat[-1]:.1f}" if lat else "no uploads")
     print(json.dumps({"agents": args.agents, "uploaded": len(acked), "stored": len(stored & acked),
                       "lost": len(acked - stored), "p99_upload_ms": round(p99, 1), "localize_s": round(localize_s, 3)}))

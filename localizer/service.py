@@ -23,6 +23,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -216,11 +217,15 @@ class LocalizerService:
     def _localize(self, session: str) -> None:
         """Localize thread: open -> localizing -> report, with the writes through the writer thread."""
         try:
+            t0 = time.monotonic()
             s = self._writer.call(lambda: self.sessions.begin_localizing(session))
             if s is None:
                 return
+            t1 = time.monotonic()
             try:
                 report = self.sessions.build_report(s, self.localize_options)
+                log.info("session %s: localizing took %.2f s (%.2f s waiting for the writer)",
+                         session, time.monotonic() - t0, t1 - t0)
             except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
                 log.exception("localizing session %s failed", session)
                 error = f"{type(exc).__name__}: {exc}"
