@@ -83,6 +83,10 @@ class Worker:
                 "tid": self.training_tid, "host": self.host}
 
 
+SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
+FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
+
+
 def _liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
     try:
         from agent.liveness import ProcState, probe
@@ -106,6 +110,7 @@ class AgentDaemon:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pollers: dict[str, asyncio.Task[None]] = {}
+        self._first_death: dict[str, tuple[int, float]] = {}  # job -> (rank, monotonic s) of its first death
         self._register_pending: dict[str, asyncio.TimerHandle] = {}
         self._registered: dict[str, frozenset[int]] = {}
         self._stopped = asyncio.Event()
@@ -163,6 +168,8 @@ class AgentDaemon:
         for w in self.workers.values():
             if w.writer is not None:
                 w.writer.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.windows.close(), 5)
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -225,6 +232,16 @@ class AgentDaemon:
                 await wire.write_message(writer, {"type": "ack", "ok": False,
                                                   "error": f"protocol {msg['protocol']} unsupported"})
                 return
+            holder = self.workers.get((msg["job"], msg["rank"]))
+            if holder is not None and holder.connected and holder.pid != msg["pid"] and _liveness(holder.pid, holder.start_ticks)[0]:
+                # two live processes claim one rank of one job (e.g. two runs of the same script): keep
+                # the first; the second retries with backoff and gets in once the first is gone
+                await wire.write_message(writer, wire.make_message(
+                    MessageType.ACK, ok=False, error=f"rank {msg['rank']} of job {msg['job']!r} is already connected "
+                    f"(pid {holder.pid}); set PERFTRACKER_JOB_ID to tell the jobs apart"))
+                self._warn_once(f"dup-{msg['job']}-{msg['rank']}", "refused pid %d: rank %d of job %s is already "
+                                "connected from pid %d", msg["pid"], msg["rank"], msg["job"], holder.pid)
+                return
             worker = self._register_worker(msg, writer)
             await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=True, agent_id=self.agent_id))
             while True:
@@ -240,11 +257,13 @@ class AgentDaemon:
         finally:
             if worker is not None and worker.writer is writer:
                 worker.writer = None
+                self.windows.forget(worker)
                 self._update_worker_metrics(worker.job)
                 log.info("worker rank %d of job %s disconnected", worker.rank, worker.job)
                 alive, state = _liveness(worker.pid, worker.start_ticks)
                 if not alive:
                     self._fail_pending(worker, f"worker process {state}")
+                self._spawn(self._on_disconnect(worker, time.monotonic()), "disconnect")
             writer.close()
 
     def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> Worker:
@@ -265,6 +284,7 @@ class AgentDaemon:
         self._update_worker_metrics(w.job)
         log.info("worker rank %d/%d of job %s registered (pid %d)", w.rank, w.world_size, w.job, w.pid)
         self._schedule_register(w.job)
+        self.windows.prime(w)
         if w.job not in self._pollers:
             self._pollers[w.job] = self._spawn(self._poll_loop(w.job), f"poll-{w.job}")
         return w
@@ -355,9 +375,16 @@ class AgentDaemon:
                     continue
                 ranks = []
                 for w in workers:
-                    alive, _ = (True, "connected") if w.connected else _liveness(w.pid, w.start_ticks)
-                    age = w.last_event_age_s + (0.0 if w.connected else time.monotonic() - w.last_seen)
-                    ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": w.phase,
+                    quiet_s = time.monotonic() - w.last_seen
+                    alive, phase = True, w.phase
+                    if not w.connected or quiet_s >= SILENT_AFTER_S:
+                        # silent: say why in the phase ("stopped", "dead", ...), see localizer.hang
+                        alive, state = _liveness(w.pid, w.start_ticks)
+                        phase = state if state in ("stopped", "disk_wait", "dead") else "silent"
+                        if not alive and (w.phase == "exited" or w.phase.startswith("dead")):
+                            phase = w.phase  # "exited" by itself, or "dead after rank N" (_on_disconnect)
+                    age = w.last_event_age_s + quiet_s  # idle_s was measured when last seen
+                    ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": phase,
                                   "last_event_age_s": round(max(0.0, age), 3), "alive": alive,
                                   "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
                 try:
@@ -365,6 +392,34 @@ class AgentDaemon:
                     self._warned.discard("heartbeat")
                 except PerftrackerError as exc:
                     self._warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
+
+    async def _on_disconnect(self, w: Worker, t: float) -> None:
+        """A worker that died without saying "exited" opens a hang session (hangs stage).
+
+        The socket closes as the process exits, so the disconnect time orders deaths: when one
+        rank is SIGKILLed, torchrun SIGTERMs the node's other workers tens of milliseconds later;
+        those are marked "dead after rank N" and are not blamed.
+        """
+        for _ in range(20):  # the socket can close a moment before the process is a zombie
+            alive, _ = _liveness(w.pid, w.start_ticks)
+            if not alive:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            return  # alive: a reconnect, not a death
+        if w.phase == "exited" or w.writer is not None:
+            return
+        first = self._first_death.get(w.job)
+        if first is not None and first[0] != w.rank and 0.0 <= t - first[1] < FOLLOW_S:
+            w.phase = f"dead after rank {first[0]}"
+            return
+        self._first_death[w.job] = (w.rank, t)
+        w.phase = "dead"
+        log.warning("worker rank %d of job %s died (pid %d)", w.rank, w.job, w.pid)
+        try:
+            await self._call("create_trigger", w.job, f"hang: rank {w.rank} process died", None)
+        except PerftrackerError as exc:
+            self._warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
 
     async def _forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)

@@ -38,6 +38,7 @@ class WindowOptions:
     window_slack_s: float = 5.0  # samplers' upper bound runs this long past window_s (plus 3 iterations)
     window_timeout_s: float = 60.0  # wait this long past window_s for a worker's WINDOW_DONE
     keep_files: bool = False  # keep raw windows, samples and pattern files after upload
+    standby_samplers: bool = True  # keep one idle samplers process per worker, ready for the next session
     processing: processing.ProcessingOptions = field(default_factory=processing.ProcessingOptions)
 
 
@@ -64,6 +65,8 @@ class WindowRunner:
         self.call = call
         self.windows_dir = Path(run_dir) / "windows"
         self._summarize_lock = asyncio.Lock()  # one summarizer at a time: one core
+        self._standby: dict[tuple[str, int], asyncio.Task[tuple[Any, Path, int]]] = {}
+        self._standby_seq = 0
         self._warned: set[str] = set()
 
     def _warn_once(self, key: str, fmt: str, *args: object) -> None:
@@ -95,14 +98,13 @@ class WindowRunner:
     async def collect(self, run: SessionRun, w: Any) -> None:
         """Sample the worker over the window, wait for its raw events, summarize and upload."""
         sampler = None
-        samples_path = self.windows_dir / run.session / f"samples-rank{w.rank}.npz"
+        samples_path: Path | None = None
         if self.options.samplers:
             now_ns = time.monotonic_ns()
             slack_s = min(self.options.window_slack_s + 3 * w.iteration_ms / 1e3, 60.0)
             end_ns = now_ns + int((run.window_s + slack_s + self.options.window_timeout_s) * 1e9)
             try:
-                samples_path.parent.mkdir(parents=True, exist_ok=True)
-                sampler = await processing.start_sampler(w.pid, w.training_tid, now_ns, end_ns, samples_path)
+                sampler, samples_path = await self._take_sampler(w, run.session, now_ns, end_ns)
             except (OSError, processing.ProcessingError) as exc:
                 self._warn_once("sampler", "samplers not started (%s); patterns will have no utilization", exc)
         log.info("session %s: rank %d samplers %s after %.1f s; starting the window", run.session, w.rank,
@@ -125,6 +127,60 @@ class WindowRunner:
         finally:
             if sampler is not None:
                 await processing.stop_process(sampler)
+            if getattr(w, "writer", None) is not None:
+                self.prime(w)  # the next session's samplers, started after this window
+
+    # ---------------------------------------------------------------- standby samplers
+    def prime(self, w: Any) -> None:
+        """Start a standby samplers process for a worker: it idles until a session moves its start
+        to "now", so a session does not wait for a Python process to start (seconds on a busy node)."""
+        if not self.options.samplers or not self.options.standby_samplers:
+            return
+        key = (w.job, w.rank)
+        old = self._standby.pop(key, None)
+        if old is not None:
+            asyncio.get_running_loop().create_task(self._discard(old))
+        self._standby_seq += 1
+        path = self.windows_dir / f"standby-{w.rank}-{self._standby_seq}.samples.npz"
+        far_ns = time.monotonic_ns() + int(30 * 86400 * 1e9)
+
+        async def spawn() -> tuple[Any, Path, int]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return await processing.start_sampler(w.pid, w.training_tid, far_ns, far_ns + 1, path), path, w.pid
+
+        self._standby[key] = asyncio.get_running_loop().create_task(spawn())
+
+    async def _discard(self, task: asyncio.Task[tuple[Any, Path, int]]) -> None:
+        with contextlib.suppress(Exception):
+            proc, path, _ = await task
+            await processing.stop_process(proc)
+            path.unlink(missing_ok=True)
+
+    def forget(self, w: Any) -> None:
+        """The worker left: stop its standby samplers."""
+        task = self._standby.pop((w.job, w.rank), None)
+        if task is not None:
+            asyncio.get_running_loop().create_task(self._discard(task))
+
+    async def _take_sampler(self, w: Any, session: str, start_ns: int, end_ns: int) -> tuple[Any, Path]:
+        task = self._standby.pop((w.job, w.rank), None)
+        if task is not None:
+            try:
+                proc, path, pid = await task
+                if pid == w.pid and proc.returncode is None and proc.stdin is not None:
+                    proc.stdin.write(f"start {start_ns}\nend {end_ns}\n".encode())
+                    await proc.stdin.drain()
+                    return proc, path
+                await processing.stop_process(proc)
+            except (OSError, ConnectionError, processing.ProcessingError) as exc:
+                log.info("standby samplers of rank %d unusable (%s); starting new ones", w.rank, exc)
+        path = self.windows_dir / session / f"samples-rank{w.rank}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return await processing.start_sampler(w.pid, w.training_tid, start_ns, end_ns, path), path
+
+    async def close(self) -> None:
+        for key in list(self._standby):
+            await self._discard(self._standby.pop(key))
 
     async def process_window(self, w: Any, session: str, done: dict[str, Any], sampler: Any,
                              samples_path: Path | None = None, run: SessionRun | None = None) -> None:

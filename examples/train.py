@@ -9,6 +9,8 @@ Faults (repeatable ``--fault KIND:key=value,...``; applied on ``--fault-ranks`` 
 
     sleep:where=dataloader|forward|backward|optimizer,ms=5,every=1
     busy_python:where=forward,ms=5        an inefficient pure-Python loop
+    compute:where=forward,frac=0.3        extra aten matmuls for 0.3x the rank's mean iteration time
+                                          before the fault (or ms=5): a slow-compute rank
     copy:mb=64                            extra tensor copies in forward (memory ops)
     gc_stall:probability=0.1,ms=50        a full garbage collection over a large heap
     hang:at_iter=100                      sleep forever in forward
@@ -43,6 +45,7 @@ import perftracker  # noqa: F401  (import starts detection; PERFTRACKER_DISABLE=
 FAULT_KINDS = {
     "sleep": {"where", "ms", "every"},
     "busy_python": {"where", "ms", "every"},
+    "compute": {"where", "ms", "frac", "every"},
     "copy": {"mb", "every"},
     "gc_stall": {"probability", "ms"},
     "hang": {"at_iter"},
@@ -122,6 +125,7 @@ class Injector:
         self.rng = random.Random(seed * 1000 + rank)
         self.iteration = 0
         self._gc_heap: list[object] = []
+        self._iter_t: list[float] = []  # perf_counter at each iteration end, for compute:frac=
 
     def _active(self, f: Fault) -> bool:
         if self.iteration < f.start_iter:
@@ -136,12 +140,16 @@ class Injector:
                     time.sleep(f.num("ms", 5) / 1000)
                 else:
                     busy_python_hotspot(f.num("ms", 5) / 1000)
+            elif f.kind == "compute" and f.where() == where and self._active(f):
+                busy_compute(f, self._iter_t)
             elif f.kind == "copy" and where == "forward" and self._active(f):
                 extra_copies(f)
             elif f.kind == "hang" and where == "forward" and self.iteration >= int(f.num("at_iter", 0)):
                 hang_forever()
 
     def end_of_iteration(self) -> None:
+        if len(self._iter_t) < 200 and any(f.kind == "compute" and self.iteration < f.start_iter for f in self.faults):
+            self._iter_t.append(time.perf_counter())
         for f in self.faults:
             if f.kind == "gc_stall" and self.iteration >= f.start_iter:
                 if self.rng.random() < f.num("probability", 0.1):
@@ -169,6 +177,25 @@ def busy_python_hotspot(seconds: float) -> int:
         for i in range(200):
             acc = (acc * 31 + i) % 1_000_003
     return acc
+
+
+def busy_compute(f: Fault, iter_t: list[float]) -> None:
+    """Extra aten::mm work (compute ops on the critical path) for ms=, or frac= x the mean iteration
+    time measured before the fault started (its last 50 iterations)."""
+    if "frac" in f.params:
+        seconds = f.state.get("seconds")
+        if not isinstance(seconds, float):
+            t = iter_t[-51:]
+            seconds = f.num("frac", 0.3) * ((t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else 0.01)
+            f.state["seconds"] = seconds
+    else:
+        seconds = f.num("ms", 5) / 1000
+    a = f.state.get("a")
+    if not isinstance(a, torch.Tensor):
+        a = f.state["a"] = torch.randn(256, 256)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.mm(a, a).clamp_(-1, 1)
 
 
 def extra_copies(f: Fault) -> None:

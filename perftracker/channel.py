@@ -17,6 +17,7 @@ channel thread, so they never block and never raise.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -48,6 +49,7 @@ class ChannelOptions:
     autostart_every_s: float = 10.0  # at most one autostart attempt per this period
     queue_max: int = 256  # outgoing messages kept while disconnected (oldest dropped)
     recent_iterations: int = 50  # iteration times sent in ITER_STATS
+    exit_flush_s: float = 0.5  # at exit, wait at most this long to send the last messages
     blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
 
 
@@ -164,6 +166,35 @@ class AgentChannel:
             except OSError:
                 pass
 
+    def at_exit(self) -> None:
+        """atexit: tell the agent how this process ends, so that it can tell an exit from a death.
+
+        After an unhandled exception (``sys.last_value``) it first sends a hang snapshot built from
+        the exception's traceback (a survivor of a dead peer fails inside the collective); then a
+        last heartbeat with phase "exited". Waits at most ``exit_flush_s``; never raises.
+        """
+        try:
+            if self._stop.is_set() or self._thread is None:
+                return
+            exc = getattr(sys, "last_value", None)
+            if isinstance(exc, BaseException) and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                from perftracker.hang import exit_snapshot
+
+                snap = exit_snapshot(self.runtime, exc)
+                if snap is not None:
+                    self._enqueue(wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snap.to_dict()))
+            beat = self._heartbeat()
+            beat["phase"] = "exited"
+            self._enqueue(beat)
+            deadline = time.monotonic() + self.options.exit_flush_s
+            while self.connected and time.monotonic() < deadline:
+                with self._lock:
+                    if not self._out:
+                        return
+                time.sleep(0.01)
+        except Exception as exc:  # noqa: BLE001 - the process is ending; never get in its way
+            log.debug("perftracker: exit report failed: %r", exc)
+
     # --- internals -----------------------------------------------------------------------------
 
     def _warn_once(self, key: str, fmt: str, *args: object) -> None:
@@ -196,7 +227,7 @@ class AgentChannel:
                 self._stop.wait(self._retry_delay(delay))
                 delay = min(delay * 2, self.options.backoff_max_s)
                 continue
-            delay = self.options.backoff_min_s
+            connects = self.connects
             try:
                 self._serve(sock)
             except (TransportError, OSError) as exc:
@@ -207,6 +238,11 @@ class AgentChannel:
             finally:
                 self._connected.clear()
                 sock.close()
+            if self.connects > connects:  # it was registered: the next attempt may come soon
+                delay = self.options.backoff_min_s
+            else:  # refused or failed before registering: back off
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.options.backoff_max_s)
 
     def _connect(self) -> socket.socket | None:
         try:
@@ -262,8 +298,6 @@ class AgentChannel:
         sock.settimeout(opts.connect_timeout_s)
         self.connects += 1
         self._connected.set()
-        self._warned.discard("connect")
-        self._warned.discard("lost")
         log.info("perftracker: registered with the node agent at %s", self.path)
         decoder = wire.FrameDecoder()
         next_beat = 0.0
@@ -436,6 +470,8 @@ def start_channel(runtime: Any, config: Config, options: ChannelOptions | None =
 
         if multiprocessing.parent_process() is not None:  # a DataLoader/multiprocessing child
             return None
+        if "_pytest" in sys.modules and "PERFTRACKER_RUN_DIR" not in os.environ:
+            return None  # a test process that imported perftracker: no agent traffic unless asked for
         with _channel_lock:
             if _channel is not None and _channel.runtime is runtime and not _channel._stop.is_set():
                 return _channel
@@ -444,6 +480,7 @@ def start_channel(runtime: Any, config: Config, options: ChannelOptions | None =
             ch = AgentChannel(runtime, config, options)
             runtime.set_sink(ch)
             _channel = ch.start()
+            atexit.register(ch.at_exit)
             return ch
     except Exception as exc:  # noqa: BLE001 - never break training
         log.warning("perftracker: agent channel not started: %r; detection goes on without an agent", exc)

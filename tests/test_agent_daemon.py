@@ -82,7 +82,7 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
 
 
 def test_worker_whose_window_fails_is_named_missing(run_dir: Path, tmp_path: Path) -> None:
-    agent = AgentProc(run_dir, tmp_path / "runs", "--no-samplers", "--collect-grace-s", "10",
+    agent = AgentProc(run_dir, tmp_path / "runs", "--no-samplers", "--collect-grace-s", "30",
                       "--poll-timeout-s", "5")
     try:
         agent.wait_ready()
@@ -94,7 +94,7 @@ def test_worker_whose_window_fails_is_named_missing(run_dir: Path, tmp_path: Pat
         assert m0["type"] == m1["type"] == "start_window" and m0["session"] == session
         w0.answer_window(m0, run_dir / "windows")
         w1.send(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0, end_ns=0, error="disk full")
-        report = wait_until(lambda: up.get_report(session), 30, step_s=0.3, what="partial report")
+        report = wait_until(lambda: up.get_report(session), 60, step_s=0.3, what="partial report")
         assert report.status == "partial" and report.ranks_missing == (1,) and report.ranks_reported == (0,)
         assert "disk full" in agent.log()
     finally:
