@@ -410,6 +410,8 @@ class LocalizerService:
             return web.json_response(body)
         if s.state == "failed":
             return _error(409, f"session {session!r} failed: {s.error}", state=s.state)
+        if s.state == "done":  # closed with no report, e.g. a hang session whose job resumed
+            return _error(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
         return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
                                   "deadline_ns": s.deadline_ns}, status=202)
 

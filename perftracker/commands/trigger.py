@@ -112,6 +112,8 @@ def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> 
             time.sleep(0.5)
     finally:
         progress.done()
+    if s.get("error"):  # closed with no report, e.g. a hang session whose job resumed
+        return 0, ""
     path = s.get("report_path")
     if path and Path(path).is_file():
         return 0, path
@@ -135,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
     if code:
         sys.stderr.write(f"perftracker: {text}\n")
         return code
+    if not text:
+        say(f"session {session} closed without a report: {up.get_session(session)['error']}")
+        return 0
     report = up.get_report(session)
     say(f"report: {text}")
     if report is not None:
