@@ -9,7 +9,7 @@ Faults (repeatable ``--fault KIND:key=value,...``; applied on ``--fault-ranks`` 
 
     sleep:where=dataloader|forward|backward|optimizer,ms=5,every=1
     busy_python:where=forward,ms=5        an inefficient pure-Python loop
-    compute:where=forward,frac=0.3        extra aten matmuls for 0.3x the rank's mean iteration time
+    compute:where=forward,frac=0.3        extra batched matmuls (aten::bmm) for 0.3x the rank's mean iteration time
                                           before the fault (or ms=5): a slow-compute rank
     copy:mb=64                            extra tensor copies in forward (memory ops)
     gc_stall:probability=0.1,ms=50        a full garbage collection over a large heap
@@ -180,8 +180,8 @@ def busy_python_hotspot(seconds: float) -> int:
 
 
 def busy_compute(f: Fault, iter_t: list[float]) -> None:
-    """Extra aten::mm work (compute ops on the critical path) for ms=, or frac= x the mean iteration
-    time measured before the fault started (its last 50 iterations)."""
+    """Extra compute ops (aten::bmm) on the critical path for ms=, or frac= x the mean iteration time
+    measured before the fault started (its last 50 iterations)."""
     if "frac" in f.params:
         seconds = f.state.get("seconds")
         if not isinstance(seconds, float):
@@ -190,12 +190,13 @@ def busy_compute(f: Fault, iter_t: list[float]) -> None:
             f.state["seconds"] = seconds
     else:
         seconds = f.num("ms", 5) / 1000
-    a = f.state.get("a")
-    if not isinstance(a, torch.Tensor):
-        a = f.state["a"] = torch.randn(256, 256)
+    ab = f.state.get("ab")
+    if not isinstance(ab, tuple):
+        ab = f.state["ab"] = (torch.randn(4, 128, 128), torch.randn(4, 128, 128), torch.empty(4, 128, 128))
+    a, b, c = ab
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        a = torch.mm(a, a).clamp_(-1, 1)
+        torch.bmm(a, b, out=c)  # batched matmuls: compute ops of their own (aten::bmm)
 
 
 def extra_copies(f: Fault) -> None:

@@ -2,9 +2,9 @@
 
 1. Starts a node agent with its embedded localizer (reports under ./perftracker-runs/).
 2. Runs examples/train.py on 4 CPU workers (torchrun, gloo) with `import perftracker`.
-3. From iteration 100 on, one rank computes more: examples/train.py's ``compute`` fault adds aten
-   matmuls in its forward pass for 0.5x the rank's own mean iteration time, so the job slows down by
-   about half, as with a slow or throttled processor on that rank.
+3. From iteration 100 on, one rank computes more: examples/train.py's ``compute`` fault adds batched
+   matmuls (aten::bmm) in its forward pass for 0.5x the rank's own mean iteration time, so the job
+   slows down by about half.
 4. Waits for perftracker's own detector to trigger, for every worker's profile window and for the
    localizer's report; prints the report, the end-to-end time from trigger to stored report minus
    the window, and whether the report names the throttled rank with compute as the cause.
