@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+_log = math.log
 _IQR_TO_SIGMA = 1.349  # interquartile range of a normal, in sigmas
 _MEDIAN_SE = 1.2533  # standard error of a median, in units of sigma / sqrt(n), for a normal
 
@@ -123,7 +124,7 @@ class ChangepointRule:
         self._ref_lo = 0  # the reference starts here in xs
         self._test_lo = 0  # test windows use xs[test_lo:] only
         self._anchors: deque[float] = deque(maxlen=self.options.anchor_blocks)
-        self._since_block = 0
+        self._countdown = 1  # iterations until _maintain runs
         self._level = math.nan  # reference median (log ns)
         self._noise = math.nan  # reference robust sigma (log units)
         self._noise_floor = 0.0  # after a rebase: the noise seen before it (stay conservative)
@@ -146,7 +147,7 @@ class ChangepointRule:
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
         self._anchors.clear()
-        self._since_block = 0
+        self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
         self._refresh(drift=False)
 
@@ -198,33 +199,41 @@ class ChangepointRule:
                 }
         return None
 
+    def _maintain(self) -> dict[str, object] | None:
+        """Warm-up, the growing reference after a rebase, and the per-block refresh + drift test."""
+        o = self.options
+        n = len(self._xs)
+        self._countdown = 1
+        if self._noise_floor:  # rebased: refresh the small reference every 5 new values
+            grown = n - self._kmax - self._test_lo
+            if grown < o.min_ref_iters:
+                if grown > 0 and grown % 5 == 0:
+                    self._refresh(drift=False)
+                return None
+            self._noise_floor = 0.0
+        if n - self._kmax - self._ref_lo < o.min_ref_iters:
+            self._tests = ()  # warming up
+            return None
+        self._countdown = o.block_iters
+        self._trim()
+        detail = self._refresh()
+        if detail is not None:
+            self._rebase(min(self._kmax, len(self._xs) - self._test_lo))
+        return detail
+
     def observe(self, duration_ns: int) -> dict[str, object] | None:
-        xs, cum = self._xs, self._cum
-        x = math.log(duration_ns) if duration_ns > 0 else 0.0
+        xs = self._xs
+        cum = self._cum
+        x = _log(duration_ns) if duration_ns > 0 else 0.0
         xs.append(x)
         cum.append(cum[-1] + x)
+        self._countdown -= 1
+        if self._countdown <= 0:  # once per block, or every iteration while warming up / rebased
+            detail = self._maintain()
+            if detail is not None:
+                return detail
+            cum = self._cum
         n = len(xs)
-        if self._noise_floor:
-            grown = n - self._kmax - self._test_lo  # reference values added since the rebase
-            if grown < self.options.min_ref_iters:
-                if grown > 0 and grown % 5 == 0:
-                    self._refresh(drift=False)  # rebased: refresh the small reference as it grows
-            else:
-                self._noise_floor = 0.0
-                self._since_block = self.options.block_iters
-        if not self._noise_floor:
-            self._since_block += 1
-            if self._since_block >= self.options.block_iters or not self._tests:
-                if n - self._kmax - self._ref_lo < self.options.min_ref_iters:
-                    return None  # warming up
-                self._since_block = 0
-                self._trim()
-                n = len(xs)
-                cum = self._cum
-                detail = self._refresh()
-                if detail is not None:
-                    self._rebase(min(self._kmax, n - self._test_lo))
-                    return detail
         avail = n - self._test_lo
         top = cum[n]
         for k, bound_k in self._tests:
