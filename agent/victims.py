@@ -27,7 +27,9 @@ from agent import categories as cat
 from perftracker.rawdata import EventKind, RawWindow
 
 REDUCER_WAIT = "ddp.reducer::wait (allreduce, in autograd engine)"
-_ENGINE = re.compile(r"^<built-in method run_backward of ")
+# the engine call: torch's Python tracer records the C builtin; a stack sampler sees only the
+# innermost Python frame that calls it
+_ENGINE = re.compile(r"(^<built-in method run_backward of |\): _engine_run_backward$)")
 _FINALIZE = re.compile(r"reducer::copy_bucket_to_grad$")
 
 
@@ -68,8 +70,12 @@ def add_reducer_waits(kind: np.ndarray, name_id: np.ndarray, names: list[str], r
         has = (j < len(f_start)) & (f_start[jj] < e_end)
         w_end = np.where(has, f_start[jj], e_end)
     ok &= w_end > w_start
-    pairs = np.unique(np.stack([w_start[ok], w_end[ok]], axis=1).astype(np.int64), axis=0)
-    return ExtraEvents(REDUCER_WAIT, pairs[:, 0].copy(), pairs[:, 1].copy())
+    # nested engine frames (the Python wrapper and the builtin) give one wait: keep the innermost
+    ws, we = w_start[ok].astype(np.int64), w_end[ok].astype(np.int64)
+    order = np.lexsort((we, ws))
+    ws, we = ws[order], we[order]
+    first = np.r_[True, ws[1:] != ws[:-1]] if len(ws) else np.zeros(0, dtype=bool)
+    return ExtraEvents(REDUCER_WAIT, ws[first], we[first])
 
 
 def reducer_wait_intervals(raw: RawWindow) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,10 @@ def main() -> None:
 
     for _ in range(5):
         step()
+    if os.environ.get("MODE") == "online":
+        online_window(rank, step)
+        dist.destroy_process_group()
+        return
     sampler = subprocess.Popen(
         [sys.executable, "-m", "tests.schedstat_sampler", str(os.getpid()), str(threading.get_native_id()),
          os.path.join(OUT, f"samples{rank}.npz")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -79,6 +85,38 @@ def main() -> None:
     prof.export_chrome_trace(prof_path)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def online_window(rank: int, step: Callable[[], None]) -> None:
+    """perftracker's own online path: ProfileWindow (Kineto ops + stack sampler + GC) and the
+    agent.samplers process; copies its RawWindow and SampleSet files to OUT."""
+    import shutil
+    import socket
+
+    from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+
+    ident = SimpleNamespace(rank=rank, world_size=dist.get_world_size(), host=socket.gethostname(), pid=os.getpid(),
+                            training_tid=threading.get_native_id(), job="summarizer-test", local_rank=rank)
+    win = ProfileWindow(ident, OUT, options=WindowOptions(stacks="sample", spawn_sampler=True))
+    done: list[WindowResult] = []
+    assert win.arm("online", float(os.environ.get("WINDOW_S", "0.6")), done.append)
+    iteration = 0
+    flag = torch.zeros(1)
+    while True:
+        step()
+        iteration += 1
+        win.on_boundary(time.monotonic_ns(), iteration)
+        flag.fill_(1.0 if done else 0.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank steps until every window is written
+        if flag.item() > 0:
+            break
+    res = done[0]
+    assert not res.error and res.raw_path is not None, res.error
+    shutil.copy(res.raw_path, os.path.join(OUT, f"online_raw{rank}.npz"))
+    if res.samples_path is not None:
+        shutil.copy(res.samples_path, os.path.join(OUT, f"online_samples{rank}.npz"))
+    with open(os.path.join(OUT, f"online_iters{rank}.txt"), "w") as fh:
+        fh.write(str(res.iterations))
 
 
 if __name__ == "__main__":

@@ -79,14 +79,22 @@ def main() -> int:
     nxt = time.monotonic_ns()
     print("ready", flush=True)
     while not stop.is_set():
-        ts.append(time.monotonic_ns())
+        # On a loaded host this process can be preempted between reading the clock and the
+        # counter; such a sample would pin CPU time to the wrong moment, so it is dropped (the
+        # next sample's interval then covers the gap).
+        t0 = time.monotonic_ns()
         if perf is not None:
-            runs.append(struct.unpack("Q", os.read(perf, 8))[0])
-            states.append(True)
+            run = struct.unpack("Q", os.read(perf, 8))[0]
+            running = True
         else:
-            runs.append(int(os.pread(sched, 128, 0).split()[0]))
+            run = int(os.pread(sched, 128, 0).split()[0])
             raw = os.pread(stat, 512, 0)
-            states.append(raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3] == b"R")
+            running = raw[raw.rindex(b")") + 2 : raw.rindex(b")") + 3] == b"R"
+        t1 = time.monotonic_ns()
+        if t1 - t0 <= 100_000:
+            ts.append((t0 + t1) // 2)
+            runs.append(run)
+            states.append(running)
         nxt += period_ns
         delay = nxt - time.monotonic_ns()
         if delay > 0:

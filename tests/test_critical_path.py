@@ -172,3 +172,23 @@ def test_nest_and_self_segments() -> None:
     seg = self_segments(start, end, n.parent)
     per = np.bincount(seg.owner, weights=seg.end_ns - seg.start_ns, minlength=5)
     assert per.tolist() == [60, 20, 10, 10, 5]
+
+
+def test_reducer_wait_with_sampled_stacks_and_nested_engine_frames() -> None:
+    wrapper = "torch/autograd/graph.py(829): _engine_run_backward"
+    raw = raw_window([
+        (K.PYTHON, "step", T, 0, 1000),
+        (K.PYTHON, wrapper, T, 100, 950),
+        (K.PYTHON, "<built-in method run_backward of torch._C._EngineBase object at 0x1>", T, 110, 900),
+        (K.CPU_OP, "c10d::allreduce_", T, 200, 250),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p[REDUCER_WAIT].executions == 1
+    assert p[REDUCER_WAIT].beta == pytest.approx(0.65)  # [250, 900): to the end of the innermost call
+    # a stack sampler sees only the Python wrapper: the rule still applies
+    sampled = raw_window([
+        (K.PYTHON, "step", T, 0, 1000),
+        (K.PYTHON, wrapper, T, 100, 950),
+        (K.CPU_OP, "c10d::allreduce_", T, 200, 250),
+    ])
+    assert by_key(summarize_window(sampled))[REDUCER_WAIT].beta == pytest.approx(0.7)
