@@ -154,14 +154,75 @@ def read_pattern_set(path: str | Path) -> PatternSet:
     return PatternSet.from_bytes(data)
 
 
+class SummarizerWorker:
+    """``python -m agent.summarize_worker``: one long-lived summarizer process (one core, nice 19).
+
+    Not thread-safe: the caller runs one request at a time. A worker that dies or times out is
+    killed and replaced on the next request."""
+
+    def __init__(self, options: ProcessingOptions | None = None) -> None:
+        self.options = options or ProcessingOptions()
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        if self._proc is None or self._proc.returncode is not None:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agent.summarize_worker", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=child_env(),
+                preexec_fn=low_priority(self.options.summarize_cpu, self.options.summarize_nice))
+        return self._proc
+
+    async def run(self, raw: str | Path, samples: str | Path | None, out: str | Path) -> None:
+        proc = await self._ensure()
+        assert proc.stdin is not None and proc.stdout is not None
+        req = {"raw": str(raw), "samples": str(samples) if samples else None, "out": str(out)}
+        try:
+            proc.stdin.write((json.dumps(req) + "\n").encode())
+            await proc.stdin.drain()
+            line = await asyncio.wait_for(proc.stdout.readline(), self.options.summarize_timeout_s)
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            await self.close()
+            raise ProcessingError(f"summarizer for {raw} failed: {type(exc).__name__} {exc}") from None
+        if not line:
+            await self.close()
+            raise ProcessingError(f"summarizer for {raw} exited")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            await self.close()
+            raise ProcessingError(f"summarizer for {raw}: unreadable answer {line[:100]!r}") from None
+        if answer.get("rc") != 0:
+            raise ProcessingError(f"summarizer for {raw} failed: {str(answer.get('error', ''))[-500:]}")
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.stdin is not None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.close()
+            await stop_process(proc)
+
+
 async def summarize(raw: str | Path, samples: str | Path | None, out: str | Path,
-                    options: ProcessingOptions | None = None) -> PatternSet:
+                    options: ProcessingOptions | None = None, worker: SummarizerWorker | None = None) -> PatternSet:
+    """Summarize one raw window in a separate low-priority process and read the PatternSet back.
+
+    With ``worker`` the long-lived summarizer process does it; otherwise (or if that fails) a
+    one-shot ``python -m agent.summarize``."""
     opts = options or ProcessingOptions()
-    cmd = summarize_command(raw, samples, out)
-    proc = await start_process(cmd, low_priority(opts.summarize_cpu, opts.summarize_nice))
-    tail = await finish_process(proc, opts.summarize_timeout_s, f"summarizer for {raw}")
-    if tail:
-        log.debug("summarizer: %s", tail)
+    done = False
+    if worker is not None:
+        try:
+            await worker.run(raw, samples, out)
+            done = True
+        except ProcessingError as exc:
+            log.warning("%s; retrying in a one-shot summarizer process", exc)
+    if not done:
+        cmd = summarize_command(raw, samples, out)
+        proc = await start_process(cmd, low_priority(opts.summarize_cpu, opts.summarize_nice))
+        tail = await finish_process(proc, opts.summarize_timeout_s, f"summarizer for {raw}")
+        if tail:
+            log.debug("summarizer: %s", tail)
     try:
         return read_pattern_set(out)
     except (OSError, PerftrackerError, ValueError) as exc:

@@ -39,6 +39,7 @@ class WindowOptions:
     window_timeout_s: float = 60.0  # wait this long past window_s for a worker's WINDOW_DONE
     keep_files: bool = False  # keep raw windows, samples and pattern files after upload
     standby_samplers: bool = True  # keep one idle samplers process per worker, ready for the next session
+    summarize_worker: bool = True  # one long-lived summarizer process instead of one per window
     processing: processing.ProcessingOptions = field(default_factory=processing.ProcessingOptions)
 
 
@@ -67,6 +68,7 @@ class WindowRunner:
         self._summarize_lock = asyncio.Lock()  # one summarizer at a time: one core
         self._standby: dict[tuple[str, int], asyncio.Task[tuple[Any, Path, int]]] = {}
         self._standby_seq = 0
+        self._summarizer = processing.SummarizerWorker(options.processing) if options.summarize_worker else None
         self._warned: set[str] = set()
 
     def _warn_once(self, key: str, fmt: str, *args: object) -> None:
@@ -181,6 +183,8 @@ class WindowRunner:
     async def close(self) -> None:
         for key in list(self._standby):
             await self._discard(self._standby.pop(key))
+        if self._summarizer is not None:
+            await self._summarizer.close()
 
     async def process_window(self, w: Any, session: str, done: dict[str, Any], sampler: Any,
                              samples_path: Path | None = None, run: SessionRun | None = None) -> None:
@@ -201,7 +205,7 @@ class WindowRunner:
         out = raw.with_name(raw.stem + ".patterns")
         t0 = time.monotonic()
         async with self._summarize_lock:
-            ps = await processing.summarize(raw, samples, out, self.options.processing)
+            ps = await processing.summarize(raw, samples, out, self.options.processing, self._summarizer)
         self.metrics.inc("perftracker_summarize_seconds_sum", time.monotonic() - t0)
         self.metrics.inc("perftracker_summarize_seconds_count")
         try:
