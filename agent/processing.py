@@ -163,14 +163,23 @@ class SummarizerWorker:
     def __init__(self, options: ProcessingOptions | None = None) -> None:
         self.options = options or ProcessingOptions()
         self._proc: asyncio.subprocess.Process | None = None
+        self._starting: asyncio.Lock | None = None
 
     async def _ensure(self) -> asyncio.subprocess.Process:
-        if self._proc is None or self._proc.returncode is not None:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent.summarize_worker", stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=child_env(),
-                preexec_fn=low_priority(self.options.summarize_cpu, self.options.summarize_nice))
-        return self._proc
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._proc is None or self._proc.returncode is not None:
+                self._proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "agent.summarize_worker", stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=child_env(),
+                    preexec_fn=low_priority(self.options.summarize_cpu, self.options.summarize_nice))
+            return self._proc
+
+    async def warm_up(self) -> None:
+        """Start the process ahead of the first window (its imports take seconds on a busy node)."""
+        with contextlib.suppress(OSError):
+            await self._ensure()
 
     async def run(self, raw: str | Path, samples: str | Path | None, out: str | Path) -> None:
         proc = await self._ensure()

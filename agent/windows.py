@@ -136,6 +136,8 @@ class WindowRunner:
     def prime(self, w: Any) -> None:
         """Start a standby samplers process for a worker: it idles until a session moves its start
         to "now", so a session does not wait for a Python process to start (seconds on a busy node)."""
+        if self._summarizer is not None and self._summarizer._proc is None:
+            asyncio.get_running_loop().create_task(self._summarizer.warm_up())
         if not self.options.samplers or not self.options.standby_samplers:
             return
         key = (w.job, w.rank)

@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         opened_ns = int(info.get("opened_ns") or session.get("opened_ns") or 0)
         e2e_s = (report.created_ns - opened_ns) / 1e9 - report.window_s
     finally:
+        agent.stop()  # first: the training's end below is ours, not a death for the hang detector to report
         if train is not None and train.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(train.pid, signal.SIGTERM)
@@ -157,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(train.pid, signal.SIGKILL)
                 train.wait()
-        agent.stop()
 
     if args.format == "json":
         from localizer.render import json as render_json
