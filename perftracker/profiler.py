@@ -126,14 +126,19 @@ def kineto_rows(
     events = result.events()
     main_rf = None
     for e in events:
-        if e.name() == MARKER:
+        if e.activity_type() == "user_annotation" and e.name() == MARKER:
             main_rf = e.start_thread_id()
             break
     rows = KinetoRows()
     cpu = torch.autograd.DeviceType.CPU
+    undecodable = 0
     for e in events:
         tick()
-        name = e.name()
+        try:
+            name = e.name()
+        except UnicodeDecodeError:  # seen for Python-tracer events read off the main thread
+            undecodable += 1
+            name = "<undecodable name>"
         if name == MARKER:
             continue
         start = e.start_ns() - offset_ns
@@ -164,6 +169,8 @@ def kineto_rows(
         else:
             rows.python_id.append(-1)
             rows.python_parent_id.append(-1)
+    if undecodable:
+        log.warning("%d profiler events had undecodable names (kept as '<undecodable name>')", undecodable)
     if main_rf is None:
         log.warning("window marker missing from the profile: training-thread events keep RecordFunction ids")
     return rows

@@ -57,6 +57,7 @@ class WindowOptions:
     sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
     writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
+    writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,7 @@ class ProfileWindow:
     # ---------------------------------------------------------------- writer thread
     def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
         try:  # the writer yields the CPU to training as well as the GIL (Throttle)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.options.writer_nice)
         except (OSError, AttributeError):
             pass
         res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)

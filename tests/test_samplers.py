@@ -86,14 +86,19 @@ _BUSY_CHILD = textwrap.dedent("""\
 def test_sampler_process_on_a_real_thread(tmp_path: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", _BUSY_CHILD], stdout=subprocess.PIPE, text=True)
     try:
-        start = time.monotonic_ns() + 1_500_000_000  # the sampler's own start-up comes first
-        end = start + 1_000_000_000
+        far = time.monotonic_ns() + 3600 * 10**9
         out = tmp_path / "s.npz"
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        r = subprocess.run([sys.executable, "-m", "agent.samplers", "--pid", str(child.pid), "--tid", str(child.pid),
-                            "--start-ns", str(start), "--end-ns", str(end), "--out", str(out), "--samplers", "procfs"],
-                           capture_output=True, text=True, timeout=60, env=env)
-        assert r.returncode == 0, r.stderr
+        p = subprocess.Popen([sys.executable, "-m", "agent.samplers", "--pid", str(child.pid), "--tid", str(child.pid),
+                              "--start-ns", str(far), "--end-ns", str(far), "--out", str(out), "--samplers", "procfs",
+                              "--control-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().strip() == "ready"  # as the window does: bounds once it is up
+        start = time.monotonic_ns() + 100_000_000
+        end = start + 1_000_000_000
+        p.stdin.write(f"start {start}\nend {end}\n")
+        p.stdin.flush()
+        assert p.wait(timeout=60) == 0
         phases, _ = child.communicate(timeout=60)
     finally:
         child.kill()
