@@ -10,6 +10,9 @@ Files in the runs directory:
 - ``localizer.lock``: an flock held while it runs, so exactly one embedded localizer serves a
   runs directory. A second ``start_embedded`` on the same directory finds the first and returns a
   handle on it (``owned`` False) instead of starting another.
+
+Expected ranges: ``start_embedded(..., expect_path=FILE)``, or ``PERFTRACKER_EXPECT=FILE`` in the
+environment, replaces the built-in profiles (the format of ``localizer/expected.toml``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import IO
 
 from localizer.service import LocalizerService, ServiceOptions
 from localizer.store import Store
+from localizer.validate import validate_expect_file
 from perftracker.errors import PerftrackerError
 
 log = logging.getLogger(__name__)
@@ -125,10 +129,20 @@ class EmbeddedLocalizer:
 
 def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.0.0.1", port: int = 0,
                    token: str | None = None, options: ServiceOptions | None = None,
-                   timeout_s: float = 15.0) -> EmbeddedLocalizer:
+                   timeout_s: float = 15.0, expect_path: str | Path | None = None) -> EmbeddedLocalizer:
     """Start the embedded localizer on a daemon thread, or attach to the one already serving ``runs_dir``.
 
-    ``options.report_dir`` defaults to ``<runs_dir>/reports``. Returns once it answers on its URL."""
+    ``options.report_dir`` defaults to ``<runs_dir>/reports``. ``expect_path`` (else
+    ``options.expect_path``, else the environment's ``PERFTRACKER_EXPECT``) is an expected-ranges
+    TOML file used instead of the built-in profiles; a bad one raises ConfigError before anything
+    starts. Returns once it answers on its URL."""
+    opts = options or ServiceOptions()
+    expect = expect_path or opts.expect_path or os.environ.get("PERFTRACKER_EXPECT") or None
+    if expect is not None:
+        from dataclasses import replace
+
+        validate_expect_file(expect)
+        opts = replace(opts, expect_path=str(Path(expect).resolve()))
     runs = Path(runs_dir).resolve()
     runs.mkdir(parents=True, exist_ok=True)
     lock_file = open(runs / LOCK_NAME, "a+")  # noqa: SIM115 - held for the service's lifetime
@@ -143,7 +157,6 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
         return EmbeddedLocalizer(runs, found[0], found[1], owned=False)
 
     tok = token or read_or_create_token(runs)
-    opts = options or ServiceOptions()
     if opts.report_dir is None:
         from dataclasses import replace
 

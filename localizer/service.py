@@ -8,6 +8,12 @@ the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx
 
 An upload is acknowledged only after the store committed it. Localization runs in a one-thread
 executor so that the event loop keeps answering while a session is localized.
+
+In a Kubernetes pod (``localizer.k8s.from_environment()``, looked up once at startup; None and a
+no-op elsewhere) a new session also expects the ranks of the job's pods, merged with the
+registrations, and every stored report is posted as Warning Events on the pods of the ranks it
+names. Both API calls run on a one-thread "k8s" executor, never on the event loop; a failed pod
+listing is logged and the session keeps the registrations' ranks.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hmac
 import importlib
 import json
@@ -33,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from localizer.k8s import JobTopology, KubernetesClient, from_environment
 from localizer.sessions import SessionManager, SessionOptions
 from localizer.store import SessionRecord, Store
 from localizer.validate import (
@@ -42,6 +50,7 @@ from localizer.validate import (
     parse_registration,
     parse_timeout,
     parse_trigger,
+    validate_expect_file,
 )
 from perftracker.clock import Clock
 from perftracker.errors import PerftrackerError, SchemaError
@@ -60,6 +69,9 @@ class ServiceOptions:
     max_poll_s: float = 60.0  # longest long poll
     check_interval_s: float = 0.25  # how often deadlines are checked
     report_dir: str | None = None  # also write each report as <report_dir>/<session>.json
+    expect_path: str | None = None  # expected ranges (TOML, --expect FILE); None: the built-in profiles
+    kubernetes: bool = True  # look for an in-cluster Kubernetes API at startup (no-op outside a pod)
+    k8s_lookup_wait_s: float = 5.0  # a trigger's answer waits this long for the pod listing
     sessions: SessionOptions = field(default_factory=SessionOptions)
 
 
@@ -74,13 +86,22 @@ class LocalizerService:
     """The aiohttp application and its background deadline checker."""
 
     def __init__(self, store: Store, token: str, options: ServiceOptions | None = None,
-                 clock: Clock | None = None, localize_options: object | None = None) -> None:
+                 clock: Clock | None = None, localize_options: object | None = None,
+                 k8s_client: KubernetesClient | None = None) -> None:
+        """``k8s_client``: a Kubernetes client to use; None: ``from_environment()`` at startup
+        (when ``options.kubernetes``). Raises ConfigError for a bad ``options.expect_path``."""
         if not token:
             raise PerftrackerError("the localizer needs a bearer token (--token, PERFTRACKER_TOKEN or a token file)")
         self.store = store
         self.options = options or ServiceOptions()
         self.sessions = SessionManager(store, clock, self.options.sessions)
+        if self.options.expect_path is not None:
+            validate_expect_file(self.options.expect_path)
         self.localize_options = localize_options
+        self.k8s: KubernetesClient | None = k8s_client
+        self._k8s_executor: ThreadPoolExecutor | None = None
+        self._topologies: dict[str, JobTopology] = {}  # job -> its pods at its latest session open
+        self._k8s_sessions: set[str] = set()  # sessions whose pods were looked up
         self._token = token.encode()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
         # the only thread that writes the store; after each commit it starts due localizations
@@ -169,6 +190,11 @@ class LocalizerService:
     async def _on_startup(self, app: web.Application) -> None:
         self.sessions.recover()
         loop = asyncio.get_running_loop()
+        if self.k8s is None and self.options.kubernetes:
+            self.k8s = await asyncio.to_thread(from_environment)
+        if self.k8s is not None:
+            self._k8s_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k8s")
+            log.info("Kubernetes integration on: namespace %s", self.k8s.options.namespace)
         # import numpy/statsmodels now, on the localize thread, not when the first report is due
         loop.run_in_executor(self._executor, _warm_imports)
         self._checker = loop.create_task(self._check_deadlines())
@@ -182,6 +208,8 @@ class LocalizerService:
             ev.set()
         # a localization in progress finishes (its writes go through the writer, closed after it)
         await asyncio.to_thread(self._executor.shutdown, True)
+        if self._k8s_executor is not None:  # its lookups write through the writer: close that last
+            await asyncio.to_thread(self._k8s_executor.shutdown, True)
         await asyncio.to_thread(self._writer.close)
 
     async def _check_deadlines(self) -> None:
@@ -223,7 +251,7 @@ class LocalizerService:
                 return
             t1 = time.monotonic()
             try:
-                report = self.sessions.build_report(s, self.localize_options)
+                report = self.sessions.build_report(s, self._localize_options())
                 log.info("session %s: localizing took %.2f s (%.2f s waiting for the writer)",
                          session, time.monotonic() - t0, t1 - t0)
             except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
@@ -233,11 +261,82 @@ class LocalizerService:
                 return
             if self._writer.call(lambda: self.sessions.finish(session, report)):
                 self._write_report_file(report)
+                self._submit_k8s(self._post_events, report)
         except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
             log.exception("localizing session %s stopped", session)
         finally:
             with self._localizing_lock:
                 self._localizing.discard(session)
+
+    def _localize_options(self) -> object | None:
+        """The options handed to ``localize``: ``expect_path`` from the service options (localize thread)."""
+        opts = self.localize_options
+        if self.options.expect_path is None:
+            return opts
+        from localizer.localize import LocalizeOptions  # lazy: the numpy/statsmodels stage
+
+        if opts is None:
+            return LocalizeOptions(expect_path=self.options.expect_path)
+        if isinstance(opts, LocalizeOptions) and opts.expect_path is None and opts.expectations is None:
+            return dataclasses.replace(opts, expect_path=self.options.expect_path)
+        return opts
+
+    # ---------------------------------------------------------------- kubernetes
+    def _submit_k8s(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any] | None:
+        """Run a blocking Kubernetes call on the k8s thread; None when there is no cluster."""
+        if self.k8s is None or self._k8s_executor is None:
+            return None
+        try:
+            return self._k8s_executor.submit(fn, *args)
+        except RuntimeError:  # shutting down
+            return None
+
+    def _expect_pods(self, s: SessionRecord) -> concurrent.futures.Future[Any] | None:
+        """Once per session: list the job's pods and let the session expect their ranks too."""
+        if self.k8s is None or s.session in self._k8s_sessions:
+            return None
+        self._k8s_sessions.add(s.session)
+        return self._submit_k8s(self._merge_topology, s.session, s.job)
+
+    def _merge_topology(self, session: str, job: str) -> SessionRecord | None:
+        """k8s thread: expected ranks = registrations + the job's pods. On any error the session keeps
+        the registrations' ranks. Returns the session after the merge, or None."""
+        assert self.k8s is not None
+        try:
+            topology = self.k8s.job_topology(job)
+        except Exception as exc:  # noqa: BLE001 - K8sError, or anything else the client raises
+            log.warning("session %s: expected ranks from the registrations only (pods of job %s not listed: %s)",
+                        session, job, exc)
+            return None
+        self._topologies[job] = topology
+        try:
+            merged = self._writer.call(lambda: self.store.expect_ranks(session, topology.expected_ranks))
+        except Exception:  # noqa: BLE001 - the store failed; the session keeps its ranks
+            log.exception("session %s: could not store the pods' ranks", session)
+            return None
+        if merged is None:
+            return None
+        s, added = merged
+        log.info("session %s: job %s has %d pod rank(s) (nproc-per-node %d); %s", session, job,
+                 topology.world_size, topology.nproc_per_node,
+                 f"now expects {len(s.expected)} rank(s), {len(added)} not registered yet" if added
+                 else "all registered")
+        return s
+
+    def _post_events(self, report: Report) -> None:
+        """k8s thread: Warning Events on the pods of the ranks the stored report names."""
+        assert self.k8s is not None
+        if not report.findings and not any(h.state in ("culprit", "silent") for h in report.hang_states):
+            return
+        topology = self._topologies.get(report.job)
+        try:
+            if topology is None:  # e.g. the session was opened before a restart
+                topology = self._topologies[report.job] = self.k8s.job_topology(report.job)
+            names = self.k8s.post_report_events(report, topology)
+        except Exception as exc:  # noqa: BLE001 - Events are a convenience; the report is stored
+            log.warning("session %s: no Kubernetes Events posted: %s", report.session, exc)
+            return
+        log.info("session %s: posted %d Kubernetes Event(s)", report.session, len(names))
 
     def report_path(self, session: str) -> Path | None:
         if not self.options.report_dir:
@@ -323,6 +422,14 @@ class LocalizerService:
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
         self._wake(job)
+        lookup = self._expect_pods(s)
+        if lookup is not None:  # answer with the pods' ranks too, unless the API server is slow
+            try:
+                merged = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(lookup)),
+                                                self.options.k8s_lookup_wait_s)
+            except TimeoutError:
+                merged = None
+            s = merged or s
         return web.json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
                                   "reason": s.reason, "kind": s.kind, "expected": list(s.expected)},
                                  status=200 if joined else 201)
@@ -382,6 +489,7 @@ class LocalizerService:
         parse_name(snap.job, "job")
         s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
         self._wake(snap.job)
+        self._expect_pods(s)  # a snapshot may have opened the session; not awaited
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
         return web.json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})

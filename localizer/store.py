@@ -292,6 +292,22 @@ class Store:
         with self._tx() as db:
             db.execute(f"UPDATE sessions SET {cols} WHERE session=?", (*values.values(), session))
 
+    def expect_ranks(self, session: str, ranks: Sequence[int]) -> tuple[SessionRecord, tuple[int, ...]] | None:
+        """An open session also expects ``ranks`` (read and update in one transaction).
+
+        Returns (session after the update, the ranks it added), or None if the session is unknown
+        or no longer open."""
+        with self._tx():
+            s = self.get_session(session, with_uploaded=False)
+            if s is None or s.state != "open":
+                return None
+            added = tuple(sorted({int(r) for r in ranks} - set(s.expected)))
+            if not added:
+                return s, ()
+            expected = tuple(sorted({*s.expected, *added}))
+            self.update_session(session, expected=expected)
+            return dataclasses.replace(s, expected=expected), added
+
     def _session_from_row(self, r: tuple[Any, ...], with_uploaded: bool = True) -> SessionRecord:
         uploaded = tuple(sorted(self.uploaded_ranks(r[1]))) if with_uploaded else ()
         return SessionRecord(seq=r[0], session=r[1], job=r[2], kind=r[3], reason=r[4], window_s=r[5],

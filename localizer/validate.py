@@ -11,9 +11,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from perftracker.errors import SchemaError
+from perftracker.errors import ConfigError, SchemaError
 
 MAX_NAME_CHARS = 200
 MAX_WORKERS_PER_AGENT = 4096
@@ -191,3 +192,25 @@ def parse_timeout(value: str | None, max_s: float) -> float:
     if not math.isfinite(t) or t < 0:
         raise RequestError(f"timeout_s: {value[:40]!r} must be a finite number >= 0")
     return min(t, max_s)
+
+
+def validate_expect_file(path: str | Path) -> dict[str, str]:
+    """Check an expected-ranges file (``--expect FILE``) before the localizer starts.
+
+    Localization picks the "gpu" or the "cpu" profile by what the workers saw, so both must resolve
+    (a file with a single profile serves both). Every profile in the file is parsed, so that a typo
+    is reported now, not when a session localizes. Returns {"gpu": profile, "cpu": profile}.
+    Raises ConfigError naming the file, the profile and the field."""
+    import tomllib
+
+    from localizer.expect import BUILTIN_PROFILES, load_expectations, parse_expectations
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--expect {path}: is a directory, not an expected-ranges TOML file")
+    used = {p: load_expectations(path, p).profile for p in BUILTIN_PROFILES}  # missing file, bad TOML, ...
+    with open(path, "rb") as fh:
+        doc = tomllib.load(fh)
+    for name in doc.get("profiles", {}):
+        parse_expectations(doc, name, str(path))
+    return used

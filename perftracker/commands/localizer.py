@@ -35,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a hang session waits this long for snapshots (default %(default)s)")
     p.add_argument("--report-dir", default=None,
                    help="also write each report as DIR/<session>.json (default: reports/ beside the store)")
+    p.add_argument("--expect", metavar="FILE", default=None,
+                   help="expected ranges (TOML, the format of localizer/expected.toml) instead of the built-in profiles")
+    p.add_argument("--no-kubernetes", action="store_true",
+                   help="do not use the Kubernetes API even when running in a pod")
     p.add_argument("--ready-file", default=None, help="write {url, pid, store} as JSON here once listening")
 
 
@@ -62,9 +66,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port}: not a TCP port")
+    if args.expect is not None:  # a bad file fails now, naming the file and field, not at the first session
+        from localizer.validate import validate_expect_file
+
+        profiles = validate_expect_file(args.expect)
+        log.info("expected ranges from %s (gpu jobs: profile %r, cpu jobs: profile %r)", args.expect,
+                 profiles["gpu"], profiles["cpu"])
     token = resolve_or_create_token(args)
     report_dir = args.report_dir or str(Path(args.store).parent / "reports")
-    options = ServiceOptions(max_body_bytes=args.max_body_bytes, report_dir=report_dir,
+    options = ServiceOptions(max_body_bytes=args.max_body_bytes, report_dir=report_dir, expect_path=args.expect,
+                             kubernetes=not args.no_kubernetes,
                              sessions=SessionOptions(default_window_s=args.window_s,
                                                      collect_grace_s=args.collect_grace_s,
                                                      hang_collect_s=args.hang_collect_s))

@@ -1,0 +1,274 @@
+"""The localizer service with its Kubernetes integration, through the real service over real sockets.
+
+The API server is a local HTTP socket answering with the recorded API-format JSON of
+tests/fixtures/k8s/ (job "train" in namespace "perftracker": pods train-0 and train-1, 2 ranks each),
+and the real `kubernetes` client talks to it. Not verified on a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s extra")
+
+from agent.uplink import Uplink  # noqa: E402
+from localizer.k8s import K8sOptions, KubernetesClient  # noqa: E402
+from localizer.service import LocalizerService, ServiceOptions  # noqa: E402
+from localizer.sessions import SessionOptions  # noqa: E402
+from localizer.store import Store  # noqa: E402
+from perftracker.model import Category, Pattern  # noqa: E402
+from tests.service_helpers import TOKEN, make_pattern_set, workers  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+SA_TOKEN = "sa-token-for-service-tests"
+POD_OF_RANK = {0: "train-0-7xk2p", 1: "train-0-7xk2p", 2: "train-1-h2w9r", 3: "train-1-h2w9r"}
+
+
+def _fixture(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+class ApiServer:
+    """Pod listing and Event creation of the core/v1 API, from the fixture files; records requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.events: list[dict[str, Any]] = []
+        self.forbid = False
+        self.delay_s = 0.0
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                url = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(url.query)
+                with outer._lock:
+                    outer.requests.append(("GET", url.path, query))
+                time.sleep(outer.delay_s)
+                if self.headers.get("Authorization") != f"Bearer {SA_TOKEN}":
+                    return self._send(401, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                            "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
+                if outer.forbid:
+                    return self._send(403, _fixture("status_forbidden.json"))
+                if url.path != "/api/v1/namespaces/perftracker/pods" or query.get("labelSelector") != ["job-name=train"]:
+                    return self._send(200, _fixture("pods_empty.json"))
+                page1 = _fixture("pods_train_page1.json")
+                if query.get("continue") == [page1["metadata"]["continue"]]:
+                    return self._send(200, _fixture("pods_train_page2.json"))
+                return self._send(200, page1)
+
+            def do_POST(self) -> None:  # noqa: N802
+                url = urllib.parse.urlsplit(self.path)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with outer._lock:
+                    outer.requests.append(("POST", url.path, {}))
+                    outer.events.append(body)
+                    n = len(outer.events)
+                created = _fixture("event_created.json")
+                created["metadata"]["name"] = body["metadata"]["generateName"] + f"{n:05x}"
+                for k in ("involvedObject", "reason", "message", "type", "source"):
+                    created[k] = body[k]
+                return self._send(201, created)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def pod_listings(self) -> list[dict[str, list[str]]]:
+        with self._lock:
+            return [q for m, p, q in self.requests if m == "GET" and p.endswith("/pods")]
+
+
+@pytest.fixture
+def api() -> Iterator[ApiServer]:
+    server = ApiServer()
+    server.thread.start()
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+
+
+class ServiceThread:
+    """The real LocalizerService on its own event loop thread, listening on a free port."""
+
+    def __init__(self, store_path: Path, k8s: KubernetesClient | None, options: ServiceOptions) -> None:
+        self.store = Store(store_path)
+        self.service = LocalizerService(self.store, TOKEN, options, k8s_client=k8s)
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        port = await self.service.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{port}"
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.service.stop()
+            self.store.close()
+
+    def __enter__(self) -> ServiceThread:
+        self._thread.start()
+        assert self._ready.wait(20), "service did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(20)
+
+
+def _options(**kw: Any) -> ServiceOptions:
+    return ServiceOptions(sessions=SessionOptions(default_window_s=0.5, collect_grace_s=1.0), **kw)
+
+
+def _client(api: ApiServer) -> KubernetesClient:
+    return KubernetesClient.for_host(api.url, K8sOptions(namespace="perftracker", instance="loc-0", timeout_s=5),
+                                     token=SA_TOKEN)
+
+
+def _wait(pred: Any, timeout_s: float = 30.0) -> Any:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def _closed(up: Uplink, session: str) -> dict[str, Any] | None:
+    s = up.get_session(session)
+    return s if s["state"] in ("done", "failed") else None
+
+
+def _patterns(session: str, rank: int, world_size: int, slow_python: bool = False) -> Any:
+    ps = make_pattern_set("train", session, rank, world_size)
+    if not slow_python:
+        return ps
+    stall = Pattern("train.py:120 in main;loader.py:51 in next_batch;socket.py:720 in recv_into", Category.PYTHON,
+                    0.35, 0.05, 0.01, label="socket.py:720 in recv_into", executions=40, critical_ns=7 * 10**9,
+                    resource="cpu")
+    return dataclasses.replace(ps, patterns=(*ps.patterns, stall))
+
+
+def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: ApiServer, tmp_path: Path) -> None:
+    with ServiceThread(tmp_path / "store.sqlite", _client(api), _options()) as svc:
+        up = Uplink(svc.url, TOKEN)
+        up.register("train", "agent-a", "gpu-node-a", workers(range(2), 2))  # only pod train-0's agent registered
+        assert api.pod_listings() == []  # nothing is asked of the API server before a session opens
+
+        # the pod listing is slow: the trigger's answer waits for it, the event loop does not
+        api.delay_s = 0.8
+        answer: list[tuple[str, bool]] = []
+        t0 = time.monotonic()
+        trig = threading.Thread(target=lambda: answer.append(up.create_trigger("train", "cli", window_s=0.5)))
+        trig.start()
+        health_ms = []
+        while trig.is_alive():
+            h0 = time.monotonic()
+            with urllib.request.urlopen(svc.url + "/v1/healthz", timeout=5) as r:
+                assert r.status == 200
+            health_ms.append((time.monotonic() - h0) * 1000)
+            time.sleep(0.05)
+        trig.join()
+        api.delay_s = 0.0
+        assert time.monotonic() - t0 >= 1.6  # two pages of 0.8 s each were listed before the answer
+        assert len(health_ms) >= 5 and max(health_ms) < 500, health_ms
+
+        session, joined = answer[0]
+        assert not joined
+        listings = api.pod_listings()
+        assert len(listings) == 2 and all(q["labelSelector"] == ["job-name=train"] for q in listings)
+        s = up.get_session(session)
+        assert s["expected"] == [0, 1, 2, 3]  # registrations (0, 1) merged with the pods' ranks (0-3)
+        assert up.create_trigger("train", "again") == (session, True)
+        assert len(api.pod_listings()) == 2  # a joining trigger does not list again
+
+        # ranks 2 and 3 were never registered, but the cluster says they exist: their uploads count
+        for rank in range(4):
+            ack = up.upload_patterns(_patterns(session, rank, 4, slow_python=rank == 3))
+            assert ack["stored"] and ack["expected"] == 4
+        closed = _wait(lambda: _closed(up, session))
+        assert closed["state"] == "done", closed["error"]
+        report = up.get_report(session)
+        assert report is not None and report.status == "complete"
+        slow = [f for f in report.findings if 3 in f.ranks]
+        assert slow, [(f.function, f.ranks) for f in report.findings]
+
+        # Events are posted after the report is stored, on the pods of the ranks with findings
+        events = _wait(lambda: list(api.events))
+        time.sleep(0.3)  # let the remaining posts of this report arrive
+        events = list(api.events)
+        on_pods = {e["involvedObject"]["name"] for e in events}
+        expected_pods = {POD_OF_RANK[r] for f in report.findings for r in f.ranks}
+        assert on_pods == expected_pods and "train-1-h2w9r" in on_pods
+        ev = next(e for e in events if e["involvedObject"]["name"] == "train-1-h2w9r"
+                  and slow[0].sentence in e["message"])
+        assert ev["type"] == "Warning" and ev["reason"] == "PerftrackerFinding"
+        assert session in ev["message"] and "[ranks on this pod: " in ev["message"]
+        assert ev["source"]["host"] == "gpu-node-b" and ev["metadata"]["namespace"] == "perftracker"
+        assert len(api.pod_listings()) == 2  # the session's topology was reused for the Events
+
+
+def test_pod_listing_failure_falls_back_to_the_registrations(api: ApiServer, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="localizer")
+    api.forbid = True
+    with ServiceThread(tmp_path / "store.sqlite", _client(api), _options()) as svc:
+        up = Uplink(svc.url, TOKEN)
+        up.register("train", "agent-a", "gpu-node-a", workers(range(2), 2))
+        session, _ = up.create_trigger("train", "cli", window_s=0.5)
+        assert up.get_session(session)["expected"] == [0, 1]
+        assert "expected ranks from the registrations only" in caplog.text and "pods is forbidden" in caplog.text
+        for rank in range(2):
+            up.upload_patterns(_patterns(session, rank, 2, slow_python=rank == 1))
+        closed = _wait(lambda: _closed(up, session))
+        assert closed["state"] == "done" and closed["missing"] == []
+        report = up.get_report(session)
+        assert report is not None and report.status == "complete" and report.findings
+        _wait(lambda: "no Kubernetes Events posted" in caplog.text)
+        assert api.events == []
+
+
+def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with ServiceThread(tmp_path / "store.sqlite", None, _options()) as svc:
+        assert svc.service.k8s is None and svc.service._k8s_executor is None  # from_environment() said None
+        up = Uplink(svc.url, TOKEN)
+        up.register("train", "agent-a", "node0", workers(range(2), 2))
+        session, _ = up.create_trigger("train", "cli", window_s=0.5)
+        assert up.get_session(session)["expected"] == [0, 1]
+        for rank in range(2):
+            up.upload_patterns(_patterns(session, rank, 2))
+        assert _wait(lambda: _closed(up, session))["state"] == "done"
