@@ -2,9 +2,11 @@
 
 Layout for a harness instance with tag T (a short unique id) and N hosts:
 
-    root namespace:  bridge  ptbrT        10.231.0.254/24   (the localizer listens here)
+    root namespace:  bridge  ptbrT        10.231.K.254/24   (the localizer listens here)
     host i:          netns   ptT-h<i>     veth ptT-v<i> (root side, on the bridge)
-                                          veth ptT-p<i> -> renamed eth0 inside, 10.231.0.<i+1>/24
+                                          veth ptT-p<i> -> renamed eth0 inside, 10.231.K.<i+1>/24
+
+K is derived from the tag, so that two harnesses on one machine use disjoint subnets.
 
 All names carry the tag, so ``cleanup`` removes exactly what this instance made, and
 ``cleanup_stale`` removes leftovers of earlier instances that died hard. Only addresses inside
@@ -21,9 +23,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-SUBNET = "10.231.0"
-BRIDGE_IP = f"{SUBNET}.254"
 PREFIX = "pt"
+
+
+def subnet_for(tag: str) -> str:
+    return f"10.231.{int(tag, 16) % 250 + 1}"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -49,10 +53,13 @@ def namespaces_available() -> tuple[bool, str]:
 
 @dataclass
 class Host:
+    """One emulated host; ``bridge_ip`` is the root namespace's address on the same bridge."""
+
     index: int
     netns: str
     veth_root: str
     addr: str
+    bridge_ip: str
 
     def wrap(self, argv: list[str]) -> list[str]:
         """argv to run a command inside this host."""
@@ -64,8 +71,11 @@ class EmulatedHosts:
 
     def __init__(self, n: int, tag: str | None = None) -> None:
         self.n = n
-        self.tag = tag or format(os.getpid() % 0xFFFF, "x")
+        # the tag is the owner's pid in hex, so cleanup_stale can tell a dead owner from a live one
+        self.tag = tag or format(os.getpid(), "x")
         self.bridge = f"{PREFIX}br{self.tag}"
+        self.subnet = subnet_for(self.tag)
+        self.bridge_ip = f"{self.subnet}.254"
         self.hosts: list[Host] = []
 
     def __enter__(self) -> EmulatedHosts:
@@ -81,14 +91,14 @@ class EmulatedHosts:
 
     def _build(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", self.bridge)
+        _ip("addr", "add", f"{self.bridge_ip}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i in range(self.n):
             ns = f"{PREFIX}{self.tag}-h{i}"
             vr, vp = f"{PREFIX}{self.tag}v{i}", f"{PREFIX}{self.tag}p{i}"
-            addr = f"{SUBNET}.{i + 1}"
+            addr = f"{self.subnet}.{i + 1}"
             _ip("netns", "add", ns)
-            self.hosts.append(Host(i, ns, vr, addr))
+            self.hosts.append(Host(i, ns, vr, addr, self.bridge_ip))
             _ip("link", "add", vr, "type", "veth", "peer", "name", vp)
             _ip("link", "set", vr, "master", self.bridge)
             _ip("link", "set", vr, "up")
@@ -97,7 +107,7 @@ class EmulatedHosts:
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
-        log.info("built %d emulated hosts on bridge %s (%s/24)", self.n, self.bridge, SUBNET)
+        log.info("built %d emulated hosts on bridge %s (%s.0/24)", self.n, self.bridge, self.subnet)
 
     def cleanup(self) -> None:
         for h in self.hosts:
@@ -107,13 +117,21 @@ class EmulatedHosts:
         _ip("link", "del", self.bridge, check=False)
 
 
+def _owner_dead(tag: str) -> bool:
+    try:
+        pid = int(tag, 16)
+    except ValueError:
+        return False
+    return pid != os.getpid() and not os.path.exists(f"/proc/{pid}")
+
+
 def cleanup_stale() -> list[str]:
-    """Remove namespaces and bridges named like ours that no live harness owns."""
+    """Remove namespaces and bridges named like ours whose owning harness process is gone."""
     removed = []
     out = _ip("netns", "list", check=False).stdout
     for line in out.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith(PREFIX) and "-h" in name:
+        if name.startswith(PREFIX) and "-h" in name and _owner_dead(name[len(PREFIX):].split("-h")[0]):
             _ip("netns", "del", name, check=False)
             removed.append(name)
     out = _ip("-o", "link", "show", "type", "bridge", check=False).stdout
@@ -121,7 +139,7 @@ def cleanup_stale() -> list[str]:
         parts = line.split(":")
         if len(parts) > 1:
             name = parts[1].strip().split("@")[0]
-            if name.startswith(f"{PREFIX}br"):
+            if name.startswith(f"{PREFIX}br") and _owner_dead(name[len(PREFIX) + 2:]):
                 _ip("link", "del", name, check=False)
                 removed.append(name)
     return removed

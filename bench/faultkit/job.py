@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.faultkit.hosts import BRIDGE_IP, Host
+from bench.faultkit.hosts import Host
 from bench.faultkit.inject import Competitor, CpuQuota, RateLimit, send
 from bench.faultkit.scenario import IN_SCRIPT, Fault, Scenario
 from perftracker.errors import PerftrackerError
@@ -58,7 +58,7 @@ class JobRun:
         self.iterations = min(sc.iterations, iters_cap) if iters_cap else sc.iterations
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stack = ExitStack()
-        self.addr = BRIDGE_IP if hosts else "127.0.0.1"
+        self.addr = hosts[0].bridge_ip if hosts else "127.0.0.1"
         self.port = _free_port(self.addr)
         self.url = f"http://{self.addr}:{self.port}"
         self.env = dict(os.environ)
@@ -149,7 +149,7 @@ class JobRun:
             # gloo picks its address from the hostname, which every namespace shares: name the link
             env = dict(self.env, PERFTRACKER_RUN_DIR=str(rdir), GLOO_SOCKET_IFNAME="eth0" if host else "lo")
             agent = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(rdir),
-                     "--localizer-url", self.url, "--token", self.token]
+                     "--localizer-url", self.url, "--token", self.token, "--keep-files"]
             master = self.hosts[0].addr if self.hosts else "127.0.0.1"
             train = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node_rank", str(rank),
                      "--nproc_per_node", "1", "--master_addr", master, "--master_port", str(master_port),
