@@ -193,32 +193,28 @@ class PatternSet:
         frames = _opt(d, "frames", list, where, [])
         rows = _req(d, "patterns", list, where)
         patterns = []
+        lo, hi = -1e-9, 1 + 1e-9
         for i, row in enumerate(rows):
-            w = f"{where}.patterns[{i}]"
-            if not isinstance(row, list) or len(row) != 9:
-                raise SchemaError(f"{w}: expected a list of 9 fields")
-            key, cat, beta, mu, sigma, label, n, crit_ns, resource = row
-            category = _category(cat, w)
-            if isinstance(key, list):
-                try:
-                    key = ";".join(frames[int(j)] for j in key)
-                except (IndexError, ValueError, TypeError):
-                    raise SchemaError(f"{w}: bad frame index in stack") from None
-            if not isinstance(key, str) or not key:
-                raise SchemaError(f"{w}: function key must be a non-empty string")
-            vals = []
-            for name, v in (("beta", beta), ("mu", mu), ("sigma", sigma)):
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                    raise SchemaError(f"{w}.{name}: not a finite number: {v!r}")
-                if not -1e-9 <= v <= 1 + 1e-9:
-                    raise SchemaError(f"{w}.{name}: {v!r} outside [0, 1]")
-                vals.append(float(v))
-            if not isinstance(n, int) or not isinstance(crit_ns, int):
-                raise SchemaError(f"{w}: executions and critical_ns must be integers")
-            patterns.append(
-                Pattern(key, category, vals[0], vals[1], vals[2], str(label or key.rsplit(";", 1)[-1]),
-                        n, crit_ns, str(resource or ""))
-            )
+            # Fast path for the well-formed row (the common case): exact types, so that it accepts
+            # only what _pattern_from_row accepts and builds the same Pattern. Anything else goes
+            # through _pattern_from_row, which does every check and names the field.
+            if type(row) is list and len(row) == 9:
+                key, cat, beta, mu, sigma, label, n, crit_ns, resource = row
+                category = _CATEGORIES.get(cat) if type(cat) is str else None
+                if type(key) is list:
+                    try:
+                        key = ";".join([frames[j] for j in key])
+                    except (IndexError, TypeError):
+                        key = None
+                if (category is not None and type(key) is str and key
+                        and type(beta) is float and lo <= beta <= hi
+                        and type(mu) is float and lo <= mu <= hi
+                        and type(sigma) is float and lo <= sigma <= hi
+                        and type(n) is int and type(crit_ns) is int):
+                    patterns.append(Pattern(key, category, beta, mu, sigma, str(label or key.rsplit(";", 1)[-1]),
+                                            n, crit_ns, str(resource or "")))
+                    continue
+            patterns.append(_pattern_from_row(row, frames, f"{where}.patterns[{i}]"))
         coords = _opt(d, "coords", dict, where, {})
         return cls(
             job=_req(d, "job", str, where),
@@ -248,6 +244,35 @@ class PatternSet:
         except (zlib.error, ValueError) as exc:
             raise SchemaError(f"PatternSet: not a compressed JSON document ({exc})") from None
         return cls.from_dict(d)
+
+
+_CATEGORIES = {c.value: c for c in Category}
+
+
+def _pattern_from_row(row: Any, frames: list[Any], w: str) -> Pattern:
+    """One row of ``PatternSet.to_dict()["patterns"]``, with every check; SchemaError names the field."""
+    if not isinstance(row, list) or len(row) != 9:
+        raise SchemaError(f"{w}: expected a list of 9 fields")
+    key, cat, beta, mu, sigma, label, n, crit_ns, resource = row
+    category = _category(cat, w)
+    if isinstance(key, list):
+        try:
+            key = ";".join(frames[int(j)] for j in key)
+        except (IndexError, ValueError, TypeError):
+            raise SchemaError(f"{w}: bad frame index in stack") from None
+    if not isinstance(key, str) or not key:
+        raise SchemaError(f"{w}: function key must be a non-empty string")
+    vals = []
+    for name, v in (("beta", beta), ("mu", mu), ("sigma", sigma)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SchemaError(f"{w}.{name}: not a finite number: {v!r}")
+        if not -1e-9 <= v <= 1 + 1e-9:
+            raise SchemaError(f"{w}.{name}: {v!r} outside [0, 1]")
+        vals.append(float(v))
+    if not isinstance(n, int) or not isinstance(crit_ns, int):
+        raise SchemaError(f"{w}: executions and critical_ns must be integers")
+    return Pattern(key, category, vals[0], vals[1], vals[2], str(label or key.rsplit(";", 1)[-1]),
+                   n, crit_ns, str(resource or ""))
 
 
 def _r(x: float) -> float:
