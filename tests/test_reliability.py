@@ -163,7 +163,7 @@ def test_disk_full_run_dir_fails_the_window_not_training(tmp_path: Path) -> None
     progress = tmp_path / "progress"
     progress.mkdir()
     log = tmp_path / "train.log"
-    agent = AgentProc(mnt, tmp_path / "runs", "--collect-grace-s", "5", "--no-samplers")
+    agent = AgentProc(mnt, tmp_path / "runs", "--collect-grace-s", "20", "--no-samplers")
     train = None
     try:
         agent.wait_ready()

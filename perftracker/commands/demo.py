@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         opened_ns = int(info.get("opened_ns") or session.get("opened_ns") or 0)
         e2e_s = (report.created_ns - opened_ns) / 1e9 - report.window_s
     finally:
-        agent.stop()  # first: the training's end below is ours, not a death for the hang detector to report
+        agent.stop(remove_run_dir=False)  # first: ending the training below is no death to report
         if train is not None and train.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(train.pid, signal.SIGTERM)
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 os.killpg(train.pid, signal.SIGKILL)
                 train.wait()
+        shutil.rmtree(agent.run_dir, ignore_errors=True)
 
     if args.format == "json":
         from localizer.render import json as render_json

@@ -164,7 +164,7 @@ class LocalAgent:
                 sys.stderr.flush()
             time.sleep(0.5)
 
-    def stop(self) -> None:
+    def stop(self, remove_run_dir: bool = True) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -172,7 +172,8 @@ class LocalAgent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if remove_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: Any) -> None:
