@@ -9,9 +9,12 @@ threads record nothing. So a rank that waits for a slow peer looks like it spend
 Python.
 
 The rule, structural and therefore usable offline too: inside each autograd-engine call on the
-training thread, the time from the end of the last collective launch to the first
+training thread, the time from the end of the last collective launch to the end of the last
 ``copy_bucket_to_grad`` after it (or to the end of the engine call when there is none) is the
-reducer's wait. It becomes an event of its own, ``REDUCER_WAIT``, in the collective category; the
+reducer's wait. ``finalize_backward`` waits for the buckets one by one, copying each back before
+waiting for the next, so with several buckets (DDP's first bucket is 1 MB) the wait continues
+between the copies; ending it at the first copy left every later bucket's wait as Python self time
+of the engine frame. It becomes an event of its own, ``REDUCER_WAIT``, in the collective category; the
 ops that still run inside that interval (the last gradients, the copies) nest under it and keep
 their own time. Without collectives inside the engine call (no DDP, ``no_sync``) nothing changes.
 """
@@ -64,11 +67,7 @@ def add_reducer_waits(kind: np.ndarray, name_id: np.ndarray, names: list[str], r
     w_start = c_end[kk]
     w_end = e_end.copy()
     if len(fin):
-        f_start = np.sort(start_ns[fin])
-        j = np.searchsorted(f_start, w_start, side="left")
-        jj = np.minimum(j, len(f_start) - 1)
-        has = (j < len(f_start)) & (f_start[jj] < e_end)
-        w_end = np.where(has, f_start[jj], e_end)
+        w_end = _finalize_end(on_t & (kind == EventKind.CPU_OP), fin, start_ns, end_ns, w_start, e_end)
     ok &= w_end > w_start
     # nested engine frames (the Python wrapper and the builtin) give one wait: keep the innermost
     ws, we = w_start[ok].astype(np.int64), w_end[ok].astype(np.int64)
@@ -76,6 +75,40 @@ def add_reducer_waits(kind: np.ndarray, name_id: np.ndarray, names: list[str], r
     ws, we = ws[order], we[order]
     first = np.r_[True, ws[1:] != ws[:-1]] if len(ws) else np.zeros(0, dtype=bool)
     return ExtraEvents(REDUCER_WAIT, ws[first], we[first])
+
+
+def _finalize_end(op_mask: np.ndarray, fin: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+                  w_start: np.ndarray, e_end: np.ndarray) -> np.ndarray:
+    """Where each wait ends: the end of the last bucket copy-back of the finalize that follows
+    ``w_start``, clipped to the engine call's end ``e_end``; ``e_end`` when no copy follows.
+
+    ``finalize_backward`` waits for the buckets one by one and copies each back before waiting for
+    the next, so the wait goes on between the copies (the copies keep their own time). The
+    finalize's copies are the run of ``copy_bucket_to_grad`` ops after the launch up to the first
+    other op that is not nested in a copy. The run may end after the engine frame a stack sampler
+    reports (its edges are exact only to a sampling period or a sampler gap); clipping to the frame
+    then gives the whole frame after the launch to the wait.
+    """
+    f_order = np.argsort(start_ns[fin], kind="stable")
+    f_start, f_end = start_ns[fin][f_order], end_ns[fin][f_order]
+    ops = np.flatnonzero(op_mask)
+    ops = ops[np.argsort(start_ns[ops], kind="stable")]
+    o_start, o_end = start_ns[ops], end_ns[ops]
+    is_fin = np.zeros(len(start_ns), dtype=bool)
+    is_fin[fin] = True
+    # nested in a copy: inside the latest-reaching copy that started at or before it
+    j = np.searchsorted(f_start, o_start, side="right") - 1
+    reach = np.maximum.accumulate(f_end)
+    inside = (j >= 0) & (reach[np.maximum(j, 0)] >= o_end)
+    other = ~is_fin[ops] & ~inside
+    other_start = o_start[other]
+    nxt = np.searchsorted(other_start, w_start, side="right")  # first other op starting after the launch
+    t_next = np.where(nxt < len(other_start), other_start[np.minimum(nxt, max(len(other_start) - 1, 0))],
+                      np.iinfo(np.int64).max)
+    last = np.searchsorted(f_start, t_next, side="left") - 1  # the last copy before it
+    lc = np.maximum(last, 0)
+    has = (last >= 0) & (f_start[lc] >= w_start)
+    return np.where(has, np.minimum(f_end[lc], e_end), e_end)
 
 
 def reducer_wait_intervals(raw: RawWindow) -> tuple[np.ndarray, np.ndarray]:

@@ -192,3 +192,45 @@ def test_reducer_wait_with_sampled_stacks_and_nested_engine_frames() -> None:
         (K.CPU_OP, "c10d::allreduce_", T, 200, 250),
     ])
     assert by_key(summarize_window(sampled))[REDUCER_WAIT].beta == pytest.approx(0.7)
+
+
+COPY = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+
+
+def test_reducer_wait_spans_every_bucket_of_the_finalize() -> None:
+    # finalize_backward waits for bucket 1, copies it back, then waits for bucket 2 and copies it:
+    # the wait goes on between the two copy-backs (measured on the 4-rank fault bench: 2 buckets)
+    wrapper = "torch/autograd/graph.py(966): _engine_run_backward"
+    raw = raw_window([
+        (K.PYTHON, "step", T, 0, 1000),
+        (K.PYTHON, wrapper, T, 100, 900),
+        (K.CPU_OP, "c10d::allreduce_", T, 150, 200),  # bucket 1
+        (K.CPU_OP, "c10d::allreduce_", T, 250, 300),  # bucket 2 (last launch)
+        (K.CPU_OP, COPY, T, 500, 520),  # bucket 1 back
+        (K.CPU_OP, "aten::copy_", T, 502, 518),
+        (K.CPU_OP, COPY, T, 700, 750),  # bucket 2 back, after a second wait
+        (K.CPU_OP, "aten::copy_", T, 701, 749),
+    ])
+    p = by_key(summarize_window(raw))
+    assert p[REDUCER_WAIT].beta == pytest.approx(0.38)  # [300, 750) minus the copies (20 + 50)
+    assert p["step;" + wrapper].beta == pytest.approx(0.05 + 0.05 + 0.15)  # [100,150)+[200,250)+[750,900)
+    assert p["aten::copy_"].category is Category.MEMORY
+
+
+def test_reducer_wait_when_the_sampled_engine_frame_ends_before_the_last_copy() -> None:
+    # a stack sampler places the engine frame's end at a sample edge: here the second bucket's
+    # copy-back (and the optimizer op after it) lie past it; the wait must still cover the frame
+    wrapper = "torch/autograd/graph.py(966): _engine_run_backward"
+    raw = raw_window([
+        (K.PYTHON, "step", T, 0, 1000),
+        (K.PYTHON, wrapper, T, 100, 800),
+        (K.PYTHON, "sgd.py(105): step", T, 800, 1000),
+        (K.CPU_OP, "c10d::allreduce_", T, 150, 200),
+        (K.CPU_OP, "c10d::allreduce_", T, 250, 300),
+        (K.CPU_OP, COPY, T, 500, 520),
+        (K.CPU_OP, COPY, T, 810, 830),
+        (K.CPU_OP, "aten::add_", T, 850, 900),  # the optimizer: not part of the finalize
+    ])
+    p = by_key(summarize_window(raw))
+    assert p[REDUCER_WAIT].beta == pytest.approx(0.48)  # [300, 800) minus the first copy
+    assert p["step;" + wrapper].beta == pytest.approx(0.1)  # only [100,150)+[200,250)
