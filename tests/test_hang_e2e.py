@@ -8,9 +8,11 @@ an all-rank checkpoint pause shorter than PERFTRACKER_HANG_PAUSE_S -> no hang re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -42,12 +44,14 @@ class Job:
         self.proc = subprocess.Popen(cmd, cwd=tmp_path, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.t0 = time.time()
+        self.worker_pids: set[int] = set()  # torchrun starts workers in their own sessions
 
     def progress(self, rank: int) -> tuple[int, int, float]:
         """(last completed iteration index, pid, wall time it was written); (-1, 0, 0) before the first."""
         path = self.dir / "prog" / f"rank{rank}.iter"
         try:
             it, pid = path.read_text().split()
+            self.worker_pids.add(int(pid))
             return int(it), int(pid), path.stat().st_mtime
         except (OSError, ValueError):
             return -1, 0, 0.0
@@ -72,13 +76,11 @@ class Job:
         db = self.dir / "perftracker-runs" / "localizer.sqlite"
         if not db.exists():
             return False
-        from localizer.store import Store
-
-        store = Store(db)
-        try:
-            return len(store.workers("train")) >= 2
-        finally:
-            store.close()
+        try:  # read-only, plain sqlite: the localizer may still be creating the store
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+                return int(con.execute("SELECT COUNT(*) FROM workers WHERE job='train'").fetchone()[0]) >= 2
+        except sqlite3.Error:
+            return False
 
     def hang_reports(self) -> list[Report]:
         out = []
@@ -101,12 +103,21 @@ class Job:
             store.close()
 
     def stop(self) -> None:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=30)
+        for rank in (0, 1):
+            self.progress(rank)  # learn the workers' pids
+        for pid in self.worker_pids:  # a stopped worker must be able to die
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)  # torchrun stops its workers
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=15)
+        for pid in self.worker_pids:  # workers live in their own sessions: never leave one behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.log.close()
         info = self.dir / "run" / "agent.json"
         if info.exists():  # the autostarted agent runs detached: end it by its own pid
