@@ -26,17 +26,28 @@ log = logging.getLogger(__name__)
 BUILTIN_PATH = Path(__file__).with_name("expected.toml")
 BUILTIN_PROFILES = ("gpu", "cpu")
 OPEN_BOX = Box(Triple(0.0, 0.0, 0.0), Triple(1.0, 1.0, 1.0))
-_ENTRY_KEYS = {"category", "pattern", "beta", "mu", "sigma", "hint"}
+_ENTRY_KEYS = {"category", "pattern", "match", "beta", "mu", "sigma", "hint"}
+MATCH_MODES = ("key", "function")
+# a Python frame as the summarizer labels it: "/path/to/file.py(123): name"
+_FRAME_PREFIX = re.compile(r"^.*?\(\d+\): ")
 
 
 @dataclass(frozen=True)
 class RangeRule:
-    """One entry: functions of ``category`` whose key or label matches ``pattern`` ("" = any)."""
+    """One entry: functions of ``category`` whose key or label matches ``pattern`` ("" = any).
+
+    ``match = "function"`` searches only the function's own name (the label without a Python
+    frame's "file(line): " prefix): a Python function's key is its whole call stack, and a pattern
+    about what the function *does* (I/O, collection) must not match its callers or its file. The
+    DataLoader's own ``fetch.py(49): fetch`` frame is on the stack of every dataset
+    ``__getitem__``, which is per-sample Python work, not I/O.
+    """
 
     category: Category
     box: Box
     pattern: str = ""
     hint: str = ""
+    match: str = "key"  # "key": the key (whole stack for Python) or the label; "function": the name only
 
     def matches(self, key: str, label: str, category: Category) -> bool:
         if category is not self.category:
@@ -44,7 +55,14 @@ class RangeRule:
         if not self.pattern:
             return True
         rx = _compiled(self.pattern)
+        if self.match == "function":
+            return bool(rx.search(function_name(label or key.rsplit(";", 1)[-1])))
         return bool(rx.search(key) or (label and rx.search(label)))
+
+
+def function_name(label: str) -> str:
+    """The function's own name: "/a/socket.py(700): recv_into" -> "recv_into"; other labels unchanged."""
+    return _FRAME_PREFIX.sub("", label, count=1)
 
 
 @dataclass(frozen=True)
@@ -157,12 +175,15 @@ def _parse_entry(entry: Any, where: str) -> RangeRule:
     hint = entry.get("hint", "")
     if not isinstance(hint, str):
         raise ConfigError(f"{where}.hint: expected a string")
+    match = entry.get("match", "key")
+    if match not in MATCH_MODES:
+        raise ConfigError(f"{where}.match: expected one of {list(MATCH_MODES)}, got {match!r}")
     lo, hi = [], []
     for dim in ("beta", "mu", "sigma"):
         a, b = _parse_interval(entry.get(dim, [0.0, 1.0]), f"{where}.{dim}")
         lo.append(a)
         hi.append(b)
-    return RangeRule(category, Box(Triple(*lo), Triple(*hi)), pattern, hint)
+    return RangeRule(category, Box(Triple(*lo), Triple(*hi)), pattern, hint, match)
 
 
 def _parse_interval(value: Any, where: str) -> tuple[float, float]:

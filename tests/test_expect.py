@@ -97,3 +97,35 @@ def test_bad_files_give_clear_errors_naming_file_and_field(tmp_path: Path, text:
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_expectations(tmp_path / "nope.toml", "gpu")
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_io_and_gc_patterns_match_the_function_not_its_callers(profile: str) -> None:
+    exp = load_expectations(None, profile)
+    general, _ = exp.lookup("train.py:main;f", "f", Category.PYTHON)
+    # a dataset's __getitem__ under the DataLoader's own fetch frames is per-sample work, not I/O
+    key = ("train.py(1): <module>;dataloader.py(783): _next_data;_utils/fetch.py(49): fetch;"
+           "_utils/fetch.py(54): <listcomp>;train.py(226): __getitem__")
+    box, hint = exp.lookup(key, "/work/train.py(226): __getitem__", Category.PYTHON)
+    assert box == general and hint == ""
+    # nor is a frame of a file whose path sounds like I/O
+    box, _ = exp.lookup("a;/x/_utils/fetch.py(54): <listcomp>", "/x/_utils/fetch.py(54): <listcomp>", Category.PYTHON)
+    assert box == general
+    # the function itself doing I/O keeps the 1% bound, with or without a frame prefix
+    for label in ("/usr/lib/python3.11/socket.py(705): recv_into", "<built-in method recv_into of socket object>"):
+        box, hint = exp.lookup("train.py:main;" + label, label, Category.PYTHON)
+        assert box.hi.beta == 0.01 and hint == "slow input pipeline/storage"
+    _, hint = exp.lookup("Python GC", "Python GC", Category.PYTHON)
+    assert hint == "garbage-collection pauses"
+
+
+def test_match_mode_is_validated(tmp_path: Path) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text('[profiles.cpu]\n[[profiles.cpu.range]]\ncategory = "python"\npattern = "x"\nmatch = "stack"\n')
+    with pytest.raises(ConfigError, match=r"range\[0\]\.match"):
+        load_expectations(f, "cpu")
+    f.write_text('[profiles.cpu]\n[[profiles.cpu.range]]\ncategory = "python"\npattern = "^f$"\nmatch = "function"\n'
+                 'beta = [0, 0.02]\n')
+    exp = load_expectations(f, "cpu")
+    assert exp.lookup("m;/a/b.py(3): f", "/a/b.py(3): f", Category.PYTHON)[0].hi.beta == 0.02
+    assert exp.lookup("m;/a/b.py(3): g", "/a/b.py(3): g", Category.PYTHON)[0] == OPEN_BOX
