@@ -98,6 +98,14 @@ class JobRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # torchrun starts each worker in its own session: killing torchrun's group leaves it running
+        for rank in range(self.sc.workers):
+            pid = self._worker_pid(rank)
+            for sig in (signal.SIGCONT, signal.SIGKILL) if pid else ():
+                try:
+                    os.kill(pid, sig)  # type: ignore[arg-type]
+                except (ProcessLookupError, PermissionError):
+                    pass
         for p in self.procs:
             if p.poll() is None:
                 try:
