@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.faultkit.hosts import Host
 from bench.faultkit.inject import Competitor, CpuQuota, RateLimit, send
 from bench.faultkit.scenario import IN_SCRIPT, Fault, Scenario
@@ -98,12 +100,19 @@ class JobRun:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # torchrun starts each worker in its own session: killing torchrun's group leaves it running
-        for rank in range(self.sc.workers):
-            pid = self._worker_pid(rank)
-            for sig in (signal.SIGCONT, signal.SIGKILL) if pid else ():
+        # torchrun starts each worker in its own session: killing torchrun's group leaves it running,
+        # so collect every descendant first (and the pids the workers reported), then kill them all
+        victims: set[int] = set()
+        for p in self.procs:
+            try:
+                victims.update(c.pid for c in psutil.Process(p.pid).children(recursive=True))
+            except psutil.Error:
+                pass
+        victims.update(pid for pid in (self._worker_pid(r) for r in range(self.sc.workers)) if pid)
+        for pid in victims:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
-                    os.kill(pid, sig)  # type: ignore[arg-type]
+                    os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
         for p in self.procs:
