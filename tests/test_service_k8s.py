@@ -272,3 +272,22 @@ def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: py
         for rank in range(2):
             up.upload_patterns(_patterns(session, rank, 2))
         assert _wait(lambda: _closed(up, session))["state"] == "done"
+
+
+def test_a_session_opened_before_a_restart_still_gets_its_events(api: ApiServer, tmp_path: Path) -> None:
+    store = tmp_path / "store.sqlite"
+    with ServiceThread(store, None, _options(kubernetes=False)) as svc:  # e.g. the API was unreachable then
+        up = Uplink(svc.url, TOKEN)
+        up.register("train", "agent-a", "gpu-node-a", workers(range(4), 4))
+        session, _ = up.create_trigger("train", "cli", window_s=30)
+        for rank in range(3):
+            up.upload_patterns(_patterns(session, rank, 4))
+    assert api.pod_listings() == []
+    with ServiceThread(store, _client(api), _options()) as svc:  # restarted, now with the cluster
+        up = Uplink(svc.url, TOKEN)
+        up.upload_patterns(_patterns(session, 3, 4, slow_python=True))
+        closed = _wait(lambda: _closed(up, session))
+        assert closed["state"] == "done" and closed["uploaded"] == [0, 1, 2, 3]
+        events = _wait(lambda: list(api.events))
+        assert any(e["involvedObject"]["name"] == "train-1-h2w9r" and session in e["message"] for e in events)
+        assert len(api.pod_listings()) == 2  # listed (two pages) when the report was stored
