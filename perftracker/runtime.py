@@ -202,6 +202,9 @@ class Runtime:
     def stop(self) -> None:
         self.active = False
         hooks.uninstall()
+        window = sys.modules.get("perftracker.window")
+        if window is not None:  # no boundary will come to close an open profile window
+            window.shutdown_all("perftracker deactivated")
 
     # ----------------------------------------------------------------------------------------
     # hook callbacks: the hot path (hooks.py catches whatever they raise)

@@ -79,8 +79,8 @@ class SamplerProcess:
             return None
         return self.out
 
-    def close(self) -> None:
-        """Stop it now (closing stdin), and reap it."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop it now (closing stdin), and reap it (killed after ``timeout_s``)."""
         with self._lock:
             try:
                 if self.proc.stdin is not None:
@@ -88,7 +88,7 @@ class SamplerProcess:
             except OSError:
                 pass
         try:
-            self.proc.wait(timeout=5.0)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

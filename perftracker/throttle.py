@@ -4,28 +4,42 @@ A Python thread that holds the GIL makes the training thread wait up to the swit
 every time it comes back from a torch op, which can slow training several times over. Work loops
 that run beside training call ``Throttle.tick()`` per item: after ``burst_s`` of work it sleeps
 long enough to keep its share of the GIL at ``duty`` (0.25 by default), so training keeps going at
-close to full speed while the window is written, and the writing takes longer instead.
+close to full speed while the window is written, and the writing takes longer instead. A set
+``cancel`` event makes the next check raise ``Cancelled`` (the window's exit path uses it).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+
+from perftracker.errors import PerftrackerError
+
+
+class Cancelled(PerftrackerError):
+    """The work was cancelled (the process is exiting); raised from ``Throttle.tick``."""
 
 
 class Throttle:
-    def __init__(self, duty: float = 0.25, burst_s: float = 0.002, check_every: int = 64) -> None:
+    def __init__(self, duty: float = 0.25, burst_s: float = 0.002, check_every: int = 64,
+                 cancel: threading.Event | None = None) -> None:
         self.duty = min(max(duty, 0.01), 1.0)
         self.burst_ns = int(burst_s * 1e9)
         self.check_every = check_every
+        self.cancel = cancel  # set -> the next check raises Cancelled
         self._n = 0
         self._t0 = time.monotonic_ns()
         self.slept_ns = 0
 
     def tick(self) -> None:
         self._n += 1
-        if self._n < self.check_every or self.duty >= 1.0:
+        if self._n < self.check_every:
             return
         self._n = 0
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("cancelled")
+        if self.duty >= 1.0:
+            return
         busy = time.monotonic_ns() - self._t0
         if busy >= self.burst_ns:
             pause_ns = int(busy * (1.0 / self.duty - 1.0))

@@ -17,15 +17,25 @@ Timeline (DESIGN.md section 4):
 A second ``arm`` while a window is armed, running or being written is refused with a log line.
 Any failure (another profiler active, a full disk) ends the window with ``WindowResult.error``;
 nothing is raised into the training loop and no profiler state is left behind.
+
+Exit and deactivation (``shutdown_all``): a Kineto profiler still enabled when the interpreter
+finalizes crashes the process (SIGSEGV), so an ``atexit`` hook (registered once, with the first
+window) and ``Runtime.stop()`` (``perftracker.deactivate()``) end any open window: an armed one is
+cancelled, a running one is stopped in the training thread and discarded (its result is not
+written: that could take a minute), and at exit a writer thread is cancelled at its next throttle
+check and waited for at most ``exit_wait_s``. Each discarded window logs one line and delivers a
+``WindowResult`` with an error.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +48,7 @@ from perftracker.profiler import KinetoCapture, kineto_rows
 from perftracker.rawbuild import build_raw_window
 from perftracker.rawdata import WindowMeta
 from perftracker.sampler_proc import SamplerProcess
-from perftracker.throttle import Throttle
+from perftracker.throttle import Cancelled, Throttle
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,7 @@ class WindowOptions:
     writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
+    exit_wait_s: float = 2.0  # at interpreter exit: longest wait for a cancelled writer thread
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class _Active:
     old_switch_s: float = 0.0
     nvtx_window: Any = None
     nvtx_iter_open: bool = False
+    thread_ident: int = 0  # the thread that started the profiler (the only one that can stop it)
 
 
 def _nvtx() -> Any:
@@ -117,6 +129,8 @@ class ProfileWindow:
         self._state = _IDLE
         self._cur: _Active | None = None
         self._finisher: threading.Thread | None = None
+        self._cancel = threading.Event()  # set at exit: the writer stops at its next throttle check
+        _register(self)
 
     # ---------------------------------------------------------------- any thread
     @property
@@ -199,6 +213,7 @@ class ProfileWindow:
         if opts.switch_interval_s > 0:
             cur.old_switch_s = sys.getswitchinterval()
             sys.setswitchinterval(min(cur.old_switch_s, opts.switch_interval_s))
+        cur.thread_ident = threading.get_ident()
         cur.start_ns = self.clock.now_ns()
         cur.boundaries_ns.append(cur.start_ns)
         if cur.sampler is not None:
@@ -208,7 +223,13 @@ class ProfileWindow:
             cur.nvtx_window = nvtx.start_range(f"perftracker window {cur.session}", domain="perftracker")
             nvtx.push_range("perftracker iteration", domain="perftracker")
             cur.nvtx_iter_open = True
-        self._state = _ACTIVE
+        with self._lock:
+            started = self._cur is cur and self._state == _ARMED
+            if started:
+                self._state = _ACTIVE
+        if not started:  # shut down by another thread meanwhile: undo at once
+            self._release(cur)
+            return
         log.info("perftracker: window %s started", cur.session)
 
     def _nvtx_iteration(self, cur: _Active, iteration: int) -> None:
@@ -245,10 +266,25 @@ class ProfileWindow:
             raise PerftrackerError(error)
         return result
 
+    def _claim(self, cur: _Active, states: tuple[str, ...]) -> str | None:
+        """Move ``cur`` from one of ``states`` to finishing; the previous state, or None if another
+        thread (a boundary, an exit hook) got there first."""
+        with self._lock:
+            if self._cur is not cur or self._state not in states:
+                return None
+            prev, self._state = self._state, _FINISHING
+            return prev
+
     def _stop(self, cur: _Active, end_ns: int) -> None:
         t0 = time.monotonic_ns()
-        self._state = _FINISHING
-        result = self._release(cur)
+        if self._claim(cur, (_ACTIVE,)) is None:
+            return
+        try:
+            result = self._release(cur)
+        except Exception as exc:
+            log.exception("perftracker: stopping window %s failed", cur.session)
+            self._abort_claimed(cur, f"{type(exc).__name__}: {exc}")
+            return
         t1 = time.monotonic_ns()
         child = self._fork_writer(cur, result, end_ns) if result is not None and self._use_fork() else None
         if child is not None:
@@ -293,7 +329,10 @@ class ProfileWindow:
         return pid
 
     def _abort(self, cur: _Active, error: str) -> None:
-        self._state = _FINISHING
+        if self._claim(cur, (_ARMED, _ACTIVE)) is not None:
+            self._abort_claimed(cur, error)
+
+    def _abort_claimed(self, cur: _Active, error: str) -> None:
         try:
             self._release(cur)
         except Exception as exc:
@@ -302,6 +341,48 @@ class ProfileWindow:
             cur.sampler.close()
         res = WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error)
         threading.Thread(target=self._deliver, args=(cur, res), daemon=True).start()
+
+    def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
+        """End this window now (exit hook, deactivate); never raises.
+
+        Armed: cancelled. Running: profiler, samplers, GC callback, switch interval and NVTX undone
+        (the profiler only from the thread that started it, the training thread), result discarded.
+        Being written: with ``writer_wait_s`` (exit), the writer is cancelled and waited for that long.
+        """
+        cur = self._cur
+        if cur is None:
+            return
+        prev = self._claim(cur, (_ARMED, _ACTIVE))
+        if prev is None:
+            if writer_wait_s is not None:
+                self._cancel.set()
+                fin = self._finisher
+                if fin is not None and fin.is_alive() and fin is not threading.current_thread():
+                    fin.join(writer_wait_s)
+                    if fin.is_alive():
+                        log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it",
+                                    cur.session, writer_wait_s)
+            return
+        t0 = time.monotonic()
+        error = f"discarded: {reason}"
+        try:
+            if prev == _ACTIVE and cur.capture is not None and cur.capture.started \
+                    and threading.get_ident() != cur.thread_ident:
+                # torch's profiler state lives in the thread that enabled it; stopping it from here
+                # does nothing, so leave it to that thread and undo the rest.
+                cur.capture = None
+                error += " (the profiler stays on in the training thread)"
+            self._release(cur)
+        except Exception as exc:  # noqa: BLE001 - exit path: never raise
+            error += f"; cleanup: {type(exc).__name__}: {exc}"
+        if cur.sampler is not None:
+            try:
+                cur.sampler.close(timeout_s=0.5)
+            except Exception:  # noqa: BLE001
+                pass
+        log.warning("perftracker: window %s %s (%s, %.2f s)", cur.session, error,
+                    "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
+        self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
 
     # ---------------------------------------------------------------- writer thread
     def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
@@ -322,7 +403,7 @@ class ProfileWindow:
                     raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
                 rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
             else:
-                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty))
+                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel))
                 raw.save(raw_path)
                 rows = len(raw)
                 del raw, result
@@ -331,6 +412,13 @@ class ProfileWindow:
             res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
                                len(cur.boundaries_ns) - 1, rows)
             log.info("perftracker: window %s written: %s (%d rows)", cur.session, raw_path, rows)
+        except Cancelled:
+            log.warning("perftracker: window %s discarded: the process is exiting while it was written",
+                        cur.session)
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, "discarded: process exiting",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close(timeout_s=0.5)
         except Exception as exc:
             log.exception("perftracker: writing window %s failed", cur.session)
             res = WindowResult(cur.session, None, cur.start_ns, end_ns, f"{type(exc).__name__}: {exc}",
@@ -399,6 +487,41 @@ class ProfileWindow:
         return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
 
 
+_windows: weakref.WeakSet[ProfileWindow] = weakref.WeakSet()
+_windows_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _register(win: ProfileWindow) -> None:
+    global _atexit_registered
+    with _windows_lock:
+        _windows.add(win)
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+
+
+def shutdown_all(reason: str = "perftracker deactivated", writer_wait_s: float | None = None) -> None:
+    """End every open window of this process (see ``ProfileWindow.shutdown``); never raises."""
+    with _windows_lock:
+        wins = list(_windows)
+    for win in wins:
+        try:
+            win.shutdown(reason, writer_wait_s)
+        except Exception:  # noqa: BLE001 - runs at exit and in deactivate()
+            log.debug("perftracker: window shutdown failed", exc_info=True)
+
+
+def _at_exit() -> None:
+    """Registered once: no profiler may be enabled when the interpreter finalizes (it segfaults)."""
+    try:
+        with _windows_lock:
+            wait_s = max((w.options.exit_wait_s for w in _windows), default=0.0)
+        shutdown_all("process exiting", wait_s)
+    except BaseException:  # noqa: BLE001
+        pass
+
+
 def _count_rows(path: Path) -> int:
     import numpy as np
 
@@ -430,7 +553,7 @@ def run_local_window(
         win = _local
 
     def _done(res: WindowResult) -> None:
-        if res.error:
+        if res.error and not res.error.startswith("discarded"):  # shutdown() logged those
             log.warning("perftracker: window %s: %s", res.session, res.error)
         if on_done is not None:
             on_done(res)
