@@ -45,15 +45,32 @@ def outside_expectation(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> n
     return out
 
 
-def normalize_by_max(values: np.ndarray) -> np.ndarray:
-    """P̂ = P / max over workers, per dimension; a dimension whose max is 0 stays 0. (3, N) -> (3, N)."""
+def normalize_by_max(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """P̂ = P / max(max over workers, floor), per dimension; a dimension whose max is 0 stays 0.
+    (3, N) -> (3, N). ``floor`` is the materiality floor (``normalization_maxima``)."""
     x = np.asarray(values, dtype=np.float64)
     out = np.zeros_like(x)
     for d in range(x.shape[0]):
-        mx = float(x[d].max()) if x.shape[1] else 0.0
+        mx = max(float(x[d].max()), floor) if x.shape[1] else 0.0
         if mx > 0.0:
             np.divide(x[d], mx, out=out[d])
     return out
+
+
+def normalization_maxima(values: np.ndarray, floor: float) -> np.ndarray:
+    """The per-dimension denominators of P̂: max over workers, but at least ``floor``.
+
+    **[decision] Materiality floor.** P / max is scale-free, so when every worker's value of a
+    dimension is tiny (a function at 1.5% of the window, a NIC at 0.002% of its peak) measurement
+    noise is blown up to the whole [0, 1] range and one worker looks unique. The floor is
+    ``material_difference / ε`` (0.01 / 0.4 = 0.025): a difference smaller than the rule's own
+    materiality (β_min = 1% of the window, or 1% of a device's peak utilization) can then never
+    exceed ε on its own, while a function that only one worker runs with β > β_min is still farther
+    than ε from the workers that do not run it (β / 0.025 > 0.4). Above the floor, P / max is unchanged.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    mx = x.max(axis=1) if x.shape[1] else np.zeros(x.shape[0])
+    return np.where(mx > 0.0, np.maximum(mx, floor), 0.0)
 
 
 def sample_workers(n_workers: int, sample_size: int, seed: int) -> np.ndarray:

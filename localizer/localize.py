@@ -22,6 +22,7 @@ from localizer.distances import (
     differential_distance,
     differential_distance_blocks,
     exact_median,
+    normalization_maxima,
     normalize_by_max,
     outside_expectation,
     sample_workers,
@@ -40,6 +41,7 @@ class LocalizeOptions:
     k: float = 5.0  # MAD multiplier
     mad_floor_margin: float = 0.25  # degenerate MAD: threshold >= median + margin·|S| (rule.py)
     beta_min: float = 0.01  # a function must hold more than this share of the window
+    material_difference: float = 0.01  # P̂ = P / max(max, this / eps): see distances.normalization_maxima
     sample_size: int = 100  # |S| = min(N, sample_size)
     seed: int = 0  # seeds the sample S
     profile: str | None = None  # "gpu" | "cpu"; None: "gpu" if any worker saw GPU activity
@@ -96,11 +98,12 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     lo = np.array(box.lo.as_tuple())
     hi = np.array(box.hi.as_tuple())
     outside = outside_expectation(values, lo, hi)
+    floor = opts.material_difference / opts.eps if opts.eps > 0 else 0.0
     if opts.method == "grid":  # P̂ = P / max is formed inside, only where it is needed
-        maxima = values.max(axis=1)
+        maxima = normalization_maxima(values, floor)
         d_diff = differential_distance(values, sample, opts.eps, opts.grid_cells, opts.refine_cells, maxima)
     else:
-        d_diff = differential_distance_blocks(normalize_by_max(values), sample, opts.eps)
+        d_diff = differential_distance_blocks(normalize_by_max(values, floor), sample, opts.eps)
     threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
     by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)

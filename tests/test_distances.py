@@ -10,6 +10,7 @@ from localizer.distances import (
     differential_distance_blocks,
     distance_from_expectation,
     exact_median,
+    normalization_maxima,
     normalize_by_max,
     outside_expectation,
     sample_workers,
@@ -111,3 +112,23 @@ def test_exact_median_is_numpy_median(n: int) -> None:
     for x in (rng.random(n), rng.integers(0, 3, n) / 7.0, rng.lognormal(0, 3, n), np.zeros(n),
               np.r_[np.zeros(n // 2 + 1), rng.random(n - n // 2 - 1)]):
         assert exact_median(x) == np.median(x)
+
+
+def test_materiality_floor_keeps_tiny_differences_below_eps() -> None:
+    # measured on a clean 4-rank CPU job: c10d::allreduce_ with β ≈ 1-2% and a NIC μ of ~1e-5 on one
+    # rank and 0 on the others; P / max made that rank unique (μ̂ 1 vs 0)
+    values = np.array([[0.021, 0.0124, 0.0148, 0.0143], [1.8e-5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    plain = differential_distance_blocks(normalize_by_max(values), np.arange(4), 0.4)
+    assert plain.tolist() == [3, 1, 1, 1]
+    floor = 0.01 / 0.4
+    floored = differential_distance_blocks(normalize_by_max(values, floor), np.arange(4), 0.4)
+    assert floored.tolist() == [0, 0, 0, 0]
+    maxima = normalization_maxima(values, floor)
+    assert maxima.tolist() == pytest.approx([0.025, 0.025, 0.0])
+    assert differential_distance(values, np.arange(4), 0.4, maxima=maxima).tolist() == floored.tolist()
+    # above the floor P / max is unchanged
+    big = np.array([[0.1, 0.2, 0.4], [0.0, 0.0, 0.0], [0.3, 0.3, 0.6]])
+    assert np.array_equal(normalize_by_max(big, floor), normalize_by_max(big))
+    # a function only one worker runs, just above β_min, is still farther than ε from the others
+    lone = np.array([[0.0, 0.0101, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert differential_distance_blocks(normalize_by_max(lone, floor), np.arange(3), 0.4).tolist() == [1, 2, 1]
