@@ -77,7 +77,7 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         lo = np.array(box.lo.as_tuple())[:, None]
         hi = np.array(box.hi.as_tuple())[:, None]
         d_exp = np.maximum(np.maximum(lo - x, x - hi), 0.0).sum(axis=0)
-        mx = x.max(axis=1, keepdims=True)
+        mx = np.maximum(x.max(axis=1, keepdims=True), opts.material_difference / opts.eps)  # materiality floor
         p = np.divide(x, mx, out=np.zeros_like(x), where=mx > 0)
         y = p[:, sample]
         d_diff = np.empty(n, dtype=np.int64)
