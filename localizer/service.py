@@ -12,14 +12,14 @@ executor so that the event loop keeps answering while a session is localized.
 In a Kubernetes pod (``localizer.k8s.from_environment()``, looked up once at startup; None and a
 no-op elsewhere) a new session also expects the ranks of the job's pods, merged with the
 registrations, and every stored report is posted as Warning Events on the pods of the ranks it
-names. Both API calls run on a one-thread "k8s" executor, never on the event loop; a failed pod
-listing is logged and the session keeps the registrations' ranks.
+names (``localizer.cluster``). Both API calls run on a one-thread "k8s" executor, never on the
+event loop; a failed pod listing is logged and the session keeps the registrations' ranks. The
+store's writer thread is ``localizer.writer.GroupCommit``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import hmac
@@ -27,7 +27,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -40,7 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
-from localizer.k8s import JobTopology, KubernetesClient, from_environment
+from localizer.cluster import ClusterLink
+from localizer.k8s import KubernetesClient, from_environment
 from localizer.sessions import SessionManager, SessionOptions
 from localizer.store import SessionRecord, Store
 from localizer.validate import (
@@ -52,6 +52,7 @@ from localizer.validate import (
     parse_trigger,
     validate_expect_file,
 )
+from localizer.writer import GroupCommit
 from perftracker.clock import Clock
 from perftracker.errors import PerftrackerError, SchemaError
 from perftracker.model import HangSnapshot, PatternSet, Report
@@ -99,9 +100,7 @@ class LocalizerService:
             validate_expect_file(self.options.expect_path)
         self.localize_options = localize_options
         self.k8s: KubernetesClient | None = k8s_client
-        self._k8s_executor: ThreadPoolExecutor | None = None
-        self._topologies: dict[str, JobTopology] = {}  # job -> its pods at its latest session open
-        self._k8s_sessions: set[str] = set()  # sessions whose pods were looked up
+        self.cluster: ClusterLink | None = None  # set at startup when there is a Kubernetes client
         self._token = token.encode()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
         # the only thread that writes the store; after each commit it starts due localizations
@@ -193,8 +192,7 @@ class LocalizerService:
         if self.k8s is None and self.options.kubernetes:
             self.k8s = await asyncio.to_thread(from_environment)
         if self.k8s is not None:
-            self._k8s_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="k8s")
-            log.info("Kubernetes integration on: namespace %s", self.k8s.options.namespace)
+            self.cluster = ClusterLink(self.k8s, self.store, self._writer)
         # import numpy/statsmodels now, on the localize thread, not when the first report is due
         loop.run_in_executor(self._executor, _warm_imports)
         self._checker = loop.create_task(self._check_deadlines())
@@ -208,8 +206,8 @@ class LocalizerService:
             ev.set()
         # a localization in progress finishes (its writes go through the writer, closed after it)
         await asyncio.to_thread(self._executor.shutdown, True)
-        if self._k8s_executor is not None:  # its lookups write through the writer: close that last
-            await asyncio.to_thread(self._k8s_executor.shutdown, True)
+        if self.cluster is not None:  # its lookups write through the writer: close that last
+            await asyncio.to_thread(self.cluster.close)
         await asyncio.to_thread(self._writer.close)
 
     async def _check_deadlines(self) -> None:
@@ -261,7 +259,8 @@ class LocalizerService:
                 return
             if self._writer.call(lambda: self.sessions.finish(session, report)):
                 self._write_report_file(report)
-                self._submit_k8s(self._post_events, report)
+                if self.cluster is not None:
+                    self.cluster.post_events(report)
         except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
             log.exception("localizing session %s stopped", session)
         finally:
@@ -280,63 +279,6 @@ class LocalizerService:
         if isinstance(opts, LocalizeOptions) and opts.expect_path is None and opts.expectations is None:
             return dataclasses.replace(opts, expect_path=self.options.expect_path)
         return opts
-
-    # ---------------------------------------------------------------- kubernetes
-    def _submit_k8s(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any] | None:
-        """Run a blocking Kubernetes call on the k8s thread; None when there is no cluster."""
-        if self.k8s is None or self._k8s_executor is None:
-            return None
-        try:
-            return self._k8s_executor.submit(fn, *args)
-        except RuntimeError:  # shutting down
-            return None
-
-    def _expect_pods(self, s: SessionRecord) -> concurrent.futures.Future[Any] | None:
-        """Once per session: list the job's pods and let the session expect their ranks too."""
-        if self.k8s is None or s.session in self._k8s_sessions:
-            return None
-        self._k8s_sessions.add(s.session)
-        return self._submit_k8s(self._merge_topology, s.session, s.job)
-
-    def _merge_topology(self, session: str, job: str) -> SessionRecord | None:
-        """k8s thread: expected ranks = registrations + the job's pods. On any error the session keeps
-        the registrations' ranks. Returns the session after the merge, or None."""
-        assert self.k8s is not None
-        try:
-            topology = self.k8s.job_topology(job)
-        except Exception as exc:  # noqa: BLE001 - K8sError, or anything else the client raises
-            log.warning("session %s: expected ranks from the registrations only (pods of job %s not listed: %s)",
-                        session, job, exc)
-            return None
-        self._topologies[job] = topology
-        try:
-            merged = self._writer.call(lambda: self.store.expect_ranks(session, topology.expected_ranks))
-        except Exception:  # noqa: BLE001 - the store failed; the session keeps its ranks
-            log.exception("session %s: could not store the pods' ranks", session)
-            return None
-        if merged is None:
-            return None
-        s, added = merged
-        log.info("session %s: job %s has %d pod rank(s) (nproc-per-node %d); %s", session, job,
-                 topology.world_size, topology.nproc_per_node,
-                 f"now expects {len(s.expected)} rank(s), {len(added)} not registered yet" if added
-                 else "all registered")
-        return s
-
-    def _post_events(self, report: Report) -> None:
-        """k8s thread: Warning Events on the pods of the ranks the stored report names."""
-        assert self.k8s is not None
-        if not report.findings and not any(h.state in ("culprit", "silent") for h in report.hang_states):
-            return
-        topology = self._topologies.get(report.job)
-        try:
-            if topology is None:  # e.g. the session was opened before a restart
-                topology = self._topologies[report.job] = self.k8s.job_topology(report.job)
-            names = self.k8s.post_report_events(report, topology)
-        except Exception as exc:  # noqa: BLE001 - Events are a convenience; the report is stored
-            log.warning("session %s: no Kubernetes Events posted: %s", report.session, exc)
-            return
-        log.info("session %s: posted %d Kubernetes Event(s)", report.session, len(names))
 
     def report_path(self, session: str) -> Path | None:
         if not self.options.report_dir:
@@ -422,7 +364,7 @@ class LocalizerService:
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
         self._wake(job)
-        lookup = self._expect_pods(s)
+        lookup = self.cluster.expect_pods(s) if self.cluster is not None else None
         if lookup is not None:  # answer with the pods' ranks too, unless the API server is slow
             try:
                 merged = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(lookup)),
@@ -489,7 +431,8 @@ class LocalizerService:
         parse_name(snap.job, "job")
         s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
         self._wake(snap.job)
-        self._expect_pods(s)  # a snapshot may have opened the session; not awaited
+        if self.cluster is not None:  # a snapshot may have opened the session; not awaited
+            self.cluster.expect_pods(s)
         if self.sessions.is_complete(s):
             self._schedule_localize(s.session)
         return web.json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
@@ -537,73 +480,6 @@ class _Uploaded:
     """What an upload's write returns: the writer checks that session after the commit."""
 
     session: str
-
-
-_STOP = object()
-
-
-class GroupCommit:
-    """A writer thread that batches queued writes into one ``commit(items)`` call (one sqlite
-    transaction, one fsync). Items queued while a batch commits go into the next one. ``submit``
-    (from the event loop) and ``call`` (from another thread) return once the item is committed,
-    with its result, or raise what it raised. ``after_commit(results)`` runs on the writer thread
-    after each batch."""
-
-    def __init__(self, commit: Callable[[list[Any]], list[tuple[bool, Any]]],
-                 after_commit: Callable[[list[tuple[bool, Any]]], None] | None = None,
-                 max_batch: int = 512) -> None:
-        self._commit = commit  # items -> [(ok, result or exception)] per item, after one commit
-        self._after_commit = after_commit
-        self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
-        self._thread.start()
-
-    def submit_threadsafe(self, item: Any) -> concurrent.futures.Future[Any]:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._queue.put((item, fut))
-        return fut
-
-    async def submit(self, item: Any) -> Any:
-        return await asyncio.wrap_future(self.submit_threadsafe(item))
-
-    def call(self, item: Any, timeout_s: float | None = None) -> Any:
-        return self.submit_threadsafe(item).result(timeout_s)
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is _STOP:
-                break
-            batch = [first]
-            while len(batch) < self._max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    stopping = True
-                    break
-                batch.append(nxt)
-            try:
-                results = self._commit([item for item, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - the commit failed: every waiter of the batch gets it
-                results = [(False, exc)] * len(batch)
-            for (_, fut), (ok, value) in zip(batch, results, strict=True):
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
-            if self._after_commit is not None:
-                try:
-                    self._after_commit(results)
-                except Exception:  # noqa: BLE001 - never stop the writer
-                    log.exception("after-commit hook failed")
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(timeout_s)
 
 
 def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,

@@ -264,7 +264,7 @@ def test_pod_listing_failure_falls_back_to_the_registrations(api: ApiServer, tmp
 def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with ServiceThread(tmp_path / "store.sqlite", None, _options()) as svc:
-        assert svc.service.k8s is None and svc.service._k8s_executor is None  # from_environment() said None
+        assert svc.service.k8s is None and svc.service.cluster is None  # from_environment() said None
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "node0", workers(range(2), 2))
         session, _ = up.create_trigger("train", "cli", window_s=0.5)
