@@ -129,3 +129,11 @@ def test_match_mode_is_validated(tmp_path: Path) -> None:
     exp = load_expectations(f, "cpu")
     assert exp.lookup("m;/a/b.py(3): f", "/a/b.py(3): f", Category.PYTHON)[0].hi.beta == 0.02
     assert exp.lookup("m;/a/b.py(3): g", "/a/b.py(3): g", Category.PYTHON)[0] == OPEN_BOX
+
+
+def test_cpu_gc_bound_is_the_papers_one_percent() -> None:
+    # collector pauses do not depend on the device: the wider CPU Python bound does not apply
+    exp = load_expectations(None, "cpu")
+    box, hint = exp.lookup("Python GC", "Python GC", Category.PYTHON)
+    assert box.hi.beta == 0.01 and hint == "garbage-collection pauses"
+    assert exp.lookup("m;/a/train.py(3): f", "/a/train.py(3): f", Category.PYTHON)[0].hi.beta == 0.05
