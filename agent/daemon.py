@@ -263,7 +263,8 @@ class AgentDaemon:
                 alive, state = _liveness(worker.pid, worker.start_ticks)
                 if not alive:
                     self._fail_pending(worker, f"worker process {state}")
-                self._spawn(self._on_disconnect(worker, time.monotonic()), "disconnect")
+                if not self._stopped.is_set():
+                    self._spawn(self._on_disconnect(worker, time.monotonic()), "disconnect")
             writer.close()
 
     def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> Worker:
@@ -401,13 +402,15 @@ class AgentDaemon:
         those are marked "dead after rank N" and are not blamed.
         """
         for _ in range(20):  # the socket can close a moment before the process is a zombie
+            if self._stopped.is_set():
+                return  # the agent is stopping: it closed the connections itself
             alive, _ = _liveness(w.pid, w.start_ticks)
             if not alive:
                 break
             await asyncio.sleep(0.05)
         else:
             return  # alive: a reconnect, not a death
-        if w.phase == "exited" or w.writer is not None:
+        if w.phase == "exited" or w.writer is not None or self._stopped.is_set():
             return
         first = self._first_death.get(w.job)
         if first is not None and first[0] != w.rank and 0.0 <= t - first[1] < FOLLOW_S:
@@ -490,20 +493,7 @@ class AgentDaemon:
                 return
 
     async def _start_metrics(self) -> None:
-        from aiohttp import web
+        from agent.metrics import serve
 
-        async def metrics(_: web.Request) -> web.Response:
-            return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8",
-                                headers={"X-Content-Type-Options": "nosniff"})
-
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self.options.metrics_host, self.options.metrics_port)
-        await site.start()
-        self._metrics_runner = runner
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else self.options.metrics_port
-        self.metrics_url = f"http://{self.options.metrics_host}:{port}/metrics"
+        self._metrics_runner, self.metrics_url = await serve(self.metrics, self.options.metrics_host,
+                                                             int(self.options.metrics_port or 0))

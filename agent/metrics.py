@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 _HELP: dict[str, tuple[str, str]] = {
     "perftracker_workers": ("gauge", "Training processes connected to this agent."),
@@ -88,3 +89,24 @@ class Metrics:
                     labels = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
                     lines.append(f"{name}{{{labels}}} {_fmt(value)}" if labels else f"{name} {_fmt(value)}")
         return "\n".join(lines) + "\n"
+
+
+async def serve(metrics: Metrics, host: str, port: int) -> tuple[Any, str]:
+    """Serve ``metrics.render()`` at ``http://host:port/metrics`` (aiohttp; port 0: any free one).
+    Returns (the aiohttp runner to ``cleanup()``, the URL)."""
+    from aiohttp import web
+
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = getattr(site, "_server", None)
+    sockets = getattr(server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, f"http://{host}:{bound}/metrics"

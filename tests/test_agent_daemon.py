@@ -147,3 +147,41 @@ def test_bad_frames_drop_only_that_connection(run_dir: Path, tmp_path: Path) -> 
         w.close()
     finally:
         a.kill(signal.SIGTERM)
+
+
+def test_agent_with_a_remote_localizer_and_token_file(run_dir: Path, tmp_path: Path) -> None:
+    """The Kubernetes shape: `perftracker localizer` as its own service, the agent pointed at it."""
+    import json
+
+    from agent.uplink import Uplink
+
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    ready = tmp_path / "ready.json"
+    loc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store",
+                            str(tmp_path / "loc.sqlite"), "--token-file", str(token_file), "--ready-file", str(ready)],
+                           env=env_for_tests(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = None
+    try:
+        url = wait_until(lambda: ready.exists() and json.loads(ready.read_text())["url"], 30, what="localizer")
+        env = env_for_tests(PERFTRACKER_LOCALIZER_URL=url, PERFTRACKER_TOKEN_FILE=str(token_file))
+        agent = subprocess.Popen([sys.executable, "-m", "agent", "--run-dir", str(run_dir), "--no-samplers",
+                                  "--poll-timeout-s", "5"], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        wait_until(lambda: os.path.exists(wire.socket_path(run_dir)), 30, what="agent socket")
+        w = WireWorker(run_dir, 0, 1, job="remote")
+        up = Uplink(url, "s3cret-token", retries=1)
+        wait_until(lambda: "remote" in up.jobs(), 20, what="registration")
+        session, _ = up.create_trigger("remote", "cli", 1.0)
+        msg = w.recv(30)
+        assert msg["type"] == "start_window" and msg["session"] == session
+        w.answer_window(msg, run_dir / "windows")
+        report = wait_until(lambda: up.get_report(session), 60, step_s=0.3, what="report")
+        assert report.ranks_reported == (0,) and report.status == "complete"
+        w.close()
+    finally:
+        for p in (agent, loc):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(20)
+    assert agent is not None and agent.returncode == 0
