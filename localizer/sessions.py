@@ -152,6 +152,10 @@ class SessionManager:
                 s = open_[-1]
                 self.store.update_session(s.session, joins=s.joins + 1)
                 log.info("trigger %r joined open session %s of job %s", reason, s.session, job)
+                if kind == HANG and s.kind != HANG:  # a death during a slowdown session: no window comes
+                    deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
+                    self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
+                    s = dataclasses.replace(s, kind=HANG, deadline_ns=deadline)
                 return dataclasses.replace(s, joins=s.joins + 1), True
             window = float(window_s if window_s is not None else self.options.default_window_s)
             wait_s = self.options.hang_collect_s if kind == HANG else window + self.options.collect_grace_s
@@ -278,6 +282,8 @@ class SessionManager:
         with self._lock:
             uploaded = self._uploaded_of(s.session)
             outstanding = set(s.expected) - uploaded
+            if s.kind == HANG and outstanding and not outstanding - self.dead_ranks(s):
+                return True  # every rank answered or cannot answer (e.g. all dead after a kill)
             return bool(uploaded) and (not outstanding or not outstanding - self.dead_ranks(s))
 
     def due(self) -> list[SessionRecord]:
