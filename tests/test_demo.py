@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from agent_helpers import env_for_tests
 
 
