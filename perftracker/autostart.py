@@ -131,7 +131,20 @@ def ensure_agent(config: Config, wait_s: float = 15.0) -> bool:
         log.warning("perftracker: cannot start a node agent in %s: %s; training continues", run_dir, exc)
         return False
     try:
-        fcntl.flock(spawn_fd, fcntl.LOCK_EX)  # other starters wait here while one spawns
+        # other starters wait here while one spawns; bounded, because the holder may be SIGSTOPped
+        # or frozen (then spawn anyway: the agent's own agent.lock still allows only one agent)
+        lock_deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(spawn_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if socket_alive(path):
+                    return True
+                if time.monotonic() >= lock_deadline:
+                    log.info("perftracker: %s stays locked; starting an agent without it", SPAWN_LOCK)
+                    break
+                time.sleep(0.1)
         if socket_alive(path):
             return True
         if not lock_held(os.path.join(run_dir, AGENT_LOCK)):
