@@ -106,6 +106,7 @@ class AgentChannel:
         self.path = wire.socket_path(config.run_dir)
         self._window_factory = window_factory or self._default_window
         self._window: Any = None
+        self._quiet_until = 0.0  # monotonic s: no blocked checks before this (profile window)
         self._out: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.queue_max)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -313,7 +314,6 @@ class AgentChannel:
                 if stats is not None:
                     self._send(sock, stats)
                 next_stats = now + opts.stats_s
-            self._poll_blocked()
             if now >= next_blocked:
                 self._check_blocked()
                 next_blocked = now + opts.blocked_poll_s
@@ -351,7 +351,16 @@ class AgentChannel:
                 self.sent_triggers += 1
 
     def _check_blocked(self) -> None:
-        """The controller's poll: the runtime calls on_blocked (in this thread) once per episode."""
+        """The controller's poll: the runtime calls on_blocked (in this thread) once per episode.
+
+        **[decision]** Not while a profile window runs or shortly after it: stopping the profiler
+        blocks a rank's training thread for seconds, and its peers then wait in the next collective
+        longer than the blocked threshold. That is profiling cost, not a hang. The quiet period
+        lasts to ``max(30 s, 2 x window)`` after this rank's window ended; a real hang that starts
+        inside it is reported when it ends.
+        """
+        if time.monotonic() < self._quiet_until:
+            return
         check = getattr(self.runtime, "check_blocked", None)
         if check is None:
             return
@@ -405,7 +414,11 @@ class AgentChannel:
         return ProfileWindow(self.runtime.identity, out_dir, runtime=self.runtime)
 
     def _start_window(self, session: str, window_s: float) -> None:
+        grace_s = max(30.0, 2.0 * window_s)
+        self._quiet_until = max(self._quiet_until, time.monotonic() + window_s + grace_s)
+
         def done(result: Any) -> None:
+            self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)
             try:
                 self._enqueue(wire.make_message(
                     MessageType.WINDOW_DONE, session=str(getattr(result, "session", session) or session),
@@ -431,16 +444,6 @@ class AgentChannel:
             log.warning("perftracker: session %s: %s", session, error)
             self._enqueue(wire.make_message(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0,
                                             end_ns=0, error=error))
-
-    def _poll_blocked(self) -> None:
-        """The controller's blocked check: Runtime.check_blocked calls on_blocked once per episode."""
-        check = getattr(self.runtime, "check_blocked", None)
-        if check is None:
-            return
-        try:
-            check()
-        except Exception as exc:  # noqa: BLE001 - detection problems must not stop the channel
-            self._warn_once("check_blocked", "perftracker: blocked check failed: %r", exc)
 
     def _take_wanted_snapshots(self) -> None:
         with self._lock:

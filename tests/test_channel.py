@@ -249,3 +249,20 @@ def test_no_agent_and_no_autostart_is_quiet_and_cheap(run_dir: Path, caplog: pyt
         assert sum("no node agent" in m for m in msgs) == 1, msgs
     finally:
         ch.stop()
+
+
+def test_no_blocked_checks_during_and_after_a_profile_window(run_dir: Path) -> None:
+    """Stopping the profiler stalls a rank for seconds; its peers must not report that as a hang."""
+    rt, win = Runtime(), Window()
+    calls: list[float] = []
+    rt.check_blocked = lambda *a, **k: calls.append(time.monotonic())  # type: ignore[attr-defined]
+    ch = AgentChannel(rt, Config(run_dir=str(run_dir), autostart_agent=False), FAST, window_factory=lambda: win)
+    ch._check_blocked()
+    assert len(calls) == 1  # outside a window the check runs
+    ch._start_window("s-1", 0.2)
+    time.sleep(0.3)  # the stand-in window has reported done by now
+    ch._check_blocked()
+    assert len(calls) == 1  # quiet: during the window and for max(30 s, 2 x window) after it
+    ch._quiet_until = time.monotonic() - 1  # the quiet period is over
+    ch._check_blocked()
+    assert len(calls) == 2
