@@ -320,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     opt.register_step_pre_hook(lambda *_: injector.at("optimizer"))
 
     progress = Path(args.progress_dir) / f"rank{rank}.iter" if args.progress_dir else None
+    if progress is not None:
+        progress.parent.mkdir(parents=True, exist_ok=True)
     it, epoch = 0, 0
     t0 = time.perf_counter()
     while it < args.iters:

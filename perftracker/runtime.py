@@ -63,6 +63,9 @@ def identity_from_env(config: Config, environ: Mapping[str, str] | None = None) 
     if not job or job == "none":
         script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
         job = os.path.splitext(script)[0] or "python"
+        # two concurrent runs of one script on a node differ in their rendezvous port
+        if env.get("MASTER_PORT"):
+            job = f"{job}-{env['MASTER_PORT']}"
     return RuntimeIdentity(
         rank=_int("RANK", 0),
         world_size=_int("WORLD_SIZE", 1),

@@ -203,3 +203,11 @@ def test_import_activates_from_env_unless_disabled(clean_env: dict[str, str]) ->
     bad = _import_in_subprocess(dict(clean_env, PERFTRACKER_BLOCKED_FACTOR="lots"))
     assert bad["status"]["active"] is False  # type: ignore[index]
     assert "PERFTRACKER_BLOCKED_FACTOR" in str(bad["stderr"])
+
+
+def test_default_job_id_carries_the_rendezvous_port() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29511"}
+    a = identity_from_env(Config(), env).job
+    b = identity_from_env(Config(), dict(env, MASTER_PORT="29512")).job
+    assert a.endswith("-29511") and b.endswith("-29512") and a != b
+    assert identity_from_env(Config(), {"MASTER_PORT": "1"}).job.endswith("-1")

@@ -35,6 +35,7 @@ FAULT_PARAMS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "cpu_quota": {"fraction": (int, float)},
     "net_rate": {"mbit": (int, float)},
     "sleep": {"where": str, "ms": (int, float), "every": int},
+    "compute": {"where": str, "frac": (int, float), "ms": (int, float)},
     "busy_python": {"where": str, "ms": (int, float)},
     "copy": {"mb": (int, float)},
     "competitor": {},
@@ -47,6 +48,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "cpu_quota": ("fraction",),
     "net_rate": ("mbit",),
     "sleep": ("where", "ms"),
+    "compute": (),
     "busy_python": ("where", "ms"),
     "copy": ("mb",),
     "competitor": (),
@@ -59,7 +61,7 @@ WHERE = ("dataloader", "forward", "backward", "optimizer")
 CATEGORIES = ("compute", "memory", "collective", "python", "hang")
 TRIGGERS = ("detector", "cli", "none")
 # faults the training script applies itself (examples/train.py --fault); the rest the harness applies
-IN_SCRIPT = ("sleep", "busy_python", "copy", "gc_stall", "hang")
+IN_SCRIPT = ("sleep", "compute", "busy_python", "copy", "gc_stall", "hang")
 
 
 @dataclass(frozen=True)
