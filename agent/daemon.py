@@ -427,7 +427,8 @@ class AgentDaemon:
     async def _forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
         try:
-            session, joined = await self._call("create_trigger", w.job, f"rank {w.rank}: {reason}", window_s)
+            session, joined = await self._call("create_trigger", w.job, describe_trigger(w.rank, reason, detail),
+                                               window_s)
             log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
         except PerftrackerError as exc:
             self._warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
@@ -497,3 +498,15 @@ class AgentDaemon:
 
         self._metrics_runner, self.metrics_url = await serve(self.metrics, self.options.metrics_host,
                                                              int(self.options.metrics_port or 0))
+
+
+def describe_trigger(rank: int, reason: str, detail: dict[str, Any]) -> str:
+    """The trigger reason the report shows, e.g. "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)"."""
+    text = f"rank {rank}: {reason}"
+    it = detail.get("iteration")
+    if isinstance(it, int) and not isinstance(it, bool):
+        text += f" at iteration {it}"
+    ratio, base = detail.get("ratio"), detail.get("baseline_ms")
+    if isinstance(ratio, (int, float)) and isinstance(base, (int, float)) and ratio > 0 and base > 0:
+        text += f" ({100 * (ratio - 1):+.0f}% over {base:.1f} ms)"
+    return text
