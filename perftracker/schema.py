@@ -1,0 +1,56 @@
+"""What the data-model modules share: the schema version and field validation.
+
+``require`` / ``optional`` read one field of a decoded JSON object and raise SchemaError naming the
+field (``where.key``) on a missing field or a wrong type. No I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from perftracker.errors import SchemaError
+
+SCHEMA_VERSION = 1
+
+
+def require(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``d[key]``, checked to be a ``kind`` (an int is accepted as a float; a bool is never a number)."""
+    if not isinstance(d, Mapping):
+        raise SchemaError(f"{where}: expected an object, got {type(d).__name__}")
+    if key not in d:
+        raise SchemaError(f"{where}: missing field {key!r}")
+    value = d[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        raise SchemaError(f"{where}.{key}: expected {getattr(kind, '__name__', kind)}, got {value!r:.80}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SchemaError(f"{where}.{key}: not a finite number: {value!r}")
+    return value
+
+
+def optional(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, default: Any) -> Any:
+    """``d[key]`` checked like ``require``, or ``default`` when the field is absent or null."""
+    if d.get(key) is None:
+        return default
+    return require(d, key, kind, where)
+
+
+def check_schema_version(d: Mapping[str, Any], where: str) -> None:
+    if not isinstance(d, Mapping):
+        raise SchemaError(f"{where}: expected an object, got {type(d).__name__}")
+    version = d.get("schema_version")
+    if version is None:
+        raise SchemaError(f"{where}: missing schema_version (expected {SCHEMA_VERSION})")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where}: unsupported schema_version {version!r} (this perftracker reads {SCHEMA_VERSION})"
+        )
+
+
+
+def rounded(x: float) -> float:
+    """Round for storage: 6 significant decimals is far below measurement noise."""
+    return round(float(x), 6)
