@@ -16,7 +16,7 @@ import threading
 import time
 
 from agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
-from agent.samplers.procfs import ProcfsOptions
+from agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
 
 log = logging.getLogger("agent.samplers")
 
@@ -34,6 +34,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nic-peak-gbps", type=float, default=10.0)
     p.add_argument("--disk-peak-mbps", type=float, default=1000.0)
     p.add_argument("--gpu-lock-dir", default="/tmp")
+    p.add_argument("--cpu-source", choices=CPU_SOURCES, default="auto",
+                   help="training-thread CPU: auto = perf task-clock where permitted, else schedstat")
     p.add_argument("--control-stdin", action="store_true")
     p.add_argument("--no-realtime", action="store_true",
                    help="do not ask for SCHED_RR priority (it keeps 1 kHz sampling on a busy node)")
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     opts = SamplerOptions(
         samplers=tuple(s.strip() for s in a.samplers.split(",") if s.strip()),
-        procfs=ProcfsOptions(period_us=a.period_us, nic_peak_bps=a.nic_peak_gbps * 1e9, disk_peak_bps=a.disk_peak_mbps * 1e6),
+        procfs=ProcfsOptions(period_us=a.period_us, nic_peak_bps=a.nic_peak_gbps * 1e9, disk_peak_bps=a.disk_peak_mbps * 1e6,
+                             cpu_source=a.cpu_source),
         gpu_index=a.gpu_index,
         gpu_lock_dir=a.gpu_lock_dir,
     )

@@ -1,13 +1,23 @@
 """The procfs sampler (always available on Linux): training-thread CPU, NIC and disk utilization.
 
-- ``cpu``: the training thread's run time from ``/proc/<pid>/task/<tid>/schedstat`` (first field,
-  ``se.sum_exec_runtime`` in ns), read every ``period_us`` (1 ms by default).
-  The kernel updates that counter only when the thread is descheduled and at scheduler ticks
-  (every 4 ms at HZ=250), so raw 1 ms differences read as a staircase of 0 % and 400 %. Between two
-  updates a thread first sleeps and then runs without a break up to the update (it is only
-  descheduled at an update), so each increase Δ is the run time of the last Δ ns before the
-  update. ``cpu_utilization`` rebuilds the run intervals that way and averages them over each
-  sample interval: exact up to the sampling period.
+- ``cpu``: the training thread's cumulative run time, read every ``period_us`` (1 ms by default),
+  from one of two sources (``ProcfsOptions.cpu_source``; the one used is logged once per process
+  and recorded as ``UtilSeries.source``):
+  - ``perf`` (the default where the kernel permits it): the thread's ``PERF_COUNT_SW_TASK_CLOCK``
+    counter (``agent.samplers.taskclock``). A read brings it up to date, so each 1 ms difference
+    is the thread's exact on-CPU time in that interval. Needs CAP_PERFMON (or root) or
+    ``perf_event_paranoid`` <= 1.
+  - ``schedstat`` (fallback when ``perf_event_open`` is refused, or ``cpu_source="schedstat"``):
+    ``/proc/<pid>/task/<tid>/schedstat`` (first field, ``se.sum_exec_runtime`` in ns).
+    The kernel updates that counter only when the thread is descheduled and at scheduler ticks
+    (every 4 ms at HZ=250), so raw 1 ms differences read as a staircase of 0 % and 400 %. Between two
+    updates a thread first sleeps and then runs without a break up to the update (it is only
+    descheduled at an update), so each increase Δ is the run time of the last Δ ns before the
+    update. ``cpu_utilization`` rebuilds the run intervals that way and averages them over each
+    sample interval: right on average, but a single sample can be off by up to a tick's worth.
+  Each reading is stamped with the midpoint of clock reads taken just before and after it; a
+  reading that took longer than ``max_read_us`` (the sampler was preempted) is dropped, and the
+  next interval covers the gap.
 - ``nic``: bytes per interface from ``/proc/<pid>/net/dev`` (the target's network namespace), each
   interface normalized by its link speed from ``/sys/class/net/<if>/speed`` when known, else by
   ``nic_peak_bps`` (bits/s, default 10 Gbit/s; loopback and virtual devices have no speed).
@@ -30,6 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.samplers.base import WindowBounds, rate_series
+from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
+from perftracker.errors import ConfigError
 from perftracker.rawdata import UtilSeries
 
 log = logging.getLogger(__name__)
@@ -43,9 +55,18 @@ class ProcfsOptions:
     disk_peak_bps: float = 1e9  # bytes/s
     proc_root: str = "/proc"
     sys_net_root: str = "/sys/class/net"
+    cpu_source: str = "auto"  # "auto": perf task-clock if permitted, else schedstat; "schedstat": force it
+    max_read_us: int = 200  # drop a cpu reading whose clock bracket is wider (sampler preempted)
+
+    def __post_init__(self) -> None:
+        if self.cpu_source not in CPU_SOURCES:
+            raise ConfigError(f"ProcfsOptions.cpu_source: {self.cpu_source!r} is not one of {', '.join(CPU_SOURCES)}")
 
 
-def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int) -> UtilSeries:
+CPU_SOURCES = ("auto", "schedstat")
+
+
+def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int, source: str = "schedstat") -> UtilSeries:
     """Thread CPU utilization per sample interval from (time, cumulative run time) readings.
 
     See the module docstring for why increases are back-filled. value[i] covers (t[i-1], t[i]].
@@ -53,7 +74,7 @@ def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int) -> Uti
     t = np.asarray(t_ns, dtype=np.int64)
     r = np.asarray(run_ns, dtype=np.int64)
     if len(t) < 2:
-        return UtilSeries("cpu", np.zeros(0, np.int64), np.zeros(0, np.float32), period_ns, "procfs")
+        return UtilSeries("cpu", np.zeros(0, np.int64), np.zeros(0, np.float32), period_ns, source)
     idx = np.nonzero(np.diff(r) > 0)[0] + 1
     # The update happened somewhere in (t[i-1], t[i]]; take the midpoint.
     upd_t = (t[idx - 1] + t[idx]) // 2
@@ -69,7 +90,12 @@ def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int) -> Uti
     dt = np.diff(t).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         util = np.where(dt > 0, np.diff(cum) / dt, 0.0)
-    return UtilSeries("cpu", t[1:], np.clip(util, 0.0, 1.0).astype(np.float32), period_ns, "procfs")
+    return UtilSeries("cpu", t[1:], np.clip(util, 0.0, 1.0).astype(np.float32), period_ns, source)
+
+
+def exact_cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int, source: str = "perf") -> UtilSeries:
+    """Thread CPU utilization from exact (time, cumulative run time) readings: Δrun / Δt per interval."""
+    return rate_series("cpu", t_ns, run_ns, 1e9, period_ns, source)
 
 
 def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
@@ -109,6 +135,52 @@ def _read(fd: int) -> bytes:
     return os.pread(fd, 65536, 0)
 
 
+_logged_sources: set[str] = set()
+
+
+def _log_once(level: int, msg: str, *args: object) -> None:
+    """Log a source decision once per process (standby sampler processes run many windows)."""
+    key = msg % args
+    if key not in _logged_sources:
+        _logged_sources.add(key)
+        log.log(level, msg, *args)
+    else:
+        log.debug(msg, *args)
+
+
+class CpuCounter:
+    """The training thread's cumulative run time in ns, from perf task-clock or from schedstat."""
+
+    def __init__(self, schedstat_path: str, tid: int, source: str = "auto") -> None:
+        self._sched_fd = os.open(schedstat_path, os.O_RDONLY)
+        self._perf_fd: int | None = None
+        self.source = "schedstat"
+        if source == "auto":
+            try:
+                self._perf_fd = open_task_clock(tid)
+                self.source = "perf"
+                _log_once(logging.INFO, "procfs sampler: cpu source perf (PERF_COUNT_SW_TASK_CLOCK, exact)")
+            except TaskClockUnavailable as exc:
+                _log_once(logging.WARNING, "procfs sampler: cpu source schedstat (tick-granular, rebuilt): %s", exc)
+        else:
+            _log_once(logging.INFO, "procfs sampler: cpu source schedstat (forced by cpu_source)")
+
+    def read(self) -> int:
+        """Cumulative run ns. OSError/ValueError/IndexError if the thread is gone (schedstat)."""
+        if self._perf_fd is not None:
+            return read_task_clock(self._perf_fd)
+        return self.read_schedstat()
+
+    def read_schedstat(self) -> int:
+        return int(_read(self._sched_fd).split()[0])
+
+    def close(self) -> None:
+        os.close(self._sched_fd)
+        if self._perf_fd is not None:
+            os.close(self._perf_fd)
+            self._perf_fd = None
+
+
 class ProcfsSampler:
     """Samples one thread's CPU time, the NICs and the process's disk bytes from procfs."""
 
@@ -131,7 +203,8 @@ class ProcfsSampler:
     def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
         opt = self.options
         period_ns = opt.period_us * 1000
-        sched_fd = os.open(self._path("task", str(self.tid), "schedstat"), os.O_RDONLY)
+        max_read_ns = opt.max_read_us * 1000
+        cpu = CpuCounter(self._path("task", str(self.tid), "schedstat"), self.tid, opt.cpu_source)
         fds: dict[str, int] = {}
         for key, rel in (("net", ("net", "dev")), ("io", ("io",))):
             try:
@@ -149,18 +222,22 @@ class ProcfsSampler:
             tick = 0
             next_ns = time.monotonic_ns()
             while True:
-                now = time.monotonic_ns()
-                if bounds.done(now):
+                t0 = time.monotonic_ns()
+                if bounds.done(t0):
                     break
                 try:
-                    run = int(_read(sched_fd).split()[0])
+                    run = cpu.read()
+                    if cpu.source == "perf" and tick % opt.slow_every == 0:
+                        cpu.read_schedstat()  # the perf counter outlives its thread: check it is there
                 except (OSError, ValueError, IndexError):
                     log.info("procfs sampler: thread %d gone, stopping", self.tid)
                     break
-                cpu_t.append(now)
-                cpu_run.append(run)
+                t1 = time.monotonic_ns()
+                if t1 - t0 <= max_read_ns:
+                    cpu_t.append((t0 + t1) // 2)
+                    cpu_run.append(run)
                 if tick % opt.slow_every == 0:
-                    slow_t.append(now)
+                    slow_t.append(t1)
                     if "net" in fds:
                         net.append(parse_net_dev(_read(fds["net"]).decode(errors="replace")))
                     if "io" in fds:
@@ -173,11 +250,15 @@ class ProcfsSampler:
                 else:
                     next_ns = time.monotonic_ns()  # fell behind (CPU contention): do not burst
         finally:
-            os.close(sched_fd)
+            cpu.close()
             for fd in fds.values():
                 os.close(fd)
         out: dict[str, UtilSeries] = {}
-        out["cpu"] = cpu_utilization(np.array(cpu_t, np.int64), np.array(cpu_run, np.int64), period_ns)
+        ct, cr = np.array(cpu_t, np.int64), np.array(cpu_run, np.int64)
+        if cpu.source == "perf":
+            out["cpu"] = exact_cpu_utilization(ct, cr, period_ns, "perf")
+        else:
+            out["cpu"] = cpu_utilization(ct, cr, period_ns, "schedstat")
         slow_period_ns = period_ns * opt.slow_every
         st = np.array(slow_t, np.int64)
         if net:
