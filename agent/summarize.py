@@ -27,7 +27,7 @@ from agent import categories as cat
 from agent.critical_path import critical_ns
 from agent.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from agent.timeline import nest, self_segments, stack_ids, stack_names
-from agent.victims import add_reducer_waits
+from agent.victims import add_reducer_waits, split_steady_and_varying
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import Pattern, PatternSet
 from perftracker.rawdata import EventKind, RawWindow, SampleSet, UtilSeries
@@ -44,6 +44,7 @@ class SummarizeOptions:
     max_patterns: int = 256  # at most this many functions, highest β first
     max_bytes: int = 10_000  # PatternSet.to_bytes() budget per worker
     attribute_reducer_wait: bool = True  # CPU jobs: DDP reducer wait inside run_backward -> collective
+    split_late_peers: bool = True  # its part that varies between iterations -> LATE_PEERS_WAIT (victims.py)
 
 
 # resource series per category, first present wins: (GPU window, CPU-only window)
@@ -98,8 +99,10 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
 
     if opt.attribute_reducer_wait and not gpu:
-        extra = add_reducer_waits(kind, name_id, names, role, tid, start, end, meta.training_tid)
-        if len(extra.start_ns):
+        waits = add_reducer_waits(kind, name_id, names, role, tid, start, end, meta.training_tid)
+        for extra in split_steady_and_varying(waits) if opt.split_late_peers else [waits]:
+            if not len(extra.start_ns):
+                continue
             wait_id = len(names)
             names.append(extra.name)
             n_extra = len(extra.start_ns)

@@ -30,6 +30,8 @@ from agent import categories as cat
 from perftracker.rawdata import EventKind, RawWindow
 
 REDUCER_WAIT = "ddp.reducer::wait (allreduce, in autograd engine)"
+LATE_PEERS_WAIT = "ddp.reducer::wait, varying part (late peers, in autograd engine)"
+STEADY_QUANTILE = 10.0  # percent: the steady part of a wait is what 90% of the window's waits reach
 # the engine call: torch's Python tracer records the C builtin; a stack sampler sees only the
 # innermost Python frame that calls it
 _ENGINE = re.compile(r"(^<built-in method run_backward of |\): _engine_run_backward$)")
@@ -109,6 +111,28 @@ def _finalize_end(op_mask: np.ndarray, fin: np.ndarray, start_ns: np.ndarray, en
     lc = np.maximum(last, 0)
     has = (last >= 0) & (f_start[lc] >= w_start)
     return np.where(has, np.minimum(f_end[lc], e_end), e_end)
+
+
+def split_steady_and_varying(waits: ExtraEvents, quantile: float = STEADY_QUANTILE) -> list[ExtraEvents]:
+    """Split each reducer wait into its steady part (``REDUCER_WAIT``) and the rest (``LATE_PEERS_WAIT``).
+
+    A rank's wait at the gradient allreduce is the exposed communication plus the time until its
+    latest peer arrives. The communication, and a peer that is late in every iteration (a slow rank),
+    are there in (nearly) every iteration; a peer that is late only now and then (host contention,
+    jitter: each rank of a clean job on shared cores is the late one in turn) adds a part that varies
+    from iteration to iteration. The steady part is the ``quantile``-th percentile of the window's
+    wait durations (what 90% of the waits reach, robust to a rare short one); each wait's last
+    steady-part nanoseconds stay ``REDUCER_WAIT`` and the time before them becomes
+    ``LATE_PEERS_WAIT``. With one wait, or waits of equal length, nothing is split.
+    """
+    s, e = waits.start_ns, waits.end_ns
+    if len(s) == 0:
+        return [waits]
+    d = e - s
+    steady = int(np.percentile(d, quantile, method="lower"))
+    cut = e - np.minimum(d, steady)
+    vary = cut > s
+    return [ExtraEvents(REDUCER_WAIT, cut, e), ExtraEvents(LATE_PEERS_WAIT, s[vary], cut[vary])]
 
 
 def reducer_wait_intervals(raw: RawWindow) -> tuple[np.ndarray, np.ndarray]:

@@ -234,3 +234,37 @@ def test_reducer_wait_when_the_sampled_engine_frame_ends_before_the_last_copy() 
     p = by_key(summarize_window(raw))
     assert p[REDUCER_WAIT].beta == pytest.approx(0.48)  # [300, 800) minus the first copy
     assert p["step;" + wrapper].beta == pytest.approx(0.1)  # only [100,150)+[200,250)
+
+
+def test_reducer_wait_splits_into_steady_part_and_late_peers() -> None:
+    # 10 iterations: the wait after the last launch is 100 ns in 8 of them (the communication, or a
+    # peer late every time) and 300 / 500 ns when some peer was late this once (host contention)
+    from agent.victims import LATE_PEERS_WAIT
+
+    wrapper = "torch/autograd/graph.py(966): _engine_run_backward"
+    waits = [100, 100, 300, 100, 100, 100, 500, 100, 100, 100]
+    events, t = [(K.PYTHON, "step", T, 0, 10_000)], 0
+    for w in waits:
+        events += [(K.PYTHON, wrapper, T, t + 10, t + 70 + w),
+                   (K.CPU_OP, "c10d::allreduce_", T, t + 20, t + 60)]
+        t += 1000
+    p = by_key(summarize_window(raw_window(events, window=(0, 10_000))))
+    steady, late = p[REDUCER_WAIT], p[LATE_PEERS_WAIT]
+    assert steady.executions == 10 and steady.critical_ns == 10 * 110  # launch end + 10 ... engine end
+    assert late.executions == 2 and late.critical_ns == 200 + 400
+    assert steady.category is late.category is Category.COLLECTIVE
+    # switched off: one function, as before
+    from agent.summarize import SummarizeOptions
+
+    off = by_key(summarize_window(raw_window(events, window=(0, 10_000)), None,
+                                  SummarizeOptions(split_late_peers=False)))
+    assert LATE_PEERS_WAIT not in off and off[REDUCER_WAIT].critical_ns == sum(waits) + 10 * 10
+
+
+def test_late_peers_wait_is_never_unexpected_on_cpu() -> None:
+    from agent.victims import LATE_PEERS_WAIT
+    from localizer.expect import OPEN_BOX, load_expectations
+
+    exp = load_expectations(None, "cpu")
+    assert exp.lookup(LATE_PEERS_WAIT, LATE_PEERS_WAIT, Category.COLLECTIVE)[0] == OPEN_BOX
+    assert exp.lookup(REDUCER_WAIT, REDUCER_WAIT, Category.COLLECTIVE)[0].hi.beta == 0.5
