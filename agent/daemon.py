@@ -10,9 +10,8 @@
   session it asks the workers for hang snapshots.
 - Serves Prometheus text metrics (agent.metrics) over HTTP when a metrics port is given.
 
-The localizer client is duck-typed (agent.uplink.Uplink: blocking calls, run in threads here), so
-the embedded default can point it at an in-process localizer without this package importing
-``localizer``.
+The localizer-facing loops (registration, heartbeats, triggers, snapshots, the long poll) are in
+agent.upstream; the per-rank registry in agent.workers; session windows in agent.windows.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.metrics import Metrics
+from agent.upstream import Upstream
 from agent.windows import SessionRun, WindowOptions, WindowRunner
+from agent.workers import FOLLOW_S, Worker, liveness, select_job
 from perftracker import wire
-from perftracker.errors import PerftrackerError
-from perftracker.model import HangSnapshot
+from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
 
 log = logging.getLogger(__name__)
@@ -56,47 +55,6 @@ class AgentOptions:
     window: WindowOptions = field(default_factory=WindowOptions)
 
 
-@dataclass
-class Worker:
-    job: str
-    rank: int
-    world_size: int
-    local_rank: int
-    pid: int
-    training_tid: int
-    host: str
-    start_ticks: int = 0
-    writer: asyncio.StreamWriter | None = None
-    iteration: int = -1
-    phase: str = ""
-    last_event_age_s: float = 0.0
-    iteration_ms: float = 0.0
-    min_ms: float = 0.0
-    last_seen: float = field(default_factory=time.monotonic)
-
-    @property
-    def connected(self) -> bool:
-        return self.writer is not None
-
-    def info(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size, "pid": self.pid,
-                "tid": self.training_tid, "host": self.host}
-
-
-SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
-FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
-
-
-def _liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
-    try:
-        from agent.liveness import ProcState, probe
-
-        info = probe(pid, start_ticks)
-        return info.state is not ProcState.DEAD, info.state.value
-    except Exception:  # noqa: BLE001 - liveness is best effort
-        return True, "unknown"
-
-
 class AgentDaemon:
     def __init__(self, options: AgentOptions, uplink: Any, idle_check: Callable[[], bool] | None = None) -> None:
         self.options = options
@@ -111,12 +69,12 @@ class AgentDaemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._first_death: dict[str, tuple[int, float]] = {}  # job -> (rank, monotonic s) of its first death
-        self._register_pending: dict[str, asyncio.TimerHandle] = {}
-        self._registered: dict[str, frozenset[int]] = {}
         self._stopped = asyncio.Event()
-        self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self._call)
+        self.upstream = Upstream(options, self.agent_id, uplink, self.metrics, self.workers, self._spawn,
+                                 self._on_notice)
+        self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream.call)
         self._last_connected = time.monotonic()
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce(log)
         self._metrics_runner: Any = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,7 +92,7 @@ class AgentDaemon:
         os.chmod(path, 0o600)
         if self.options.metrics_port is not None:
             await self._start_metrics()
-        self._spawn(self._heartbeat_loop(), "heartbeats")
+        self._spawn(self.upstream.heartbeat_loop(), "heartbeats")
         if self.options.idle_exit_s > 0:
             self._spawn(self._idle_loop(), "idle")
         self.write_info()
@@ -190,37 +148,6 @@ class AgentDaemon:
         if not task.cancelled() and task.exception() is not None:
             log.error("agent task %s failed: %r", task.get_name(), task.exception(), exc_info=task.exception())
 
-    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
-        if key in self._warned:
-            log.debug(fmt, *args)
-        else:
-            self._warned.add(key)
-            log.warning(fmt, *args)
-
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        fn = getattr(self.uplink, method)
-        if asyncio.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        # A daemon thread per blocking call (not the default executor): a long poll in flight must
-        # not hold up the agent's exit.
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-
-        def settle(ok: bool, value: Any) -> None:
-            if not fut.done():
-                (fut.set_result if ok else fut.set_exception)(value)
-
-        def work() -> None:
-            try:
-                res, ok = fn(*args, **kwargs), True
-            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                res, ok = exc, False
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, ok, res)
-
-        threading.Thread(target=work, name=f"uplink-{method}", daemon=True).start()
-        return await fut
-
     # ------------------------------------------------------------------ workers
     async def _handle_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         worker: Worker | None = None
@@ -233,7 +160,7 @@ class AgentDaemon:
                                                   "error": f"protocol {msg['protocol']} unsupported"})
                 return
             holder = self.workers.get((msg["job"], msg["rank"]))
-            if holder is not None and holder.connected and holder.pid != msg["pid"] and _liveness(holder.pid, holder.start_ticks)[0]:
+            if holder is not None and holder.connected and holder.pid != msg["pid"] and liveness(holder.pid, holder.start_ticks)[0]:
                 # two live processes claim one rank of one job (e.g. two runs of the same script): keep
                 # the first; the second retries with backoff and gets in once the first is gone
                 await wire.write_message(writer, wire.make_message(
@@ -260,7 +187,7 @@ class AgentDaemon:
                 self.windows.forget(worker)
                 self._update_worker_metrics(worker.job)
                 log.info("worker rank %d of job %s disconnected", worker.rank, worker.job)
-                alive, state = _liveness(worker.pid, worker.start_ticks)
+                alive, state = liveness(worker.pid, worker.start_ticks)
                 if not alive:
                     self._fail_pending(worker, f"worker process {state}")
                 if not self._stopped.is_set():
@@ -284,10 +211,10 @@ class AgentDaemon:
         self._last_connected = time.monotonic()
         self._update_worker_metrics(w.job)
         log.info("worker rank %d/%d of job %s registered (pid %d)", w.rank, w.world_size, w.job, w.pid)
-        self._schedule_register(w.job)
+        self.upstream.schedule_register(w.job)
         self.windows.prime(w)
         if w.job not in self._pollers:
-            self._pollers[w.job] = self._spawn(self._poll_loop(w.job), f"poll-{w.job}")
+            self._pollers[w.job] = self._spawn(self.upstream.poll_loop(w.job), f"poll-{w.job}")
         return w
 
     def _update_worker_metrics(self, job: str) -> None:
@@ -295,8 +222,7 @@ class AgentDaemon:
         self.metrics.set("perftracker_workers", n, job=job)
 
     def job_workers(self, job: str, connected: bool = True) -> list[Worker]:
-        return sorted((w for w in self.workers.values() if w.job == job and (w.connected or not connected)),
-                      key=lambda w: w.rank)
+        return select_job(self.workers.values(), job, connected)
 
     async def _on_message(self, w: Worker, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -318,11 +244,11 @@ class AgentDaemon:
             self.metrics.inc("perftracker_triggers_total", job=w.job)
             window_s = msg.get("window_s")
             window_s = float(window_s) if isinstance(window_s, (int, float)) and 0.1 <= window_s <= 600 else None
-            self._spawn(self._forward_trigger(w, msg["reason"], msg["detail"], window_s), "trigger")
+            self._spawn(self.upstream.forward_trigger(w, msg["reason"], msg["detail"], window_s), "trigger")
         elif kind == MessageType.BLOCKED.value:
             log.warning("rank %d of job %s reports the job blocked: %s", w.rank, w.job, msg["detail"])
         elif kind == MessageType.HANG_SNAPSHOT.value:
-            self._spawn(self._upload_snapshot(w, msg["snapshot"]), "hang-snapshot")
+            self._spawn(self.upstream.upload_snapshot(w, msg["snapshot"]), "hang-snapshot")
         elif kind == MessageType.WINDOW_DONE.value:
             self._on_window_done(w, msg)
 
@@ -344,56 +270,6 @@ class AgentDaemon:
                      w.rank, msg["session"])
             self._spawn(self.windows.process_window(w, msg["session"], msg, None), f"late-{msg['session']}")
 
-    # ------------------------------------------------------------------ localizer
-    def _schedule_register(self, job: str) -> None:
-        loop = asyncio.get_running_loop()
-        handle = self._register_pending.pop(job, None)
-        if handle is not None:
-            handle.cancel()
-        self._register_pending[job] = loop.call_later(
-            self.options.register_debounce_s, lambda: self._spawn(self._register_job(job), f"register-{job}"))
-
-    async def _register_job(self, job: str) -> None:
-        self._register_pending.pop(job, None)
-        workers = self.job_workers(job, connected=False)
-        ranks = frozenset(w.rank for w in workers)
-        try:
-            await self._call("register", job, self.agent_id, self.options.host, [w.info() for w in workers])
-            self._registered[job] = ranks
-            self._warned.discard("register")
-        except PerftrackerError as exc:
-            self._registered.pop(job, None)
-            self._warn_once("register", "cannot register job %s with the localizer: %s (will retry)", job, exc)
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.heartbeat_s)
-            for job in sorted({w.job for w in self.workers.values()}):
-                workers = self.job_workers(job, connected=False)
-                if self._registered.get(job) != frozenset(w.rank for w in workers):
-                    if job not in self._register_pending:
-                        await self._register_job(job)
-                    continue
-                ranks = []
-                for w in workers:
-                    quiet_s = time.monotonic() - w.last_seen
-                    alive, phase = True, w.phase
-                    if not w.connected or quiet_s >= SILENT_AFTER_S:
-                        # silent: say why in the phase ("stopped", "dead", ...), see localizer.hang
-                        alive, state = _liveness(w.pid, w.start_ticks)
-                        phase = state if state in ("stopped", "disk_wait", "dead") else "silent"
-                        if not alive and (w.phase == "exited" or w.phase.startswith("dead")):
-                            phase = w.phase  # "exited" by itself, or "dead after rank N" (_on_disconnect)
-                    age = w.last_event_age_s + quiet_s  # idle_s was measured when last seen
-                    ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": phase,
-                                  "last_event_age_s": round(max(0.0, age), 3), "alive": alive,
-                                  "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
-                try:
-                    await self._call("heartbeat", job, self.agent_id, ranks)
-                    self._warned.discard("heartbeat")
-                except PerftrackerError as exc:
-                    self._warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
-
     async def _on_disconnect(self, w: Worker, t: float) -> None:
         """A worker that died without saying "exited" opens a hang session (hangs stage).
 
@@ -404,7 +280,7 @@ class AgentDaemon:
         for _ in range(20):  # the socket can close a moment before the process is a zombie
             if self._stopped.is_set():
                 return  # the agent is stopping: it closed the connections itself
-            alive, _ = _liveness(w.pid, w.start_ticks)
+            alive, _ = liveness(w.pid, w.start_ticks)
             if not alive:
                 break
             await asyncio.sleep(0.05)
@@ -419,54 +295,14 @@ class AgentDaemon:
         self._first_death[w.job] = (w.rank, t)
         w.phase = "dead"
         log.warning("worker rank %d of job %s died (pid %d)", w.rank, w.job, w.pid)
-        try:
-            await self._call("create_trigger", w.job, f"hang: rank {w.rank} process died", None)
-        except PerftrackerError as exc:
-            self._warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
-
-    async def _forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
-        log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
-        try:
-            session, joined = await self._call("create_trigger", w.job, describe_trigger(w.rank, reason, detail),
-                                               window_s)
-            log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
-        except PerftrackerError as exc:
-            self._warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
-
-    async def _upload_snapshot(self, w: Worker, snapshot: dict[str, Any]) -> None:
-        try:
-            snap = HangSnapshot.from_dict(snapshot)
-            await self._call("upload_hang_snapshot", snap)
-            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="ok")
-            log.info("uploaded a hang snapshot of rank %d (job %s)", w.rank, w.job)
-        except PerftrackerError as exc:
-            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="error")
-            log.warning("hang snapshot of rank %d not uploaded: %s", w.rank, exc)
-
-    async def _poll_loop(self, job: str) -> None:
-        after: str | None = None
-        delay = 0.5
-        while True:
-            if not self.job_workers(job, connected=False):
-                await asyncio.sleep(1)
-                continue
-            try:
-                notice = await self._call("poll_trigger", job, after, self.options.poll_timeout_s)
-                delay = 0.5
-                self._warned.discard("poll")
-            except PerftrackerError as exc:
-                self._warn_once("poll", "long poll to the localizer failed: %s (retrying)", exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
-                continue
-            if notice is None:
-                continue
-            after = notice.session
-            if notice.session not in self.sessions:
-                self.start_session(job, notice.session, float(notice.window_s), notice.reason,
-                                   getattr(notice, "kind", "slowdown"))
+        await self.upstream.report_death(w)
 
     # ------------------------------------------------------------------ sessions
+    def _on_notice(self, job: str, notice: Any) -> None:
+        if notice.session not in self.sessions:
+            self.start_session(job, notice.session, float(notice.window_s), notice.reason,
+                               getattr(notice, "kind", "slowdown"))
+
     def start_session(self, job: str, session: str, window_s: float, reason: str, kind: str = "slowdown") -> SessionRun:
         run = SessionRun(session, job, window_s, reason, kind)
         self.sessions[session] = run
@@ -499,14 +335,3 @@ class AgentDaemon:
         self._metrics_runner, self.metrics_url = await serve(self.metrics, self.options.metrics_host,
                                                              int(self.options.metrics_port or 0))
 
-
-def describe_trigger(rank: int, reason: str, detail: dict[str, Any]) -> str:
-    """The trigger reason the report shows, e.g. "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)"."""
-    text = f"rank {rank}: {reason}"
-    it = detail.get("iteration")
-    if isinstance(it, int) and not isinstance(it, bool):
-        text += f" at iteration {it}"
-    ratio, base = detail.get("ratio"), detail.get("baseline_ms")
-    if isinstance(ratio, (int, float)) and isinstance(base, (int, float)) and ratio > 0 and base > 0:
-        text += f" ({100 * (ratio - 1):+.0f}% over {base:.1f} ms)"
-    return text

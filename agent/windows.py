@@ -27,6 +27,7 @@ from agent import processing
 from agent.metrics import Metrics
 from perftracker import wire
 from perftracker.errors import PerftrackerError
+from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,7 @@ class WindowRunner:
         self._standby: dict[tuple[str, int], asyncio.Task[tuple[Any, Path, int]]] = {}
         self._standby_seq = 0
         self._summarizer = processing.SummarizerWorker(options.processing) if options.summarize_worker else None
-        self._warned: set[str] = set()
-
-    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
-        if key in self._warned:
-            log.debug(fmt, *args)
-        else:
-            self._warned.add(key)
-            log.warning(fmt, *args)
+        self._warn_once = WarnOnce(log)
 
     async def run_session(self, run: SessionRun, workers: Sequence[Any]) -> None:
         log.info("session %s (%s, %s): %d local worker(s), window %.1f s", run.session, run.kind, run.reason,
