@@ -31,8 +31,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from perftracker import wire
+from perftracker.channel_messages import (
+    blocked_message,
+    heartbeat_message,
+    iter_stats_message,
+    register_message,
+    snapshot_message,
+    trigger_message,
+    window_done_message,
+    window_failed_message,
+)
 from perftracker.config import Config
 from perftracker.errors import PerftrackerError, TransportError
+from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
 
 log = logging.getLogger(__name__)
@@ -51,43 +62,6 @@ class ChannelOptions:
     recent_iterations: int = 50  # iteration times sent in ITER_STATS
     exit_flush_s: float = 0.5  # at exit, wait at most this long to send the last messages
     blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
-
-
-def _identity_fields(runtime: Any) -> dict[str, Any]:
-    ident = runtime.identity
-    return {
-        "job": str(ident.job),
-        "rank": int(ident.rank),
-        "world_size": int(ident.world_size),
-        "local_rank": int(ident.local_rank),
-        "pid": int(ident.pid),
-        "training_tid": int(ident.training_tid),
-        "host": str(ident.host),
-    }
-
-
-def _phase() -> str:
-    try:
-        import perftracker
-
-        st = perftracker.status()  # type: ignore[attr-defined]
-        return str(st.get("phase", "")) if isinstance(st, Mapping) else str(getattr(st, "phase", ""))
-    except Exception:  # status() is best-effort here
-        return ""
-
-
-def _json_safe(detail: Mapping[str, object]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in dict(detail).items():
-        if isinstance(v, (str, int, bool)) or v is None:
-            out[str(k)] = v
-        elif isinstance(v, float):
-            out[str(k)] = v if v == v and abs(v) != float("inf") else None
-        elif isinstance(v, (list, tuple)):
-            out[str(k)] = [x if isinstance(x, (str, int, float, bool)) else str(x) for x in v][:1000]
-        else:
-            out[str(k)] = str(v)
-    return out
 
 
 class AgentChannel:
@@ -115,7 +89,7 @@ class AgentChannel:
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce(log)
         self._last_autostart = -1.0  # monotonic time of the last autostart attempt; <0: none yet
         self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
         self.connects = 0  # successful registrations, for status and tests
@@ -125,17 +99,15 @@ class AgentChannel:
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
         try:
-            extra: dict[str, Any] = {}
-            if "PERFTRACKER_WINDOW_S" in os.environ:  # set explicitly: it overrides the localizer's default
-                extra["window_s"] = float(self.config.window_s)
-            self._enqueue(wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=_json_safe(detail),
-                                            **extra))
+            # window_s only when set explicitly: it overrides the localizer's default
+            window_s = float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
+            self._enqueue(trigger_message(reason, detail, window_s))
         except Exception as exc:  # never raise into the caller
             self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
 
     def on_blocked(self, detail: Mapping[str, object]) -> None:
         try:
-            self._enqueue(wire.make_message(MessageType.BLOCKED, detail=_json_safe(detail)))
+            self._enqueue(blocked_message(detail))
             with self._lock:
                 self._snapshot_wanted.append("")
             self._wake()
@@ -183,8 +155,8 @@ class AgentChannel:
 
                 snap = exit_snapshot(self.runtime, exc)
                 if snap is not None:
-                    self._enqueue(wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snap.to_dict()))
-            beat = self._heartbeat()
+                    self._enqueue(snapshot_message(snap))
+            beat = heartbeat_message(self.runtime)
             beat["phase"] = "exited"
             self._enqueue(beat)
             deadline = time.monotonic() + self.options.exit_flush_s
@@ -197,13 +169,6 @@ class AgentChannel:
             log.debug("perftracker: exit report failed: %r", exc)
 
     # --- internals -----------------------------------------------------------------------------
-
-    def _warn_once(self, key: str, fmt: str, *args: object) -> None:
-        if key in self._warned:
-            log.debug(fmt, *args)
-        else:
-            self._warned.add(key)
-            log.warning(fmt, *args)
 
     def _enqueue(self, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -290,8 +255,7 @@ class AgentChannel:
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options
-        reg = wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **_identity_fields(self.runtime))
-        wire.send_message(sock, reg)
+        wire.send_message(sock, register_message(self.runtime))
         sock.settimeout(opts.ack_timeout_s)
         ack = wire.recv_message(sock)
         if ack.get("type") != MessageType.ACK.value or not ack.get("ok"):
@@ -307,10 +271,10 @@ class AgentChannel:
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                self._send(sock, self._heartbeat())
+                self._send(sock, heartbeat_message(self.runtime))
                 next_beat = now + opts.heartbeat_s
             if now >= next_stats:
-                stats = self._iter_stats()
+                stats = iter_stats_message(self.runtime, opts.recent_iterations)
                 if stats is not None:
                     self._send(sock, stats)
                 next_stats = now + opts.stats_s
@@ -369,33 +333,6 @@ class AgentChannel:
         except Exception as exc:  # noqa: BLE001
             self._warn_once("check-blocked", "perftracker: blocked check failed: %r", exc)
 
-    def _heartbeat(self) -> dict[str, Any]:
-        rt = self.runtime
-        last = None
-        try:
-            last = rt.last_event()
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-        fields: dict[str, Any] = {"iteration": int(getattr(rt, "iteration", 0) or 0), "phase": _phase(),
-                                  "t_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
-        if last:
-            fields["last_event"] = str(last[0])
-            fields["idle_s"] = max(0.0, (time.monotonic_ns() - int(last[1])) / 1e9)
-        return wire.make_message(MessageType.HEARTBEAT, **fields)
-
-    def _iter_stats(self) -> dict[str, Any] | None:
-        try:
-            recent = [float(x) for x in list(self.runtime.recent_iteration_ms())[-self.options.recent_iterations:]]
-        except Exception:  # noqa: BLE001
-            return None
-        recent = [x for x in recent if x == x and x >= 0 and x != float("inf")]
-        if not recent:
-            return None
-        return wire.make_message(
-            MessageType.ITER_STATS, iteration=int(getattr(self.runtime, "iteration", 0) or 0), recent_ms=recent,
-            mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=_phase(),
-        )
-
     def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind == MessageType.START_WINDOW.value:
@@ -420,13 +357,7 @@ class AgentChannel:
         def done(result: Any) -> None:
             self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)
             try:
-                self._enqueue(wire.make_message(
-                    MessageType.WINDOW_DONE, session=str(getattr(result, "session", session) or session),
-                    raw_path=str(getattr(result, "raw_path", "") or ""),
-                    start_ns=int(getattr(result, "start_ns", 0) or 0), end_ns=int(getattr(result, "end_ns", 0) or 0),
-                    error=str(getattr(result, "error", "") or ""),
-                    samples_path=str(getattr(result, "samples_path", "") or ""),
-                ))
+                self._enqueue(window_done_message(result, session))
             except Exception as exc:  # noqa: BLE001 - runs in the training thread
                 self._warn_once("done", "perftracker: could not report a finished window: %s", exc)
 
@@ -442,8 +373,7 @@ class AgentChannel:
             error = f"profile window failed: {exc!r}"
         if error:
             log.warning("perftracker: session %s: %s", session, error)
-            self._enqueue(wire.make_message(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0,
-                                            end_ns=0, error=error))
+            self._enqueue(window_failed_message(session, error))
 
     def _take_wanted_snapshots(self) -> None:
         with self._lock:
@@ -453,7 +383,7 @@ class AgentChannel:
                 from perftracker.hang import take_snapshot
 
                 snap = take_snapshot(self.runtime, session=session)
-                self._enqueue(wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snap.to_dict()))
+                self._enqueue(snapshot_message(snap))
             except Exception as exc:  # noqa: BLE001 - hang snapshots are best effort
                 self._warn_once("snapshot", "perftracker: could not take a hang snapshot: %r", exc)
 
