@@ -92,9 +92,12 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     gpu = bool(np.isin(kind, (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)).any())
     role = cat.classify(kind, name_id, tuple(names), gpu).astype(np.int64)
     on_training = (tid == meta.training_tid) & (device < 0)
+    has_python = bool(((kind == EventKind.PYTHON) & on_training).any())
+    if gpu and not has_python:
+        tid = _autograd_threads_join_training(kind, name_id, names, tid, device, meta.training_tid)
+        on_training = (tid == meta.training_tid) & (device < 0)
     host_like = (role == cat.PYTHON) | (role == cat.HOST)
     role[host_like & ~on_training] = cat.SKIP
-    has_python = bool(((kind == EventKind.PYTHON) & on_training).any())
     role[role == cat.HOST] = cat.SKIP if has_python else cat.PYTHON
     role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
 
@@ -188,6 +191,36 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             critical_ns=int(round(crit_f[f])), resource=resource_f[f]))
     ps = _pattern_set(raw, tuple(patterns), gpu)
     return _fit_budget(ps, opt.max_bytes)
+
+
+_AUTOGRAD_OP = "autograd::engine::evaluate_function: "
+
+
+def _autograd_threads_join_training(kind: np.ndarray, name_id: np.ndarray, names: list[str], tid: np.ndarray,
+                                    device: np.ndarray, training_tid: int) -> np.ndarray:
+    """On a GPU trace without Python stacks, move the autograd engine's device threads onto the
+    training thread's timeline (a copy of ``tid`` is returned).
+
+    For CUDA tensors ``run_backward`` hands the graph to a device thread of the autograd engine and
+    blocks until it is done: the backward's host work (the ops that launch the kernels) is recorded
+    on that thread, and the training thread only shows the enclosing annotation (``## backward ##``)
+    with nothing inside it. Left apart, the whole backward pass is self time of that annotation, a
+    host frame that takes the critical path whenever the GPU idles (dlrm: 17% of the window on every
+    rank). The training thread does nothing else while it waits, so the device thread's events are
+    its work: nested under the annotation they leave it only the gaps between the engine's ops. With
+    Python stacks the enclosing frame is ``run_backward`` and host ops are transparent anyway.
+    """
+    ids = [i for i, x in enumerate(names) if x.startswith(_AUTOGRAD_OP)]
+    if not ids:
+        return tid
+    cpu = device < 0
+    engine_op = cpu & (kind == EventKind.CPU_OP) & np.isin(name_id, ids)
+    threads = np.setdiff1d(np.unique(tid[engine_op]), [training_tid])
+    if not len(threads):
+        return tid
+    out = tid.copy()
+    out[cpu & np.isin(tid, threads)] = training_tid
+    return out
 
 
 def _pattern_set(raw: RawWindow, patterns: tuple[Pattern, ...], gpu: bool) -> PatternSet:

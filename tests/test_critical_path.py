@@ -268,3 +268,29 @@ def test_late_peers_wait_is_never_unexpected_on_cpu() -> None:
     exp = load_expectations(None, "cpu")
     assert exp.lookup(LATE_PEERS_WAIT, LATE_PEERS_WAIT, Category.COLLECTIVE)[0] == OPEN_BOX
     assert exp.lookup(REDUCER_WAIT, REDUCER_WAIT, Category.COLLECTIVE)[0].hi.beta == 0.5
+
+
+def test_gpu_trace_without_stacks_backward_host_work_is_on_the_autograd_thread() -> None:
+    # CUDA backward: the training thread only shows its annotation while the autograd engine's
+    # device thread (tid 200) runs the ops that launch the kernels; the GPU idles in between
+    eng = 200
+    raw = raw_window([
+        (K.ANNOTATION, "## backward ##", T, 0, 1000),
+        (K.CPU_OP, "autograd::engine::evaluate_function: MmBackward0", eng, 100, 400),
+        (K.CPU_OP, "aten::mm", eng, 150, 350),
+        (K.CPU_OP, "autograd::engine::evaluate_function: AddBackward0", eng, 500, 800),
+        (K.KERNEL, "gemm", 7, 300, 600, 0),
+    ], window=(0, 1000))
+    p = by_key(summarize_window(raw))
+    assert p["gemm"].beta == pytest.approx(0.3)
+    # the annotation keeps only the engine's gaps: [0,100) + [400,500) minus the kernel + [800,1000)
+    assert p["## backward ##"].beta == pytest.approx(0.1 + 0.0 + 0.2)
+    assert p["## backward ##;autograd::engine::evaluate_function: AddBackward0"].beta == pytest.approx(0.2)
+    assert p["## backward ##"].category is Category.PYTHON  # host frames of a trace without stacks
+    # a thread that runs no autograd engine op stays out (e.g. a data-loader pin thread)
+    other = raw_window([
+        (K.ANNOTATION, "## backward ##", T, 0, 1000),
+        (K.CPU_OP, "aten::copy_", 300, 100, 400),
+        (K.KERNEL, "gemm", 7, 300, 600, 0),
+    ], window=(0, 1000))
+    assert by_key(summarize_window(other))["## backward ##"].beta == pytest.approx(0.7)
