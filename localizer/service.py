@@ -7,7 +7,7 @@ through the request schemas in ``localizer.validate`` and the model's ``from_dic
 the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status.
 
 An upload is acknowledged only after the store committed it. Localization runs in a one-thread
-executor so that the event loop keeps answering while a session is localized.
+executor (``localizer.runner``) so that the event loop keeps answering while a session is localized.
 
 In a Kubernetes pod (``localizer.k8s.from_environment()``, looked up once at startup; None and a
 no-op elsewhere) a new session also expects the ranks of the job's pods, merged with the
@@ -21,18 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
-import importlib
 import json
 import logging
-import os
 import signal
-import threading
-import time
 import zlib
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +35,7 @@ from aiohttp import web
 
 from localizer.cluster import ClusterLink
 from localizer.k8s import KubernetesClient, from_environment
+from localizer.runner import LocalizeRunner, Uploaded
 from localizer.sessions import SessionManager, SessionOptions
 from localizer.store import SessionRecord, Store
 from localizer.validate import (
@@ -52,10 +47,9 @@ from localizer.validate import (
     parse_trigger,
     validate_expect_file,
 )
-from localizer.writer import GroupCommit
 from perftracker.clock import Clock
 from perftracker.errors import PerftrackerError, SchemaError
-from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model import HangSnapshot, PatternSet
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +92,25 @@ class LocalizerService:
         self.sessions = SessionManager(store, clock, self.options.sessions)
         if self.options.expect_path is not None:
             validate_expect_file(self.options.expect_path)
-        self.localize_options = localize_options
         self.k8s: KubernetesClient | None = k8s_client
-        self.cluster: ClusterLink | None = None  # set at startup when there is a Kubernetes client
         self._token = token.encode()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
-        # the only thread that writes the store; after each commit it starts due localizations
-        self._writer = GroupCommit(store.run_batch, after_commit=self._after_commit)
-        self._localizing_lock = threading.Lock()
+        # the localize thread, and the only thread that writes the store (after each commit it
+        # starts the localizations that became due)
+        self.localize_runner = LocalizeRunner(self.sessions, store.run_batch, localize_options,
+                                     self.options.expect_path, self.options.report_dir)
+        self._writer = self.localize_runner.writer
         self._waiters: dict[str, asyncio.Event] = {}
-        self._localizing: set[str] = set()
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
+
+    @property
+    def cluster(self) -> ClusterLink | None:
+        """The Kubernetes side, set at startup when there is a Kubernetes client."""
+        return self.localize_runner.cluster
+
+    def report_path(self, session: str) -> Path | None:
+        return self.localize_runner.report_path(session)
 
     # ---------------------------------------------------------------- app
     def _build_app(self) -> web.Application:
@@ -192,9 +192,8 @@ class LocalizerService:
         if self.k8s is None and self.options.kubernetes:
             self.k8s = await asyncio.to_thread(from_environment)
         if self.k8s is not None:
-            self.cluster = ClusterLink(self.k8s, self.store, self._writer)
-        # import numpy/statsmodels now, on the localize thread, not when the first report is due
-        loop.run_in_executor(self._executor, _warm_imports)
+            self.localize_runner.cluster = ClusterLink(self.k8s, self.store, self._writer)
+        self.localize_runner.warm()
         self._checker = loop.create_task(self._check_deadlines())
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -205,7 +204,7 @@ class LocalizerService:
         for ev in self._waiters.values():
             ev.set()
         # a localization in progress finishes (its writes go through the writer, closed after it)
-        await asyncio.to_thread(self._executor.shutdown, True)
+        await asyncio.to_thread(self.localize_runner.close)
         if self.cluster is not None:  # its lookups write through the writer: close that last
             await asyncio.to_thread(self.cluster.close)
         await asyncio.to_thread(self._writer.close)
@@ -214,88 +213,10 @@ class LocalizerService:
         while True:
             try:
                 for s in self.sessions.due():
-                    self._schedule_localize(s.session)
+                    self.localize_runner.schedule(s.session)
             except Exception:  # noqa: BLE001 - keep checking
                 log.exception("deadline check failed")
             await asyncio.sleep(self.options.check_interval_s)
-
-    def _schedule_localize(self, session: str) -> None:
-        """Localize the session on the localize thread (once). Callable from any thread."""
-        with self._localizing_lock:
-            if session in self._localizing:
-                return
-            self._localizing.add(session)
-        try:
-            self._executor.submit(self._localize, session)
-        except RuntimeError:  # shutting down
-            with self._localizing_lock:
-                self._localizing.discard(session)
-
-    def _after_commit(self, results: list[tuple[bool, Any]]) -> None:
-        """Writer thread, after a commit: sessions that just became complete are localized at once,
-        without waiting for the event loop (which may be busy answering the uploads)."""
-        for ok, value in results:
-            if ok and isinstance(value, _Uploaded):
-                s = self.sessions.view(value.session)
-                if s.state == "open" and self.sessions.is_complete(s):
-                    self._schedule_localize(value.session)
-
-    def _localize(self, session: str) -> None:
-        """Localize thread: open -> localizing -> report, with the writes through the writer thread."""
-        try:
-            t0 = time.monotonic()
-            s = self._writer.call(lambda: self.sessions.begin_localizing(session))
-            if s is None:
-                return
-            t1 = time.monotonic()
-            try:
-                report = self.sessions.build_report(s, self._localize_options())
-                log.info("session %s: localizing took %.2f s (%.2f s waiting for the writer)",
-                         session, time.monotonic() - t0, t1 - t0)
-            except Exception as exc:  # noqa: BLE001 - a bad session must not stop the service
-                log.exception("localizing session %s failed", session)
-                error = f"{type(exc).__name__}: {exc}"
-                self._writer.call(lambda: self.sessions.fail(session, error))
-                return
-            if self._writer.call(lambda: self.sessions.finish(session, report)):
-                self._write_report_file(report)
-                if self.cluster is not None:
-                    self.cluster.post_events(report)
-        except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
-            log.exception("localizing session %s stopped", session)
-        finally:
-            with self._localizing_lock:
-                self._localizing.discard(session)
-
-    def _localize_options(self) -> object | None:
-        """The options handed to ``localize``: ``expect_path`` from the service options (localize thread)."""
-        opts = self.localize_options
-        if self.options.expect_path is None:
-            return opts
-        from localizer.localize import LocalizeOptions  # lazy: the numpy/statsmodels stage
-
-        if opts is None:
-            return LocalizeOptions(expect_path=self.options.expect_path)
-        if isinstance(opts, LocalizeOptions) and opts.expect_path is None and opts.expectations is None:
-            return dataclasses.replace(opts, expect_path=self.options.expect_path)
-        return opts
-
-    def report_path(self, session: str) -> Path | None:
-        if not self.options.report_dir:
-            return None
-        return Path(self.options.report_dir).resolve() / f"{session}.json"
-
-    def _write_report_file(self, report: Report) -> None:
-        path = self.report_path(report.session)
-        if path is None:
-            return
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:  # the store has it; the file is a convenience
-            log.warning("could not write report file %s: %s", path, exc)
 
     def _session_dict(self, s: SessionRecord) -> dict[str, Any]:
         d = s.to_dict()
@@ -321,7 +242,7 @@ class LocalizerService:
     # ---------------------------------------------------------------- handlers
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "api_version": API_VERSION,
-                                  "localizing": len(self._localizing)})
+                                  "localizing": len(self.localize_runner.localizing)})
 
     async def register(self, request: web.Request) -> web.Response:
         reg = parse_registration(await self._json(request))
@@ -398,14 +319,14 @@ class LocalizerService:
         # committed (group commit: one transaction and fsync for concurrent uploads) before we answer.
         # The writer is FIFO and commit_patterns re-checks the session inside the transaction, so an
         # upload queued before the session starts localizing is in the report, and one after gets 409.
-        def commit() -> _Uploaded:
+        def commit() -> Uploaded:
             self.sessions.commit_patterns([(ps, body)])
-            return _Uploaded(session)
+            return Uploaded(session)
 
         await self._write(commit)
         s = self.sessions.view(session)
         if self.sessions.is_complete(s):
-            self._schedule_localize(s.session)
+            self.localize_runner.schedule(s.session)
         return web.json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
                                   "uploaded": len(s.uploaded), "expected": len(s.expected)})
 
@@ -434,7 +355,7 @@ class LocalizerService:
         if self.cluster is not None:  # a snapshot may have opened the session; not awaited
             self.cluster.expect_pods(s)
         if self.sessions.is_complete(s):
-            self._schedule_localize(s.session)
+            self.localize_runner.schedule(s.session)
         return web.json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
 
     async def list_sessions(self, request: web.Request) -> web.Response:
@@ -465,21 +386,6 @@ class LocalizerService:
             return _error(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
         return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
                                   "deadline_ns": s.deadline_ns}, status=202)
-
-
-def _warm_imports() -> None:
-    for name in ("localizer.localize", "localizer.hang"):
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - reported when a session needs it
-            log.warning("cannot import %s yet: %s", name, exc)
-
-
-@dataclass(frozen=True)
-class _Uploaded:
-    """What an upload's write returns: the writer checks that session after the commit."""
-
-    session: str
 
 
 def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,
