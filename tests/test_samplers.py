@@ -63,6 +63,20 @@ def test_cpu_utilization_undoes_the_tick_staircase() -> None:
     assert abs(s.value.sum() - sum(e - s_ for s_, e in runs)) < 1.0
 
 
+def test_cpu_utilization_keeps_a_flat_out_thread_at_100_percent() -> None:
+    """Jittered sample times around 4 ms tick updates: the rebuilt runs must not overlap and clip."""
+    rng = np.random.default_rng(7)
+    runs = [(10.0, 290.0)]
+    t_ms = np.arange(0, 300, 1.0) + rng.uniform(0.0, 0.9, 300)
+    t_ms.sort()
+    counter = np.array([_kernel_counter(runs, t) for t in t_ms])
+    s = cpu_utilization((t_ms * 1e6).astype(np.int64), (counter * 1e6).astype(np.int64), 1_000_000)
+    dt_ms = np.diff(t_ms)
+    assert abs(float((s.value * dt_ms).sum()) - 280.0) < 2.5  # run time conserved (the old midpoint-only rebuild lost 7 ms)
+    inside = (t_ms[1:] > 16) & (t_ms[1:] < 286)
+    assert float(s.value[inside].mean()) > 0.98 and float(np.median(s.value[inside])) > 0.99
+
+
 def test_exact_cpu_utilization_is_the_plain_rate() -> None:
     t = np.array([0, 1_000_000, 2_000_000, 4_000_000], np.int64)
     run = np.array([5, 5 + 1_000_000, 5 + 1_250_000, 5 + 1_250_000 + 1_000_000], np.int64)

@@ -76,9 +76,18 @@ def cpu_utilization(t_ns: np.ndarray, run_ns: np.ndarray, period_ns: int, source
     if len(t) < 2:
         return UtilSeries("cpu", np.zeros(0, np.int64), np.zeros(0, np.float32), period_ns, source)
     idx = np.nonzero(np.diff(r) > 0)[0] + 1
-    # The update happened somewhere in (t[i-1], t[i]]; take the midpoint.
-    upd_t = (t[idx - 1] + t[idx]) // 2
     delta = r[idx] - r[idx - 1]
+    # The update happened somewhere in (t[i-1], t[i]]: take the midpoint, but no earlier than the
+    # previous update plus the Δ ns run between the two (a thread running flat out would otherwise
+    # get overlapping runs, and lose run time to the clip at 100 %).
+    mid = ((t[idx - 1] + t[idx]) // 2).tolist()
+    hi = t[idx].tolist()
+    upd_list: list[int] = []
+    prev = int(t[0])
+    for m, h, d in zip(mid, hi, delta.tolist(), strict=True):
+        prev = min(max(m, prev + d), h)
+        upd_list.append(prev)
+    upd_t = np.array(upd_list, dtype=np.int64)
     prev_t = np.concatenate(([t[0]], upd_t[:-1])) if len(idx) else np.zeros(0, np.int64)
     run_start = np.maximum(upd_t - delta, prev_t)
     xp = np.empty(1 + 2 * len(idx), dtype=np.float64)
@@ -190,21 +199,30 @@ class ProcfsSampler:
         self.pid = pid
         self.tid = tid
         self.options = options or ProcfsOptions()
+        self._cpu: CpuCounter | None = None
 
     def _path(self, *parts: str) -> str:
         return os.path.join(self.options.proc_root, str(self.pid), *parts)
 
     def unavailable_reason(self) -> str | None:
+        """None if the thread's CPU counter opens; it is kept for ``run`` so that sampling starts
+        at once (the sampler process says ``ready`` after this)."""
         path = self._path("task", str(self.tid), "schedstat")
         if not os.path.exists(path):
             return f"{path} does not exist (no such thread, or no procfs)"
+        if self._cpu is None:
+            try:
+                self._cpu = CpuCounter(path, self.tid, self.options.cpu_source)
+            except OSError as exc:
+                return f"{path}: {exc}"
         return None
 
     def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
         opt = self.options
         period_ns = opt.period_us * 1000
         max_read_ns = opt.max_read_us * 1000
-        cpu = CpuCounter(self._path("task", str(self.tid), "schedstat"), self.tid, opt.cpu_source)
+        cpu = self._cpu or CpuCounter(self._path("task", str(self.tid), "schedstat"), self.tid, opt.cpu_source)
+        self._cpu = None  # one run per counter: closed below
         fds: dict[str, int] = {}
         for key, rel in (("net", ("net", "dev")), ("io", ("io",))):
             try:
@@ -216,6 +234,7 @@ class ProcfsSampler:
         slow_t: list[int] = []
         net: list[dict[str, tuple[int, int]]] = []
         disk: list[int] = []
+        dropped = 0
         try:
             if not bounds.wait_for_start():
                 return {}
@@ -236,6 +255,8 @@ class ProcfsSampler:
                 if t1 - t0 <= max_read_ns:
                     cpu_t.append((t0 + t1) // 2)
                     cpu_run.append(run)
+                else:
+                    dropped += 1
                 if tick % opt.slow_every == 0:
                     slow_t.append(t1)
                     if "net" in fds:
@@ -255,6 +276,9 @@ class ProcfsSampler:
                 os.close(fd)
         out: dict[str, UtilSeries] = {}
         ct, cr = np.array(cpu_t, np.int64), np.array(cpu_run, np.int64)
+        if len(ct) > 1:
+            log.info("procfs sampler: cpu (%s) %d readings over %.2f s, %d dropped (read took > %d us), largest gap %.1f ms",
+                     cpu.source, len(ct), (ct[-1] - ct[0]) / 1e9, dropped, opt.max_read_us, np.diff(ct).max() / 1e6)
         if cpu.source == "perf":
             out["cpu"] = exact_cpu_utilization(ct, cr, period_ns, "perf")
         else:
