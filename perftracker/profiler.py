@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, _ExperimentalConfig
 
@@ -108,69 +109,120 @@ class KinetoCapture:
 
 @dataclass
 class KinetoRows:
-    kind: list[int] = field(default_factory=list)
-    name: list[str] = field(default_factory=list)
-    tid: list[int] = field(default_factory=list)
-    device: list[int] = field(default_factory=list)
-    start_ns: list[int] = field(default_factory=list)
-    end_ns: list[int] = field(default_factory=list)
-    python_id: list[int] = field(default_factory=list)  # tracer mode: Kineto python ids
-    python_parent_id: list[int] = field(default_factory=list)
+    """Columns of the kept events (numpy arrays, in event order; ``name`` a list of str)."""
+
+    kind: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    name_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # index into name_table
+    name_table: list[str] = field(default_factory=list)
+    tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    device: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    python_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tracer mode; else -1
+    python_parent_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.name_idx)
+
+    @property
+    def name(self) -> list[str]:
+        return [self.name_table[i] for i in self.name_idx.tolist()]
+
+
+CHUNK = 2048  # events read per throttle tick (a few ms of GIL at most)
+UNDECODABLE = "<undecodable name>"
+
+
+def _names(chunk: list[Any]) -> tuple[list[str], int]:
+    try:
+        return [e.name() for e in chunk], 0
+    except UnicodeDecodeError:  # seen for Python-tracer events read off the main thread
+        out, bad = [], 0
+        for e in chunk:
+            try:
+                out.append(e.name())
+            except UnicodeDecodeError:
+                out.append(UNDECODABLE)
+                bad += 1
+        return out, bad
 
 
 def kineto_rows(
     result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_ns: int, throttle: Throttle | None = None
 ) -> KinetoRows:
-    """Rows of a ``_ProfilerResult`` on CLOCK_MONOTONIC, clipped to events overlapping [lo, hi]."""
+    """Rows of a ``_ProfilerResult`` on CLOCK_MONOTONIC, clipped to events overlapping [lo, hi].
+
+    Each field is read for all events of a chunk with one comprehension (five pybind calls per
+    event, no per-event Python logic); names are interned once; filtering, kinds and thread ids
+    are numpy. The device type is read once per activity type: torch derives it from the activity
+    (``deviceTypeFromActivity``)."""
     tick = (throttle or NoThrottle()).tick
     events = result.events()
-    main_rf = None
-    for e in events:
-        if e.activity_type() == "user_annotation" and e.name() == MARKER:
-            main_rf = e.start_thread_id()
-            break
-    rows = KinetoRows()
+    n = len(events)
+    names: list[str] = []
+    acts: list[str] = []
+    start = np.empty(n, np.int64)
+    end = np.empty(n, np.int64)
+    rf = np.empty(n, np.int64)
     cpu = torch.autograd.DeviceType.CPU
     undecodable = 0
-    for e in events:
-        tick()
-        try:
-            name = e.name()
-        except UnicodeDecodeError:  # seen for Python-tracer events read off the main thread
-            undecodable += 1
-            name = "<undecodable name>"
-        if name == MARKER:
-            continue
-        start = e.start_ns() - offset_ns
-        end = e.end_ns() - offset_ns
-        if end < lo_ns or start > hi_ns:
-            continue
-        act = e.activity_type()
-        kind = _KINDS.get(act, EventKind.OTHER)
-        if kind == EventKind.PYTHON and not e.is_python_function():
-            kind = EventKind.GC if name == "Python GC" else EventKind.OTHER
-        on_cpu = e.device_type() == cpu
-        if on_cpu:
-            rf = e.start_thread_id()
-            tid = training_tid if rf == main_rf else -int(rf)
-            device = -1
-        else:
-            tid = int(e.device_resource_id())
-            device = int(e.device_index())
-        rows.kind.append(int(kind))
-        rows.name.append(name)
-        rows.tid.append(tid)
-        rows.device.append(device)
-        rows.start_ns.append(start)
-        rows.end_ns.append(max(end, start))
-        if kind == EventKind.PYTHON:
-            rows.python_id.append(int(e.python_id()))
-            rows.python_parent_id.append(int(e.python_parent_id()))
-        else:
-            rows.python_id.append(-1)
-            rows.python_parent_id.append(-1)
+    for lo in range(0, n, CHUNK):
+        chunk = events[lo:lo + CHUNK]
+        hi = lo + len(chunk)
+        got, bad = _names(chunk)
+        names += got
+        undecodable += bad
+        acts += [e.activity_type() for e in chunk]
+        start[lo:hi] = [e.start_ns() for e in chunk]
+        end[lo:hi] = [e.end_ns() for e in chunk]
+        rf[lo:hi] = [e.start_thread_id() for e in chunk]
+        tick(len(chunk))
+    act_ids: dict[str, int] = {}
+    act_col = np.array([act_ids.setdefault(a, len(act_ids)) for a in acts], np.int64)
+    kind_of_act = np.array([int(_KINDS.get(a, EventKind.OTHER)) for a in act_ids], np.int64)
+    first_of_act = np.unique(act_col, return_index=True)[1] if n else np.zeros(0, np.int64)
+    cpu_act = np.array([events[int(i)].device_type() == cpu for i in first_of_act], bool)
+    name_ids: dict[str, int] = {}
+    name_col = np.array([name_ids.setdefault(x, len(name_ids)) for x in names], np.int64)
+    marker = name_ids.get(MARKER, -1)
+    is_marker = name_col == marker
+    main_rf = None
+    ua = act_ids.get("user_annotation", -1)
+    hits = np.flatnonzero(is_marker & (act_col == ua))
+    if len(hits):
+        main_rf = int(rf[hits[0]])
+    start -= offset_ns
+    end -= offset_ns
+    keep = np.flatnonzero(~is_marker & (end >= lo_ns) & (start <= hi_ns))
+    tick(len(keep))
+    kind = kind_of_act[act_col[keep]] if n else np.zeros(0, np.int64)
+    k_start, k_end = start[keep], end[keep]
+    k_cpu = cpu_act[act_col[keep]] if n else np.zeros(0, bool)
+    tid = np.where(rf[keep] == main_rf, training_tid, -rf[keep]) if main_rf is not None else -rf[keep]
+    device = np.full(len(keep), -1, np.int64)
+    for j in np.flatnonzero(~k_cpu).tolist():  # GPU events: few per window on a CPU host
+        e = events[int(keep[j])]
+        tid[j] = int(e.device_resource_id())
+        device[j] = int(e.device_index())
+    py_id = np.full(len(keep), -1, np.int64)
+    py_parent = np.full(len(keep), -1, np.int64)
+    py_rows = np.flatnonzero(kind == int(EventKind.PYTHON))
+    gc_name = name_ids.get("Python GC", -2)
+    for lo in range(0, len(py_rows), CHUNK):  # tracer mode only
+        rows = py_rows[lo:lo + CHUNK]
+        chunk = [events[i] for i in keep[rows].tolist()]
+        is_fn = np.array([e.is_python_function() for e in chunk], bool)
+        fn_rows = rows[is_fn]
+        py_id[fn_rows] = [e.python_id() for e, f in zip(chunk, is_fn.tolist(), strict=True) if f]
+        py_parent[fn_rows] = [e.python_parent_id() for e, f in zip(chunk, is_fn.tolist(), strict=True) if f]
+        other = rows[~is_fn]
+        kind[other] = np.where(name_col[keep[other]] == gc_name, int(EventKind.GC), int(EventKind.OTHER))
+        tick(len(rows))
     if undecodable:
-        log.warning("%d profiler events had undecodable names (kept as '<undecodable name>')", undecodable)
+        log.warning("%d profiler events had undecodable names (kept as '%s')", undecodable, UNDECODABLE)
     if main_rf is None:
         log.warning("window marker missing from the profile: training-thread events keep RecordFunction ids")
-    return rows
+    table = list(name_ids)
+    return KinetoRows(kind=kind, name_idx=name_col[keep], name_table=table, tid=tid, device=device,
+                      start_ns=k_start, end_ns=np.maximum(k_end, k_start), python_id=py_id,
+                      python_parent_id=py_parent)

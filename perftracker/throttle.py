@@ -31,8 +31,9 @@ class Throttle:
         self._t0 = time.monotonic_ns()
         self.slept_ns = 0
 
-    def tick(self) -> None:
-        self._n += 1
+    def tick(self, n: int = 1) -> None:
+        """Count ``n`` items of work; every ``check_every`` items, pause to keep the duty."""
+        self._n += n
         if self._n < self.check_every:
             return
         self._n = 0
@@ -52,5 +53,5 @@ class NoThrottle(Throttle):
     def __init__(self) -> None:
         super().__init__(duty=1.0)
 
-    def tick(self) -> None:
+    def tick(self, n: int = 1) -> None:
         return
