@@ -1,0 +1,78 @@
+"""The reports that close a session, built from its stored uploads (the CPU-heavy step).
+
+``build_slowdown_report`` runs the localizer over the session's PatternSets; ``build_hang_report``
+hands its hang snapshots and the ranks' liveness (from heartbeats) to ``localizer.hang``. Both
+stages are imported lazily (numpy/statsmodels). The session state machine is localizer.sessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from localizer.store import HeartbeatRecord, SessionRecord
+from perftracker.model import HangSnapshot, PatternSet, Report
+
+SLOWDOWN, HANG = "slowdown", "hang"
+PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see SessionManager.finish)
+
+
+def build_slowdown_report(s: SessionRecord, sets: Sequence[PatternSet],
+                          localize_options: object | None = None) -> Report:
+    """Localize a slowdown session's PatternSets; ranks without one are ``ranks_missing``."""
+    missing = tuple(r for r in s.expected if r not in {p.rank for p in sets})
+    if not sets:
+        return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
+                      trigger_reason=s.reason, window_s=s.window_s, ranks_reported=(),
+                      ranks_missing=missing, status="partial",
+                      summary="no worker uploaded patterns before the deadline")
+    from localizer.localize import localize  # lazy: the numpy/statsmodels stage
+
+    report = localize(sets, localize_options)  # type: ignore[arg-type]
+    return dataclasses.replace(
+        report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
+        ranks_missing=missing, status="partial" if missing else report.status)
+
+
+def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
+                 now_ns: int) -> dict[int, Any]:
+    """Expected ranks without a snapshot, each with what its latest heartbeat says."""
+    from localizer.hang import SilentRank, silent_detail  # lazy: owned by the hangs stage
+
+    beats = {h.rank: h for h in heartbeats}
+    out: dict[int, Any] = {}
+    for r in expected:
+        if r in got:
+            continue
+        h = beats.get(r)
+        if h is None:
+            out[r] = SilentRank(r, "no heartbeat from its agent")
+            continue
+        age_s = max(0.0, (now_ns - h.received_ns) / 1e9)
+        detail = silent_detail(h.alive, h.phase)
+        out[r] = SilentRank(r, detail, silent_s=h.last_event_age_s + age_s, last_iteration=h.iteration)
+    return out
+
+
+def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
+                      heartbeats: Sequence[HeartbeatRecord], now_ns: int,
+                      options: object | None = None) -> Report:
+    """The hang seam: snapshots + liveness -> a Report of kind "hang" via localizer.hang.localize_hang."""
+    from localizer.hang import HangOptions, job_resumed, localize_hang  # lazy: hangs stage
+
+    got = {snap.rank for snap in snapshots}
+    silent = silent_ranks(s.expected, got, heartbeats, now_ns)
+    if options is None:
+        options = HangOptions.from_env()
+    report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)
+    if report is None:
+        # every rank pauses in user code (a checkpoint save, an evaluation): not a hang (yet).
+        # "pause" re-opens the session for a later look; "resumed" closes it with no report.
+        resumed = job_resumed(snapshots, [(h.rank, h.iteration, h.received_ns) for h in heartbeats])
+        return Report(job=s.job, session=s.session, kind=HANG, created_ns=time.time_ns(),
+                      trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
+                      ranks_missing=tuple(sorted(silent)), status=RESUMED if resumed else PAUSE,
+                      summary="the snapshots show no hang: the ranks were pausing, not blocked")
+    return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)
