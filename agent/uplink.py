@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perftracker.errors import TransportError
+from perftracker.errors import ConfigError, TransportError
 from perftracker.model import HangSnapshot, PatternSet, Report
 
 log = logging.getLogger(__name__)
@@ -56,15 +56,25 @@ class TriggerNotice:
 
 
 def resolve_token(token: str | None = None, token_file: str | Path | None = None,
-                  run_dir: str | Path | None = None) -> str:
+                  run_dir: str | Path | None = None, *, strict: bool = False) -> str:
     """The bearer token: an explicit value, else PERFTRACKER_TOKEN, else a token file
-    (``token_file``, PERFTRACKER_TOKEN_FILE, or ``<run_dir>/token``). Empty if none is found."""
+    (``token_file``, PERFTRACKER_TOKEN_FILE, or ``<run_dir>/token``). Empty if none is found.
+
+    ``strict``: a named token file (``token_file`` or PERFTRACKER_TOKEN_FILE) that cannot be read
+    raises ConfigError instead of being passed over."""
     if token:
         return token.strip()
     env = os.environ.get("PERFTRACKER_TOKEN", "").strip()
     if env:
         return env
     candidates = [token_file, os.environ.get("PERFTRACKER_TOKEN_FILE") or None]
+    if strict:
+        for c in candidates:
+            if c:
+                try:
+                    return Path(c).read_text().strip()
+                except OSError as exc:
+                    raise ConfigError(f"token file {c}: cannot read ({exc.strerror})") from None
     if run_dir is not None:
         candidates.append(Path(run_dir) / TOKEN_FILE_NAME)
     for c in candidates:

@@ -133,18 +133,9 @@ def _all_sessions(store: Any) -> list[Any]:
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token:
-        return str(args.token).strip()
-    env = os.environ.get("PERFTRACKER_TOKEN", "").strip()
-    if env:
-        return env
-    for f in (args.token_file, os.environ.get("PERFTRACKER_TOKEN_FILE")):
-        if f:
-            try:
-                return Path(f).read_text().strip()
-            except OSError as exc:
-                raise PerftrackerError(f"token file {f}: cannot read ({exc.strerror})") from None
-    return ""
+    from agent.uplink import resolve_token
+
+    return resolve_token(str(args.token) if args.token else None, args.token_file, strict=True)
 
 
 def _get_json(url: str, token: str) -> tuple[int, Any]:
