@@ -122,9 +122,17 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     f_kind, f_name, f_role = kind[frames], name_id[frames], role[frames]
     f_start, f_end = start[frames], end[frames]
     group = (device[frames] + 2) * (1 << 40) + (tid[frames] & ((1 << 40) - 1))
+    # GC pauses are leaves on a timeline of their own: nothing runs inside the collector, and a
+    # sampled Python frame whose edge falls just inside a pause must not nest under it
+    is_gc = f_kind == EventKind.GC
+    group = np.where(is_gc, -1 - group, group)
     nesting = nest(group, f_start, f_end)
     segs = self_segments(f_start, f_end, nesting.parent)
-    crit = critical_ns(segs.start_ns, segs.end_ns, f_role[segs.owner], meta.window_start_ns, meta.window_end_ns)
+    # priority of the sweep: a GC pause outranks the Python frames it interrupts (the frame on the
+    # stack does not run while the collector does); categories are unchanged
+    priority = np.where((f_role == cat.PYTHON) & ~is_gc, cat.N_LEVELS, f_role)
+    crit = critical_ns(segs.start_ns, segs.end_ns, priority[segs.owner], meta.window_start_ns, meta.window_end_ns,
+                       n_levels=cat.N_LEVELS + 1)
     crit_of_frame = np.bincount(segs.owner, weights=crit, minlength=len(frames))
 
     # function identity: Python frames by whole stack, everything else by name

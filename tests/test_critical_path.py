@@ -294,3 +294,20 @@ def test_gpu_trace_without_stacks_backward_host_work_is_on_the_autograd_thread()
         (K.KERNEL, "gemm", 7, 300, 600, 0),
     ], window=(0, 1000))
     assert by_key(summarize_window(other))["## backward ##"].beta == pytest.approx(0.7)
+
+
+def test_gc_pause_is_a_leaf_that_outranks_the_frames_it_interrupts() -> None:
+    # measured on the gc-stall bench: the stack sampler cannot run during a 470 ms collection, so
+    # the sampled frames of the stack that triggered it start 1 ms after the pause does; nested
+    # under the pause they had taken it all as Python self time of perftracker's gc callback
+    raw = raw_window([
+        (K.PYTHON, "main", T, 0, 1000),
+        (K.GC, "Python GC", T, 200, 700),
+        (K.PYTHON, "_gc_stall", T, 210, 720),
+        (K.PYTHON, "_callback", T, 210, 720),
+    ], window=(0, 1000))
+    p = by_key(summarize_window(raw))
+    assert p["Python GC"].beta == pytest.approx(0.5)
+    assert p["main;_gc_stall;_callback"].beta == pytest.approx(0.02)  # [700, 720)
+    assert p["main"].beta == pytest.approx(0.48)
+    assert sum(x.beta for x in p.values()) == pytest.approx(1.0)
