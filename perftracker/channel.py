@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perftracker import wire
+from perftracker.channel_connect import AgentConnector
 from perftracker.channel_messages import (
     blocked_message,
     heartbeat_message,
@@ -90,7 +91,8 @@ class AgentChannel:
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
         self._warn_once = WarnOnce(log)
-        self._last_autostart = -1.0  # monotonic time of the last autostart attempt; <0: none yet
+        self._connector = AgentConnector(self.path, runtime, config, self.options.connect_timeout_s,
+                                         self.options.autostart_every_s, self._warn_once)
         self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
         self.connects = 0  # successful registrations, for status and tests
         self.sent_triggers = 0
@@ -185,12 +187,12 @@ class AgentChannel:
         delay = self.options.backoff_min_s
         while not self._stop.is_set():
             try:
-                sock = self._connect()
+                sock = self._connector.connect()
             except Exception as exc:  # noqa: BLE001 - a bug here must not kill the thread silently
                 self._warn_once("connect-bug", "perftracker: agent connection failed: %r", exc)
                 sock = None
             if sock is None:
-                self._stop.wait(self._retry_delay(delay))
+                self._stop.wait(self._connector.retry_delay(delay))
                 delay = min(delay * 2, self.options.backoff_max_s)
                 continue
             connects = self.connects
@@ -209,49 +211,6 @@ class AgentChannel:
             else:  # refused or failed before registering: back off
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.options.backoff_max_s)
-
-    def _connect(self) -> socket.socket | None:
-        try:
-            return wire.connect(self.path, self.options.connect_timeout_s)
-        except TransportError as exc:
-            first_error = exc
-        if self._may_autostart():
-            now = time.monotonic()
-            if self._last_autostart < 0 or now - self._last_autostart >= self.options.autostart_every_s:
-                self._last_autostart = now
-                from perftracker import autostart
-
-                if autostart.ensure_agent(self.config):
-                    try:
-                        return wire.connect(self.path, self.options.connect_timeout_s)
-                    except TransportError as exc:
-                        first_error = exc
-        if self._autostart_pending():
-            log.debug("perftracker: no node agent at %s yet; one starts after the first iteration", self.path)
-        else:
-            self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with "
-                            "backoff", self.path, first_error)
-        return None
-
-    def _autostart_pending(self) -> bool:
-        return (self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules
-                and int(getattr(self.runtime, "iteration", 0) or 0) < 1)
-
-    def _may_autostart(self) -> bool:
-        """Start an agent only for a process that trains (one iteration done), never inside a
-        pytest process unless PERFTRACKER_AUTOSTART_AGENT is set explicitly."""
-        if not self.config.autostart_agent:
-            return False
-        if "_pytest" in sys.modules and "PERFTRACKER_AUTOSTART_AGENT" not in os.environ:
-            return False
-        try:
-            return int(getattr(self.runtime, "iteration", 0) or 0) >= 1
-        except Exception:  # noqa: BLE001
-            return False
-
-    def _retry_delay(self, delay: float) -> float:
-        """While an autostart is still to come (waiting for the first iteration), poll quickly."""
-        return min(delay, 0.5) if self._autostart_pending() else delay
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options
