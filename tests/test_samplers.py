@@ -188,8 +188,8 @@ def test_control_stdin_moves_end_and_eof_stops(tmp_path: Path) -> None:
 
 
 def test_sample_window_in_process_and_missing_thread() -> None:
-    now = time.monotonic_ns()
-    ss = sample_window(os.getpid(), os.getpid(), now, now + 200_000_000, SamplerOptions(samplers=("procfs",)))
+    start = time.monotonic_ns() + 50_000_000  # a loaded node can take longer than a short window to start a thread
+    ss = sample_window(os.getpid(), os.getpid(), start, start + 400_000_000, SamplerOptions(samplers=("procfs",)))
     assert isinstance(ss.get("cpu"), UtilSeries) and len(ss.get("cpu").t_ns) > 50
     assert build_samplers(os.getpid(), 999_999_999, SamplerOptions(samplers=("procfs",))) == []
 
