@@ -66,7 +66,8 @@ def _is_cli_process() -> bool:
         return True
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m":
-            return argv[i + 1] == "perftracker" or argv[i + 1].startswith("perftracker.")
+            # perftracker's own processes (CLI, agent, samplers, summarizer, localizer) never train
+            return argv[i + 1].split(".")[0] in ("perftracker", "agent", "localizer")
     return False
 
 

@@ -211,3 +211,18 @@ def test_default_job_id_carries_the_rendezvous_port() -> None:
     b = identity_from_env(Config(), dict(env, MASTER_PORT="29512")).job
     assert a.endswith("-29511") and b.endswith("-29512") and a != b
     assert identity_from_env(Config(), {"MASTER_PORT": "1"}).job.endswith("-1")
+
+
+def test_perftrackers_own_processes_do_not_activate() -> None:
+    """`python -m agent.samplers` and friends import perftracker but never train: no detection, no agent."""
+    import subprocess
+    import sys
+
+    code = "import perftracker.runtime as r; print(r.get_runtime() is None)"
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PERFTRACKER_")}
+    for module in ("agent.samplers", "localizer", "perftracker"):
+        argv = [sys.executable, "-c", f"import sys; sys.orig_argv[:] = ['python', '-m', '{module}']; {code}"]
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert out.stdout.strip() == "True", (module, out.stderr[-500:])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-500:]  # a plain script does activate
