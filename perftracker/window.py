@@ -53,6 +53,7 @@ from perftracker.throttle import Cancelled, Throttle
 log = logging.getLogger(__name__)
 
 _IDLE, _ARMED, _ACTIVE, _FINISHING = "idle", "armed", "active", "finishing"
+_OVERRUN = "overrun"  # no boundary came to close the window: abandoned, profiler waits for the next one
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class WindowOptions:
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
     exit_wait_s: float = 2.0  # at interpreter exit: longest wait for a cancelled writer thread
+    overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ class _Active:
     nvtx_window: Any = None
     nvtx_iter_open: bool = False
     thread_ident: int = 0  # the thread that started the profiler (the only one that can stop it)
+    watchdog: threading.Timer | None = None
+    overrun_done: threading.Event = field(default_factory=threading.Event)
 
 
 def _nvtx() -> Any:
@@ -175,7 +179,9 @@ class ProfileWindow:
         if cur is None:
             return
         try:
-            if state is _ARMED:
+            if state is _OVERRUN:
+                self._end_overrun(cur)
+            elif state is _ARMED:
                 self._maybe_start(cur)
             elif state is _ACTIVE:
                 now = self.clock.now_ns()
@@ -230,6 +236,10 @@ class ProfileWindow:
         if not started:  # shut down by another thread meanwhile: undo at once
             self._release(cur)
             return
+        cur.watchdog = threading.Timer(cur.window_ns / 1e9 + opts.overrun_s, self._overrun, args=(cur,))
+        cur.watchdog.name = "perftracker-window-watchdog"
+        cur.watchdog.daemon = True
+        cur.watchdog.start()
         log.info("perftracker: window %s started", cur.session)
 
     def _nvtx_iteration(self, cur: _Active, iteration: int) -> None:
@@ -243,6 +253,8 @@ class ProfileWindow:
         """Undo everything the window did to this process; return the profiler result if any."""
         result = None
         error = ""
+        if cur.watchdog is not None:
+            cur.watchdog.cancel()
         if cur.stack_sampler is not None:
             cur.stack_sampler.stop()
         if cur.capture is not None and cur.capture.started:
@@ -266,13 +278,13 @@ class ProfileWindow:
             raise PerftrackerError(error)
         return result
 
-    def _claim(self, cur: _Active, states: tuple[str, ...]) -> str | None:
-        """Move ``cur`` from one of ``states`` to finishing; the previous state, or None if another
-        thread (a boundary, an exit hook) got there first."""
+    def _claim(self, cur: _Active, states: tuple[str, ...], to: str = _FINISHING) -> str | None:
+        """Move ``cur`` from one of ``states`` to ``to``; the previous state, or None if another
+        thread (a boundary, an exit hook, the watchdog) got there first."""
         with self._lock:
             if self._cur is not cur or self._state not in states:
                 return None
-            prev, self._state = self._state, _FINISHING
+            prev, self._state = self._state, to
             return prev
 
     def _stop(self, cur: _Active, end_ns: int) -> None:
@@ -342,6 +354,46 @@ class ProfileWindow:
         res = WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error)
         threading.Thread(target=self._deliver, args=(cur, res), daemon=True).start()
 
+    def _overrun(self, cur: _Active) -> None:
+        """Watchdog (its own thread): the training thread made no boundary for ``overrun_s`` past
+        the window's end (a hang, or a very long iteration). Stop what can be stopped from here
+        (stack sampler, sampler process, switch interval), report the window as failed, and leave
+        torch's profiler, which only the training thread can stop, to its next boundary."""
+        if self._claim(cur, (_ACTIVE,), to=_OVERRUN) is None:
+            return
+        try:
+            last_s = (self.clock.now_ns() - cur.boundaries_ns[-1]) / 1e9 if cur.boundaries_ns else 0.0
+            if cur.stack_sampler is not None:
+                cur.stack_sampler.stop()
+            if cur.old_switch_s:
+                sys.setswitchinterval(cur.old_switch_s)
+                cur.old_switch_s = 0.0
+            if cur.sampler is not None:
+                cur.sampler.close(timeout_s=0.5)
+            error = (f"abandoned: no iteration boundary for {last_s:.0f} s (window {cur.window_ns / 1e9:g} s); "
+                     "the training thread looks stuck")
+            log.warning("perftracker: window %s %s; torch's profiler stays on until its next boundary",
+                        cur.session, error)
+        except Exception as exc:  # noqa: BLE001
+            error = f"abandoned: {type(exc).__name__}: {exc}"
+        finally:
+            cur.overrun_done.set()
+        self._notify(cur, WindowResult(cur.session, None, cur.start_ns, self.clock.now_ns(), error=error))
+
+    def _end_overrun(self, cur: _Active) -> None:
+        """The first boundary after an abandoned window (training thread): stop the profiler, drop it."""
+        if not cur.overrun_done.is_set() or self._claim(cur, (_OVERRUN,)) is None:
+            return
+        t0 = time.monotonic()
+        try:
+            self._release(cur)
+        finally:
+            with self._lock:
+                if self._cur is cur:
+                    self._cur, self._state = None, _IDLE
+        log.info("perftracker: window %s: training resumed; profiler stopped and its data dropped (%.2f s)",
+                 cur.session, time.monotonic() - t0)
+
     def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
         """End this window now (exit hook, deactivate); never raises.
 
@@ -352,7 +404,18 @@ class ProfileWindow:
         cur = self._cur
         if cur is None:
             return
-        prev = self._claim(cur, (_ARMED, _ACTIVE))
+        prev = self._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
+        if prev == _OVERRUN:  # already reported; only the profiler is left (training thread only)
+            cur.overrun_done.wait(1.0)
+            try:
+                if threading.get_ident() == cur.thread_ident:
+                    self._release(cur)
+            except Exception:  # noqa: BLE001
+                log.debug("perftracker: releasing an abandoned window failed", exc_info=True)
+            with self._lock:
+                if self._cur is cur:
+                    self._cur, self._state = None, _IDLE
+            return
         if prev is None:
             if writer_wait_s is not None:
                 self._cancel.set()
@@ -451,6 +514,9 @@ class ProfileWindow:
         with self._lock:
             self._cur = None
             self._state = _IDLE
+        self._notify(cur, res)
+
+    def _notify(self, cur: _Active, res: WindowResult) -> None:
         try:
             cur.on_done(res)
         except Exception:

@@ -179,3 +179,36 @@ def test_shutdown_waits_for_a_cancelled_writer(tmp_path: Path) -> None:
     assert win.state == "idle" and len(done) == 1, (win.state, done)
     assert done[0].error in ("", "discarded: process exiting")  # cancelled, unless it had just finished
     assert not torch._C._autograd._profiler_enabled()
+
+
+def test_a_hang_mid_window_is_abandoned_and_the_next_boundary_cleans_up(tmp_path: Path) -> None:
+    switch = sys.getswitchinterval()
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(overrun_s=1.0))
+    done: list[WindowResult] = []
+    assert win.arm("h1", 0.2, done.append)
+    _drive(win, "active")
+    time.sleep(3.0)  # the training thread "hangs": no boundary
+    assert win.state == "overrun" and len(done) == 1, (win.state, done)
+    assert done[0].error.startswith("abandoned: no iteration boundary") and done[0].raw_path is None
+    assert not [t for t in threading.enumerate() if t.name == "perftracker-stack-sampler"]  # sampler stopped
+    assert sys.getswitchinterval() == pytest.approx(switch)
+    assert torch._C._autograd._profiler_enabled()  # only the training thread can stop it ...
+    assert not win.arm("h2", 0.2, done.append)  # ... so no new window until then
+    win.on_boundary(time.monotonic_ns(), 10**6)  # training resumes
+    assert win.state == "idle" and not torch._C._autograd._profiler_enabled(), win.state
+    assert len(done) == 1 and not list(tmp_path.glob("*.raw.npz")), done  # dropped, reported once
+    assert win.arm("h3", 0.05, done.append)  # usable again, and a normal window is not abandoned
+    _drive(win, "finishing")
+    assert win.wait(60), win.state
+    assert done[1].error == "" and done[1].raw_path is not None, done
+
+
+def test_exit_during_an_abandoned_window_stops_the_profiler(tmp_path: Path) -> None:
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(overrun_s=0.5))
+    done: list[WindowResult] = []
+    assert win.arm("h4", 0.1, done.append)
+    _drive(win, "active")
+    time.sleep(2.0)
+    assert win.state == "overrun"
+    win.shutdown("process exiting", writer_wait_s=1.0)
+    assert win.state == "idle" and not torch._C._autograd._profiler_enabled() and len(done) == 1
