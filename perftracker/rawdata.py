@@ -116,11 +116,7 @@ class RawWindow:
         offsets = np.cumsum([0] + [len(s) for s in self.stacks], dtype=np.int64)
         arrays["stack_frames"] = flat
         arrays["stack_offsets"] = offsets
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        tmp.replace(path)
-        return path
+        return _save_npz_atomic(path, arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> RawWindow:
@@ -141,6 +137,15 @@ class RawWindow:
             raise TraceError(f"{path}: not a readable raw window ({type(exc).__name__}: {exc})") from None
         stacks = tuple(tuple(int(x) for x in flat[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1))
         return cls(meta=meta, columns=columns, names=names, stacks=stacks)
+
+
+def _save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` as an .npz at ``path`` via a temporary file, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    tmp.replace(path)
+    return path
 
 
 @dataclass(frozen=True)
@@ -171,11 +176,7 @@ class SampleSet:
             arrays[f"v_{name}"] = np.asarray(s.value, dtype=np.float32)
             meta["series"][name] = {"period_ns": int(s.period_ns), "source": s.source}
         arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        tmp.replace(path)
-        return path
+        return _save_npz_atomic(path, arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> SampleSet:
