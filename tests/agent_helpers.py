@@ -24,13 +24,24 @@ from perftracker.wire import MessageType
 REPO = Path(__file__).resolve().parents[1]
 
 
+SHORT_RUN_DIRS: list[Path] = []  # conftest ends whatever still runs in them when the suite ends
+
+
 def short_run_dir(tag: str) -> Path:
     """AF_UNIX paths must stay under 108 bytes: pytest's tmp_path is often too long."""
-    return Path(tempfile.mkdtemp(prefix=f"pt-{tag}-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix=f"pt-{tag}-", dir="/tmp"))
+    SHORT_RUN_DIRS.append(d)
+    return d
+
+
+# kept from the suite's environment (conftest.py): a private run dir and no agent autostart, so a
+# subprocess given no run dir never reaches /tmp/perftracker-<uid> (a developer's agent)
+_ISOLATION = ("PERFTRACKER_RUN_DIR", "PERFTRACKER_AUTOSTART_AGENT")
 
 
 def env_for_tests(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFTRACKER_")}
+    """os.environ without PERFTRACKER_* settings (but the suite's isolation), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFTRACKER_") or k in _ISOLATION}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

@@ -32,7 +32,9 @@ class Job:
     def __init__(self, tmp_path: Path, port: int, args: list[str], env: dict[str, str] | None = None) -> None:
         self.dir = tmp_path
         (tmp_path / "prog").mkdir()
+        # the embedded default: the first worker autostarts the agent (the suite's environment has it off)
         self.env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PERFTRACKER_RUN_DIR=str(tmp_path / "run"),
+                        PERFTRACKER_AUTOSTART_AGENT="1",
                         PERFTRACKER_AGENT_IDLE_EXIT_S="30", PERFTRACKER_DETECTOR_MODE="paper",
                         PERFTRACKER_SLOWDOWN_THRESHOLD="1000", PERFTRACKER_TRIGGER_COOLDOWN_S="100000",
                         **(env or {}))

@@ -75,8 +75,9 @@ def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_po
     run_dir = short_run_dir("auto")
     progress = tmp_path / "progress"
     progress.mkdir()  # examples/train.py does not create it
-    # nothing configured but a private run dir (so parallel tests do not share /tmp/perftracker-<uid>)
-    env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir))
+    # nothing configured but a private run dir (so parallel tests do not share /tmp/perftracker-<uid>);
+    # autostart is the default, set explicitly because the suite's environment turns it off (conftest.py)
+    env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port),
          TRAIN, "--iters", "100000", "--quiet", "--progress-dir", str(progress)],
