@@ -46,6 +46,7 @@ class Job:
         self.proc = subprocess.Popen(cmd, cwd=tmp_path, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.t0 = time.time()
+        self.job = f"train-{port}"  # default job id: script name and rendezvous port
         self.worker_pids: set[int] = set()  # torchrun starts workers in their own sessions
 
     def progress(self, rank: int) -> tuple[int, int, float]:
@@ -80,7 +81,8 @@ class Job:
             return False
         try:  # read-only, plain sqlite: the localizer may still be creating the store
             with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
-                return int(con.execute("SELECT COUNT(*) FROM workers WHERE job='train'").fetchone()[0]) >= 2
+                n = con.execute("SELECT COUNT(*) FROM workers WHERE job=?", (self.job,)).fetchone()[0]
+                return int(n) >= 2
         except sqlite3.Error:
             return False
 

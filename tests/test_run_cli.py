@@ -93,7 +93,8 @@ def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_po
                   if str(run_dir) in " ".join(p.info["cmdline"] or []) and "agent" in (p.info["cmdline"] or [])]
         assert [p.pid for p in agents] == [agent_pid], "exactly one agent for the node"
         assert psutil.Process(agent_pid).ppid() != proc.pid
-        _, report = _trigger_and_wait(runs, "train", 2.0)  # the job id defaults to the script name
+        # the job id defaults to the script name and the rendezvous port
+        _, report = _trigger_and_wait(runs, f"train-{free_port}", 2.0)
         assert report.ranks_reported == (0, 1)
         assert (runs / "reports").is_dir() and list((runs / "reports").glob("*.json"))
     finally:
