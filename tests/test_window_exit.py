@@ -68,12 +68,16 @@ def test_script_ending_mid_window_exits_zero_and_logs_once(mode: str, tmp_path: 
     want = "active" if mode == "running" else "finishing"
     assert f"STATE {want}" in lines, out[-4000:]
     discarded = [ln for ln in lines if ln.startswith("LOG perftracker.window") and "discarded" in ln]
-    assert len(discarded) == 1, out[-4000:]  # logged once
     done = [ln for ln in lines if ln.startswith("DONE")]
-    assert len(done) == 1 and "discarded" in done[0], out[-4000:]
+    raws = list((tmp_path / "out").glob("*.raw.npz"))
+    if mode == "writing" and not discarded and done == ["DONE ''"]:
+        assert len(raws) == 1  # the writer won the race with the exit hook: a complete file, no error
+    else:
+        assert len(discarded) == 1, out[-4000:]  # logged once
+        assert len(done) == 1 and "discarded" in done[0], out[-4000:]
+        assert not raws  # the partial window is discarded
     end_ns = int(next(ln for ln in lines if ln.startswith("END")).split()[1])
     assert (ended_ns - end_ns) / 1e9 < 20.0  # exit is not held up (generous: 2 loaded cores)
-    assert not list((tmp_path / "out").glob("*.raw.npz"))  # the partial window is discarded
     assert not _children_of(proc.pid)  # the sampler process is gone too
 
 

@@ -1,0 +1,185 @@
+"""The profile window's writer: after the window, turn the profiler result and stack samples into
+a ``RawWindow`` file off the training thread (a throttled thread, or optionally a forked child),
+collect the sampler process's file and deliver the ``WindowResult``. A mixin of ``ProfileWindow``
+(perftracker/window.py), which owns the state machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perftracker import stacks as stacks_mod
+from perftracker.errors import PerftrackerError
+from perftracker.profiler import KinetoCapture, kineto_rows
+from perftracker.rawbuild import build_raw_window
+from perftracker.rawdata import WindowMeta
+from perftracker.sampler_proc import SamplerProcess
+from perftracker.throttle import Cancelled, Throttle
+
+log = logging.getLogger("perftracker.window")
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    stacks: str = "sample"  # "sample": stack sampler thread; "tracer": torch's Python tracer; "off"
+    stack_period_us: int = 1000
+    switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window (0: leave as is)
+    record_gc: bool = True
+    nvtx: bool = True
+    spawn_sampler: bool = False  # run `python -m agent.samplers` for this window ourselves
+    sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
+    sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
+    writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
+    writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
+    writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
+    exit_wait_s: float = 2.0  # at interpreter exit: longest wait for a cancelled writer thread
+    overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    session: str
+    raw_path: Path | None
+    start_ns: int
+    end_ns: int
+    error: str = ""
+    samples_path: Path | None = None
+    blocking_ns: int = 0  # main-thread time spent stopping the window
+    iterations: int = 0
+    rows: int = 0
+
+
+@dataclass
+class _Active:
+    session: str
+    window_ns: int
+    on_done: Callable[[WindowResult], None]
+    armed_ns: int
+    sampler: SamplerProcess | None = None
+    capture: KinetoCapture | None = None
+    stack_sampler: stacks_mod.StackSampler | None = None
+    gc: stacks_mod.GcRecorder = field(default_factory=stacks_mod.GcRecorder)
+    start_ns: int = 0
+    boundaries_ns: list[int] = field(default_factory=list)
+    old_switch_s: float = 0.0
+    nvtx_window: Any = None
+    nvtx_iter_open: bool = False
+    thread_ident: int = 0  # the thread that started the profiler (the only one that can stop it)
+    watchdog: threading.Timer | None = None
+    overrun_done: threading.Event = field(default_factory=threading.Event)
+
+
+class WindowWriter:
+    """The writer half of ``ProfileWindow`` (uses its options, identity, paths and ``_deliver``)."""
+
+    options: WindowOptions
+    identity: Any
+    _cancel: threading.Event
+
+    def _use_fork(self) -> bool:
+        # Measured (bench/datagen.py): fork() of a training process costs ~1 s of main-thread time
+        # on a loaded node, more than it saves; and a forked child must never touch CUDA.
+        if self.options.writer != "fork":
+            return False
+        import torch
+
+        return hasattr(os, "fork") and not torch.cuda.is_initialized()
+
+    def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
+        """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
+        beyond the fork itself. Returns the child's pid, or None (then a thread writes)."""
+        path = self._path(cur.session, "raw")
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            log.warning("perftracker: fork failed (%s); writing the window in a thread", exc)
+            return None
+        if pid == 0:  # child: only this thread exists; never return into training code
+            code = 1
+            try:
+                self._build(cur, result, end_ns).save(path)
+                code = 0
+            except BaseException as exc:  # noqa: BLE001
+                try:
+                    path.with_name(path.name + ".error").write_text(f"{type(exc).__name__}: {exc}")
+                except BaseException:  # noqa: BLE001
+                    pass
+            finally:
+                os._exit(code)
+        return pid
+
+    # ---------------------------------------------------------------- writer thread
+    def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
+        try:  # the writer yields the CPU to training as well as the GIL (Throttle)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.options.writer_nice)
+        except (OSError, AttributeError):
+            pass
+        res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
+        try:
+            samples_path = None
+            if cur.sampler is not None:
+                cur.sampler.send(f"end {end_ns}")
+            raw_path = self._path(cur.session, "raw")
+            if child is not None:
+                _, status = os.waitpid(child, 0)
+                if os.waitstatus_to_exitcode(status) != 0:
+                    err = raw_path.with_name(raw_path.name + ".error")
+                    raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
+                rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
+            else:
+                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel))
+                raw.save(raw_path)
+                rows = len(raw)
+                del raw, result
+            if cur.sampler is not None:
+                samples_path = cur.sampler.finish()
+            res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
+                               len(cur.boundaries_ns) - 1, rows)
+            log.info("perftracker: window %s written: %s (%d rows)", cur.session, raw_path, rows)
+        except Cancelled:
+            log.warning("perftracker: window %s discarded: the process is exiting while it was written",
+                        cur.session)
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, "discarded: process exiting",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close(timeout_s=0.5)
+        except Exception as exc:
+            log.exception("perftracker: writing window %s failed", cur.session)
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, f"{type(exc).__name__}: {exc}",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close()
+        self._deliver(cur, res)
+
+    def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
+        tid = self._training_tid()
+        krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
+                 if result is not None else None)
+        pyexec = None
+        if cur.stack_sampler is not None:
+            ss = cur.stack_sampler
+            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns,
+                                                  throttle.tick if throttle is not None else None)
+        b = cur.boundaries_ns
+        meta = WindowMeta(
+            job=str(getattr(self.identity, "job", "")), session=cur.session,
+            rank=int(getattr(self.identity, "rank", 0)), world_size=int(getattr(self.identity, "world_size", 1)),
+            host=str(getattr(self.identity, "host", "")), pid=self._pid(), training_tid=tid,
+            window_start_ns=cur.start_ns, window_end_ns=end_ns,
+            local_rank=int(getattr(self.identity, "local_rank", -1)),
+            iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
+        )
+        return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
+
+
+def _count_rows(path: Path) -> int:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return int(z["col_kind"].shape[0])
