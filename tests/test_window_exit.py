@@ -82,7 +82,7 @@ def test_script_ending_mid_window_exits_zero_and_logs_once(mode: str, tmp_path: 
 
 
 TORCHRUN_JOB = textwrap.dedent("""\
-    import logging, sys, time
+    import logging, os, sys, time
     logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s", stream=sys.stdout)
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -109,7 +109,7 @@ TORCHRUN_JOB = textwrap.dedent("""\
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # end together, inside every rank's window
         if flag.item():
             break
-    print("RANK", dist.get_rank(), "ENDS", flush=True)
+    os.write(1, f"RANK {dist.get_rank()} ENDS\\n".encode())  # one write: the ranks share stdout
     dist.destroy_process_group()
     """)
 

@@ -13,7 +13,7 @@ import numpy as np
 from perftracker.rawdata import EventKind, RawWindow, SampleSet
 
 JOB = textwrap.dedent("""\
-    import sys, time
+    import os, sys, time
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     import perftracker
@@ -41,7 +41,9 @@ JOB = textwrap.dedent("""\
         if flag.item():
             break
     res = sink.results[0]
-    print("RESULT", dist.get_rank(), res.session, res.raw_path, res.samples_path, repr(res.error), i, flush=True)
+    line = " ".join(map(str, ("RESULT", dist.get_rank(), res.session, res.raw_path, res.samples_path,
+                              repr(res.error), i)))
+    os.write(1, (line + "\\n").encode())  # one write: the ranks share stdout
     dist.destroy_process_group()
     """)
 
