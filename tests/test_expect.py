@@ -131,9 +131,10 @@ def test_match_mode_is_validated(tmp_path: Path) -> None:
     assert exp.lookup("m;/a/b.py(3): g", "/a/b.py(3): g", Category.PYTHON)[0] == OPEN_BOX
 
 
-def test_cpu_gc_bound_is_the_papers_one_percent() -> None:
-    # collector pauses do not depend on the device: the wider CPU Python bound does not apply
+def test_cpu_gc_bound_is_the_cpu_python_bound() -> None:
+    # measured: clean runs on a shared host reach 1.2% (descheduled pauses), GC stalls 12-21%
     exp = load_expectations(None, "cpu")
     box, hint = exp.lookup("Python GC", "Python GC", Category.PYTHON)
-    assert box.hi.beta == 0.01 and hint == "garbage-collection pauses"
+    assert box.hi.beta == 0.05 and hint == "garbage-collection pauses"
+    assert load_expectations(None, "gpu").lookup("Python GC", "Python GC", Category.PYTHON)[0].hi.beta == 0.01
     assert exp.lookup("m;/a/train.py(3): f", "/a/train.py(3): f", Category.PYTHON)[0].hi.beta == 0.05
