@@ -184,8 +184,12 @@ def _patterns(session: str, rank: int, world_size: int, slow_python: bool = Fals
 
 def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: ApiServer, tmp_path: Path) -> None:
     # the answer waits up to k8s_lookup_wait_s for the listing (2 x 0.8 s here): 5 s, the default, is
-    # too short on a loaded CI machine (the first listing also imports the kubernetes client's models)
-    with ServiceThread(tmp_path / "store.sqlite", _client(api), _options(k8s_lookup_wait_s=30.0)) as svc:
+    # too short on a loaded CI machine (the first listing also imports the kubernetes client's models).
+    # The session must stay open through the listing, the joining trigger and the 4 uploads (it closes
+    # as soon as all 4 ranks uploaded): a 1 s collect grace expired before the join on a loaded machine.
+    options = ServiceOptions(sessions=SessionOptions(default_window_s=0.5, collect_grace_s=60.0),
+                             k8s_lookup_wait_s=30.0)
+    with ServiceThread(tmp_path / "store.sqlite", _client(api), options) as svc:
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "gpu-node-a", workers(range(2), 2))  # only pod train-0's agent registered
         assert api.pod_listings() == []  # nothing is asked of the API server before a session opens
