@@ -121,6 +121,8 @@ class Upstream:
                     ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": phase,
                                   "last_event_age_s": round(max(0.0, age), 3), "alive": alive,
                                   "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
+                    if w.work_session and alive:
+                        ranks[-1]["working_on"] = w.work_session
                 try:
                     await self.call("heartbeat", job, self.agent_id, ranks)
                     self.warn_once.clear("heartbeat")

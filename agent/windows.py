@@ -105,6 +105,7 @@ class WindowRunner:
                 self._warn_once("sampler", "samplers not started (%s); patterns will have no utilization", exc)
         log.info("session %s: rank %d samplers %s after %.1f s; starting the window", run.session, w.rank,
                  "ready" if sampler is not None else "off", time.monotonic() - run.started)
+        w.work_session = run.session  # heartbeats say so: the localizer keeps the session open meanwhile
         try:
             await send(w, wire.make_message(MessageType.START_WINDOW, session=run.session, window_s=run.window_s))
             wait_s = run.window_s + self.options.window_timeout_s
@@ -121,6 +122,8 @@ class WindowRunner:
             run.failed[w.rank] = str(exc)
             log.warning("session %s: %s", run.session, exc)
         finally:
+            if getattr(w, "work_session", "") == run.session:
+                w.work_session = ""
             if sampler is not None:
                 await processing.stop_process(sampler)
             if getattr(w, "writer", None) is not None:

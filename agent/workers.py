@@ -32,6 +32,7 @@ class Worker:
     last_event_age_s: float = 0.0
     iteration_ms: float = 0.0
     min_ms: float = 0.0
+    work_session: str = ""  # the session whose window this agent is still profiling/summarizing/uploading
     last_seen: float = field(default_factory=time.monotonic)
 
     @property

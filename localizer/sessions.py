@@ -58,6 +58,12 @@ class SessionOptions:
     collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
     hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
     hang_recheck_s: float = 5.0  # a session whose ranks all pause is looked at again after this
+    # A rank whose agent says (in its heartbeat) that it is still working on the session's window
+    # keeps the session open: the deadline moves to at least now + busy_extend_s, but never past
+    # opened + window + max_collect_s. A slow writer or summarizer on a loaded node then costs time,
+    # not a rank of the report.
+    busy_extend_s: float = 20.0
+    max_collect_s: float = 600.0
     max_expected_ranks: int = 1_000_000
 
 
@@ -96,6 +102,7 @@ class SessionManager:
         self._lock = threading.RLock()  # the service's loop and the executor both call in
         self._unresolved_hangs: dict[str, str] = {}  # session -> job: hang reports until the job resumes
         self._paused: set[str] = set()  # hang sessions whose ranks all pause: not due until the recheck
+        self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
         # In-memory views of open sessions, so an upload costs no scan of the store:
         self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
         self._sets: dict[str, dict[int, PatternSet]] = {}  # session -> accepted PatternSets
@@ -146,6 +153,34 @@ class SessionManager:
         if hb.job in self._unresolved_hangs.values():
             with self._lock:
                 self._resolve_hangs(hb.job)
+        busy: dict[str, set[int]] = {}
+        for r in hb.ranks:
+            if r.working_on and r.alive:
+                busy.setdefault(r.working_on, set()).add(r.rank)
+        if busy:
+            self._extend_for_busy(hb.job, busy, now)
+
+    def _extend_for_busy(self, job: str, busy: dict[str, set[int]], now: int) -> None:
+        """Keep a slowdown session open while an agent still works on a rank's window (see
+        ``SessionOptions.busy_extend_s``)."""
+        with self._lock:
+            for session, ranks in busy.items():
+                s = self.store.get_session(session, with_uploaded=False)
+                if s is None or s.job != job or s.state != OPEN or s.kind == HANG:
+                    continue
+                pending = sorted(ranks - self._uploaded_of(session))
+                if not pending:
+                    continue
+                cap = s.opened_ns + int((s.window_s + self.options.max_collect_s) * 1e9)
+                want = min(now + int(self.options.busy_extend_s * 1e9), cap)
+                if want <= s.deadline_ns:
+                    continue
+                self.store.update_session(session, deadline_ns=want)
+                if session not in self._extended:
+                    self._extended.add(session)
+                    log.info("session %s: rank(s) %s still being profiled or summarized; keeping the session "
+                             "open for them (at most %.0f s after the window)", session, pending,
+                             self.options.max_collect_s)
 
     # ---------------------------------------------------------------- triggers
     def trigger(self, job: str, reason: str, window_s: float | None = None,
@@ -254,6 +289,7 @@ class SessionManager:
         return dead
 
     def _forget(self, session: str) -> None:
+        self._extended.discard(session)
         self._uploaded.pop(session, None)
         self._sets.pop(session, None)
 

@@ -56,6 +56,7 @@ class RankBeat:
     last_event_age_s: float
     alive: bool
     iteration_ms: float
+    working_on: str = ""  # a session whose window the agent is still working on for this rank
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,8 @@ def parse_heartbeat(body: Any) -> Heartbeat:
         beats.append(RankBeat(rank=_int(r, "rank", rw, hi=10_000_000), iteration=_int(r, "iteration", rw, lo=-1, default=-1),
                               phase=_str(r, "phase", rw, default=""),
                               last_event_age_s=_float(r, "last_event_age_s", rw, default=0.0),
-                              alive=alive, iteration_ms=_float(r, "iteration_ms", rw, default=0.0)))
+                              alive=alive, iteration_ms=_float(r, "iteration_ms", rw, default=0.0),
+                              working_on=_str(r, "working_on", rw, default="")))
     return Heartbeat(job=_str(d, "job", where, name=True), agent_id=_str(d, "agent_id", where, name=True),
                      ranks=tuple(beats))
 

@@ -255,7 +255,9 @@ class ProfileWindow(WindowWriter):
         blocking_ns = time.monotonic_ns() - t0
         log.info("perftracker: window %s stopped: %.3f s blocked (profiler stop %.3f s, fork %.3f s)",
                  cur.session, blocking_ns / 1e9, (t1 - t0) / 1e9, (blocking_ns - (t1 - t0)) / 1e9)
-        self._finisher = threading.Thread(target=self._finish, args=(cur, result, end_ns, blocking_ns, child),
+        # the result goes in a list that the writer empties: Thread keeps its args until the thread
+        # ends, and the profiler result's destructor must run before delivery (see _finish)
+        self._finisher = threading.Thread(target=self._finish, args=(cur, [result], end_ns, blocking_ns, child),
                                           name="perftracker-window-writer", daemon=True)
         self._finisher.start()
 
@@ -323,6 +325,8 @@ class ProfileWindow(WindowWriter):
         """
         cur = self._cur
         if cur is None:
+            if writer_wait_s is not None:
+                self._join_writer(writer_wait_s, "")
             return
         prev = self._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
         if prev == _OVERRUN:  # already reported; only the profiler is left (training thread only)
@@ -339,12 +343,7 @@ class ProfileWindow(WindowWriter):
         if prev is None:
             if writer_wait_s is not None:
                 self._cancel.set()
-                fin = self._finisher
-                if fin is not None and fin.is_alive() and fin is not threading.current_thread():
-                    fin.join(writer_wait_s)
-                    if fin.is_alive():
-                        log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it",
-                                    cur.session, writer_wait_s)
+                self._join_writer(writer_wait_s, cur.session)
             return
         t0 = time.monotonic()
         error = f"discarded: {reason}"
@@ -367,6 +366,20 @@ class ProfileWindow(WindowWriter):
                     "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
         self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
 
+
+    def _join_writer(self, wait_s: float, session: str) -> None:
+        """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
+
+        A daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter
+        finalizes is ended by pthread_exit on its way back to the GIL, which unwinds through a C++
+        destructor and aborts the whole process ("terminate called without an active exception").
+        """
+        fin = self._finisher
+        if fin is None or not fin.is_alive() or fin is threading.current_thread():
+            return
+        fin.join(wait_s)
+        if fin.is_alive():
+            log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
 
     def _deliver(self, cur: _Active, res: WindowResult) -> None:
         with self._lock:

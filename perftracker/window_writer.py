@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,12 @@ class WindowWriter:
         return pid
 
     # ---------------------------------------------------------------- writer thread
-    def _finish(self, cur: _Active, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
+    def _finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int, child: int | None) -> None:
+        """The writer thread. ``holder`` is ``[profiler result or None]``; it is emptied before the
+        result is delivered, so that the result's C++ destructor has run by then: the process may
+        exit as soon as ``on_done`` returns, and a daemon thread still in torch's C++ code at
+        finalization aborts the process."""
+        result = holder.pop() if holder else None
         try:  # the writer yields the CPU to training as well as the GIL (Throttle)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.options.writer_nice)
         except (OSError, AttributeError):
@@ -136,7 +142,7 @@ class WindowWriter:
                 raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel))
                 raw.save(raw_path)
                 rows = len(raw)
-                del raw, result
+                del raw
             if cur.sampler is not None:
                 samples_path = cur.sampler.finish()
             res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
@@ -151,10 +157,12 @@ class WindowWriter:
                 cur.sampler.close(timeout_s=0.5)
         except Exception as exc:
             log.exception("perftracker: writing window %s failed", cur.session)
+            traceback.clear_frames(exc.__traceback__)  # a kept log record must not keep the result alive
             res = WindowResult(cur.session, None, cur.start_ns, end_ns, f"{type(exc).__name__}: {exc}",
                                blocking_ns=blocking_ns)
             if cur.sampler is not None:
                 cur.sampler.close()
+        del result  # the profiler result's destructor runs here, before delivery (see the docstring)
         self._deliver(cur, res)
 
     def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:

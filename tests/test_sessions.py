@@ -123,6 +123,55 @@ def test_deadline_with_no_uploads_stores_an_empty_partial_report(mgr: SessionMan
     assert report.ranks_reported == () and "no worker" in report.summary
 
 
+def _busy(rank: int, session: str, alive: bool = True) -> RankBeat:
+    return RankBeat(rank, 40, "steady", 0.1, alive, 10.0, working_on=session)
+
+
+def test_a_rank_still_being_summarized_keeps_the_session_open_up_to_a_cap(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    mgr = SessionManager(Store(tmp_path / "s.sqlite"), clock,
+                         SessionOptions(default_window_s=2.0, collect_grace_s=10.0, busy_extend_s=5.0,
+                                        max_collect_s=30.0))
+    mgr.register(_reg("j", "a", [0, 1], 2))
+    s, _ = mgr.trigger("j", "x")
+    mgr.accept_patterns(make_pattern_set("j", s.session, 0, 2))
+    # rank 1's agent keeps saying it works on this session: the deadline (12 s) moves on
+    for _ in range(8):
+        clock.advance_s(2.0)
+        mgr.heartbeat(Heartbeat("j", "a", (_busy(1, s.session),)))
+        assert mgr.due() == []
+    clock.advance_s(2.0)  # 18 s: still past the original deadline, still open
+    assert mgr.due() == []
+    mgr.accept_patterns(make_pattern_set("j", s.session, 1, 2))
+    assert [d.session for d in mgr.due()] == [s.session]  # complete: closes at once
+    end = mgr.localize_now(s.session)
+    assert end is not None and end.missing == ()
+    # a second session: busy forever, but never past opened + window + max_collect_s (32 s)
+    s2, _ = mgr.trigger("j", "y")
+    mgr.accept_patterns(make_pattern_set("j", s2.session, 0, 2))
+    t = 0.0
+    while not mgr.due():
+        clock.advance_s(1.0)
+        t += 1.0
+        mgr.heartbeat(Heartbeat("j", "a", (_busy(1, s2.session),)))
+        assert t <= 40.0
+    assert 31.0 <= t <= 33.0
+
+
+def test_busy_beats_for_uploaded_ranks_dead_ranks_or_other_sessions_extend_nothing(mgr: SessionManager) -> None:
+    mgr.register(_reg("j", "a", [0, 1], 2))
+    s, _ = mgr.trigger("j", "x")
+    mgr.accept_patterns(make_pattern_set("j", s.session, 0, 2))
+    deadline = s.deadline_ns
+    mgr.clock.advance_s(8.0)  # type: ignore[attr-defined]
+    mgr.heartbeat(Heartbeat("j", "a", (_busy(0, s.session),)))  # rank 0 already uploaded
+    mgr.heartbeat(Heartbeat("j", "a", (_busy(1, s.session, alive=False),)))  # a dead rank
+    mgr.heartbeat(Heartbeat("j", "a", (_busy(1, "20990101-000000-abcdef"),)))  # unknown session
+    mgr.heartbeat(Heartbeat("k", "a", (_busy(1, s.session),)))  # another job
+    got = mgr.store.get_session(s.session)
+    assert got is not None and got.deadline_ns == deadline
+
+
 def test_dead_rank_does_not_hold_the_session_open(mgr: SessionManager) -> None:
     mgr.register(_reg("j", "a", [0, 1], 2))
     s, _ = mgr.trigger("j", "x")

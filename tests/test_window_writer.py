@@ -1,0 +1,102 @@
+"""The writer thread frees the profiler result before it delivers the window, and the exit hook
+waits for a writer that already delivered.
+
+Why: a training script may exit the moment ``on_done`` has run. If the writer thread is then still
+in torch's C++ code (the profiler result's destructor, which drops the GIL), interpreter
+finalization ends it with pthread_exit on its way back to the GIL; the unwinding crosses a C++
+destructor and aborts the process ("terminate called without an active exception", SIGABRT: seen
+once in CI on a 2-rank torchrun job). The result used to stay referenced by the thread's args until
+after delivery.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+
+from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.window_writer import _Active
+
+
+class _Ident:
+    rank, world_size, local_rank, host, job = 0, 1, 0, "h", "j"
+    pid = 0
+    training_tid = threading.get_native_id()
+
+
+class _Result:  # stands in for torch's profiler result: only its lifetime matters here
+    pass
+
+
+class _Raw:
+    def __len__(self) -> int:
+        return 3
+
+    def save(self, path: Path) -> None:
+        path.write_bytes(b"x")
+
+
+def _window(tmp_path: Path) -> ProfileWindow:
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(spawn_sampler=False))
+    win._build = lambda cur, result, end_ns, throttle=None: _Raw()  # type: ignore[method-assign]
+    return win
+
+
+def test_result_is_freed_before_on_done(tmp_path: Path) -> None:
+    win = _window(tmp_path)
+    seen: list[tuple[WindowResult, bool]] = []
+    result = _Result()
+    ref = weakref.ref(result)
+    holder = [result]
+    del result
+    cur = _Active("s1", 10**9, lambda res: seen.append((res, ref() is None)), 0)
+    t = threading.Thread(target=win._finish, args=(cur, holder, 5, 1, None))
+    t.start()
+    t.join(10)
+    assert len(seen) == 1
+    res, freed = seen[0]
+    assert res.error == "" and res.raw_path is not None and res.rows == 3
+    assert freed, "the profiler result was still alive when on_done ran"
+    assert holder == []
+
+
+def test_result_is_freed_before_on_done_when_writing_fails(tmp_path: Path) -> None:
+    win = _window(tmp_path)
+
+    def boom(cur, result, end_ns, throttle=None):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    win._build = boom  # type: ignore[method-assign]
+    seen: list[tuple[WindowResult, bool]] = []
+    result = _Result()
+    ref = weakref.ref(result)
+    holder = [result]
+    del result
+    cur = _Active("s2", 10**9, lambda res: seen.append((res, ref() is None)), 0)
+    win._finish(cur, holder, 5, 1, None)
+    assert len(seen) == 1 and "No space left" in seen[0][0].error and seen[0][1]
+
+
+@pytest.mark.timeout(30)
+def test_exit_hook_waits_for_a_writer_that_already_delivered(tmp_path: Path) -> None:
+    win = _window(tmp_path)
+    release = threading.Event()
+
+    def on_done(res: WindowResult) -> None:
+        pass
+
+    def finish_then_linger() -> None:  # delivered, but the thread is still running
+        release.wait(0.5)
+
+    win._finisher = threading.Thread(target=finish_then_linger)
+    win._finisher.start()
+    assert win.state == "idle"
+    t0 = time.monotonic()
+    win.shutdown("process exiting", writer_wait_s=5.0)
+    waited_s = time.monotonic() - t0
+    assert not win._finisher.is_alive()
+    assert 0.3 < waited_s < 5.0
