@@ -4,14 +4,12 @@ over a real local HTTP socket to the real `kubernetes` client. Not verified on a
 from __future__ import annotations
 
 import json
-import threading
-import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_fake import FIXTURES, FakeApiServer, load_fixture
 from report_samples import SLOW_RANK, hang_report, slow_compute_report
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s extra")
@@ -24,85 +22,13 @@ from localizer.k8s import (  # noqa: E402
     rank_labels,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 TOKEN = "sa-token-for-tests"
-
-
-def _fixture(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / name).read_text())
-
-
-class FakeApiServer:
-    """Answers the two API calls the localizer makes, from the fixture files, and records requests."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
-        self.forbid = False
-        self.fail_events_for: set[str] = set()
-        self._names = iter(f"{i:05x}" for i in range(1, 10**6))
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802
-                url = urllib.parse.urlsplit(self.path)
-                query = urllib.parse.parse_qs(url.query)
-                outer.requests.append(("GET", url.path, query, self.headers.get("Authorization")))
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                    return self._send(401, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
-                if outer.forbid:
-                    return self._send(403, _fixture("status_forbidden.json"))
-                if url.path != "/api/v1/namespaces/perftracker/pods":
-                    return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-                if query.get("labelSelector") != ["job-name=train"]:
-                    return self._send(200, _fixture("pods_empty.json"))
-                page1 = _fixture("pods_train_page1.json")
-                if query.get("continue") == [page1["metadata"]["continue"]]:
-                    return self._send(200, _fixture("pods_train_page2.json"))
-                return self._send(200, page1)
-
-            def do_POST(self) -> None:  # noqa: N802
-                url = urllib.parse.urlsplit(self.path)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(("POST", url.path, {}, body))
-                if url.path != "/api/v1/namespaces/perftracker/events":
-                    return self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-                if body["involvedObject"]["name"] in outer.fail_events_for:
-                    return self._send(403, {**_fixture("status_forbidden.json"), "message": "events is forbidden"})
-                created = _fixture("event_created.json")
-                created["metadata"]["generateName"] = body["metadata"]["generateName"]
-                created["metadata"]["name"] = body["metadata"]["generateName"] + next(outer._names)
-                for k in ("involvedObject", "reason", "message", "type", "source", "count", "firstTimestamp", "lastTimestamp"):
-                    created[k] = body[k]
-                return self._send(201, created)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def posted_events(self) -> list[dict[str, Any]]:
-        return [b for m, _, _, b in self.requests if m == "POST"]
 
 
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer()
-    server.thread.start()
-    try:
+    with FakeApiServer(TOKEN) as server:
         yield server
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
 
 
 def _client(api: FakeApiServer, **kw: Any) -> KubernetesClient:
@@ -188,16 +114,16 @@ def test_api_errors_are_clear(api: FakeApiServer) -> None:
         closed.job_topology("train")
 
 
-def test_pods_without_index_or_with_bad_nproc_are_rejected(api: FakeApiServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    page1 = _fixture("pods_train_page1.json")
-    page2 = _fixture("pods_train_page2.json")
+def test_pods_without_index_or_with_bad_nproc_are_rejected(api: FakeApiServer, tmp_path: Path) -> None:
+    page1 = load_fixture("pods_train_page1.json")
+    page2 = load_fixture("pods_train_page2.json")
     for p in page1["items"] + page2["items"]:
         p["metadata"]["annotations"]["perftracker.io/nproc-per-node"] = "zero"
     (tmp_path / "pods_train_page1.json").write_text(json.dumps(page1))
     (tmp_path / "pods_train_page2.json").write_text(json.dumps(page2))
     for name in ("status_forbidden.json", "pods_empty.json", "event_created.json"):
         (tmp_path / name).write_text((FIXTURES / name).read_text())
-    monkeypatch.setattr(__import__(__name__), "FIXTURES", tmp_path)
+    api.fixtures = tmp_path
     with pytest.raises(K8sError, match="nproc-per-node='zero' must be a positive integer"):
         _client(api).job_topology("train")
     for p in page1["items"] + page2["items"]:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import threading
 import time
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,89 +26,17 @@ from localizer.service import LocalizerService, ServiceOptions  # noqa: E402
 from localizer.sessions import SessionOptions  # noqa: E402
 from localizer.store import Store  # noqa: E402
 from perftracker.model import Category, Pattern  # noqa: E402
+from tests.k8s_fake import FakeApiServer  # noqa: E402
 from tests.service_helpers import TOKEN, make_pattern_set, workers  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 SA_TOKEN = "sa-token-for-service-tests"
 POD_OF_RANK = {0: "train-0-7xk2p", 1: "train-0-7xk2p", 2: "train-1-h2w9r", 3: "train-1-h2w9r"}
 
 
-def _fixture(name: str) -> dict[str, Any]:
-    return json.loads((FIXTURES / name).read_text())
-
-
-class ApiServer:
-    """Pod listing and Event creation of the core/v1 API, from the fixture files; records requests."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
-        self.events: list[dict[str, Any]] = []
-        self.forbid = False
-        self.delay_s = 0.0
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:  # noqa: N802
-                url = urllib.parse.urlsplit(self.path)
-                query = urllib.parse.parse_qs(url.query)
-                with outer._lock:
-                    outer.requests.append(("GET", url.path, query))
-                time.sleep(outer.delay_s)
-                if self.headers.get("Authorization") != f"Bearer {SA_TOKEN}":
-                    return self._send(401, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                            "message": "Unauthorized", "reason": "Unauthorized", "code": 401})
-                if outer.forbid:
-                    return self._send(403, _fixture("status_forbidden.json"))
-                if url.path != "/api/v1/namespaces/perftracker/pods" or query.get("labelSelector") != ["job-name=train"]:
-                    return self._send(200, _fixture("pods_empty.json"))
-                page1 = _fixture("pods_train_page1.json")
-                if query.get("continue") == [page1["metadata"]["continue"]]:
-                    return self._send(200, _fixture("pods_train_page2.json"))
-                return self._send(200, page1)
-
-            def do_POST(self) -> None:  # noqa: N802
-                url = urllib.parse.urlsplit(self.path)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer._lock:
-                    outer.requests.append(("POST", url.path, {}))
-                    outer.events.append(body)
-                    n = len(outer.events)
-                created = _fixture("event_created.json")
-                created["metadata"]["name"] = body["metadata"]["generateName"] + f"{n:05x}"
-                for k in ("involvedObject", "reason", "message", "type", "source"):
-                    created[k] = body[k]
-                return self._send(201, created)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def pod_listings(self) -> list[dict[str, list[str]]]:
-        with self._lock:
-            return [q for m, p, q in self.requests if m == "GET" and p.endswith("/pods")]
-
-
 @pytest.fixture
-def api() -> Iterator[ApiServer]:
-    server = ApiServer()
-    server.thread.start()
-    try:
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer(SA_TOKEN) as server:
         yield server
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
 
 
 class ServiceThread:
@@ -152,7 +77,7 @@ def _options(**kw: Any) -> ServiceOptions:
     return ServiceOptions(sessions=SessionOptions(default_window_s=0.5, collect_grace_s=1.0), **kw)
 
 
-def _client(api: ApiServer) -> KubernetesClient:
+def _client(api: FakeApiServer) -> KubernetesClient:
     return KubernetesClient.for_host(api.url, K8sOptions(namespace="perftracker", instance="loc-0", timeout_s=5),
                                      token=SA_TOKEN)
 
@@ -182,7 +107,7 @@ def _patterns(session: str, rank: int, world_size: int, slow_python: bool = Fals
     return dataclasses.replace(ps, patterns=(*ps.patterns, stall))
 
 
-def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: ApiServer, tmp_path: Path) -> None:
+def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: FakeApiServer, tmp_path: Path) -> None:
     # the answer waits up to k8s_lookup_wait_s for the listing (2 x 0.8 s here): 5 s, the default, is
     # too short on a loaded CI machine (the first listing also imports the kubernetes client's models).
     # The session must stay open through the listing, the joining trigger and the 4 uploads (it closes
@@ -233,9 +158,9 @@ def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: ApiS
         assert slow, [(f.function, f.ranks) for f in report.findings]
 
         # Events are posted after the report is stored, on the pods of the ranks with findings
-        events = _wait(lambda: list(api.events))
+        events = _wait(api.posted_events)
         time.sleep(0.3)  # let the remaining posts of this report arrive
-        events = list(api.events)
+        events = api.posted_events()
         on_pods = {e["involvedObject"]["name"] for e in events}
         expected_pods = {POD_OF_RANK[r] for f in report.findings for r in f.ranks}
         assert on_pods == expected_pods and "train-1-h2w9r" in on_pods
@@ -247,7 +172,7 @@ def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: ApiS
         assert len(api.pod_listings()) == 2  # the session's topology was reused for the Events
 
 
-def test_pod_listing_failure_falls_back_to_the_registrations(api: ApiServer, tmp_path: Path,
+def test_pod_listing_failure_falls_back_to_the_registrations(api: FakeApiServer, tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="localizer")
     api.forbid = True
@@ -264,7 +189,7 @@ def test_pod_listing_failure_falls_back_to_the_registrations(api: ApiServer, tmp
         report = up.get_report(session)
         assert report is not None and report.status == "complete" and report.findings
         _wait(lambda: "no Kubernetes Events posted" in caplog.text)
-        assert api.events == []
+        assert api.posted_events() == []
 
 
 def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,7 +205,7 @@ def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: py
         assert _wait(lambda: _closed(up, session))["state"] == "done"
 
 
-def test_a_session_opened_before_a_restart_still_gets_its_events(api: ApiServer, tmp_path: Path) -> None:
+def test_a_session_opened_before_a_restart_still_gets_its_events(api: FakeApiServer, tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite"
     with ServiceThread(store, None, _options(kubernetes=False)) as svc:  # e.g. the API was unreachable then
         up = Uplink(svc.url, TOKEN)
@@ -294,6 +219,6 @@ def test_a_session_opened_before_a_restart_still_gets_its_events(api: ApiServer,
         up.upload_patterns(_patterns(session, 3, 4, slow_python=True))
         closed = _wait(lambda: _closed(up, session))
         assert closed["state"] == "done" and closed["uploaded"] == [0, 1, 2, 3]
-        events = _wait(lambda: list(api.events))
+        events = _wait(api.posted_events)
         assert any(e["involvedObject"]["name"] == "train-1-h2w9r" and session in e["message"] for e in events)
         assert len(api.pod_listings()) == 2  # listed (two pages) when the report was stored
