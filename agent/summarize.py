@@ -26,7 +26,7 @@ import numpy as np
 from agent import categories as cat
 from agent.critical_path import critical_ns
 from agent.patterns import DEFAULT_MAX_ZERO_RUN, utilization
-from agent.timeline import nest, self_segments, stack_ids, stack_names
+from agent.timeline import Nesting, Segments, nest, self_segments, stack_ids, stack_names
 from agent.victims import add_reducer_waits, split_steady_and_varying
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import Pattern, PatternSet
@@ -66,21 +66,46 @@ def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries 
     return None
 
 
-def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
-                     options: SummarizeOptions | None = None) -> PatternSet:
-    """Reduce one worker's window to its behavior patterns."""
+# sweep priorities: the four categories, with non-GC Python frames one level below a GC pause
+N_PRIORITIES = cat.N_LEVELS + 1
+
+
+@dataclass(frozen=True)
+class Frames:
+    """One window's critical-path functions as the summarizer sees them: the events with a role
+    (and the reducer waits it adds), nested per thread/stream and cut into self-time segments."""
+
+    row: np.ndarray  # the raw window row of each frame; -1 for an added reducer-wait event
+    kind: np.ndarray
+    name_id: np.ndarray  # into names
+    role: np.ndarray  # category level 0..3 (agent.categories)
+    tid: np.ndarray  # the thread timeline it nests on (a GPU autograd thread joins the training thread)
+    device: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    stack_id: np.ndarray  # the producer's recorded Python stack (raw.stacks), -1 for none
+    names: list[str]  # normalized names, then those of the added events
+    gpu: bool  # the window has GPU kernels
+    nesting: Nesting
+    segments: Segments  # self time; owner indexes the frames
+    priority: np.ndarray  # sweep level per frame, 0..N_PRIORITIES-1: a GC pause outranks Python frames
+
+
+def window_frames(raw: RawWindow, options: SummarizeOptions | None = None) -> Frames:
+    """Assign a window's events to critical-path roles and cut their self-time segments.
+
+    The summarizer's one rule (``summarize_window`` sweeps these frames; ``perftracker
+    export-trace`` draws them): categorize, join a GPU trace's autograd threads to the training
+    thread, recognise a CPU DDP rank's reducer waits, nest per thread/stream."""
     opt = options or SummarizeOptions()
     meta = raw.meta
-    window_ns = meta.window_end_ns - meta.window_start_ns
-    if window_ns <= 0:
-        raise InputError(f"raw window {meta.file or meta.session!r}: empty window "
-                         f"[{meta.window_start_ns}, {meta.window_end_ns}]")
     kind = raw.col("kind").astype(np.int64)
     tid = raw.col("tid").astype(np.int64)
     device = raw.col("device").astype(np.int64)
     start = raw.col("start_ns").astype(np.int64)
     end = raw.col("end_ns").astype(np.int64)
     stack_col = raw.col("stack_id").astype(np.int64)
+    row = np.arange(len(raw), dtype=np.int64)
 
     # one normalized name table (per-process addresses removed)
     norm_index: dict[str, int] = {}
@@ -109,6 +134,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             wait_id = len(names)
             names.append(extra.name)
             n_extra = len(extra.start_ns)
+            row = np.r_[row, np.full(n_extra, -1)]
             kind = np.r_[kind, np.full(n_extra, int(EventKind.CPU_OP))]
             name_id = np.r_[name_id, np.full(n_extra, wait_id)]
             role = np.r_[role, np.full(n_extra, cat.COLLECTIVE)]
@@ -119,8 +145,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             stack_col = np.r_[stack_col, np.full(n_extra, -1)]
 
     frames = np.flatnonzero((role >= 0) & (end > start))
-    f_kind, f_name, f_role = kind[frames], name_id[frames], role[frames]
-    f_start, f_end = start[frames], end[frames]
+    f_kind, f_role, f_start, f_end = kind[frames], role[frames], start[frames], end[frames]
     group = (device[frames] + 2) * (1 << 40) + (tid[frames] & ((1 << 40) - 1))
     # GC pauses are leaves on a timeline of their own: nothing runs inside the collector, and a
     # sampled Python frame whose edge falls just inside a pause must not nest under it
@@ -131,14 +156,32 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     # priority of the sweep: a GC pause outranks the Python frames it interrupts (the frame on the
     # stack does not run while the collector does); categories are unchanged
     priority = np.where((f_role == cat.PYTHON) & ~is_gc, cat.N_LEVELS, f_role)
-    crit = critical_ns(segs.start_ns, segs.end_ns, priority[segs.owner], meta.window_start_ns, meta.window_end_ns,
-                       n_levels=cat.N_LEVELS + 1)
-    crit_of_frame = np.bincount(segs.owner, weights=crit, minlength=len(frames))
+    return Frames(row=row[frames], kind=f_kind, name_id=name_id[frames], role=f_role, tid=tid[frames],
+                  device=device[frames], start_ns=f_start, end_ns=f_end, stack_id=stack_col[frames], names=names,
+                  gpu=gpu, nesting=nesting, segments=segs, priority=priority)
+
+
+def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
+                     options: SummarizeOptions | None = None) -> PatternSet:
+    """Reduce one worker's window to its behavior patterns."""
+    opt = options or SummarizeOptions()
+    meta = raw.meta
+    window_ns = meta.window_end_ns - meta.window_start_ns
+    if window_ns <= 0:
+        raise InputError(f"raw window {meta.file or meta.session!r}: empty window "
+                         f"[{meta.window_start_ns}, {meta.window_end_ns}]")
+    fr = window_frames(raw, opt)
+    names, gpu, nesting, segs = fr.names, fr.gpu, fr.nesting, fr.segments
+    f_kind, f_name, f_role = fr.kind, fr.name_id, fr.role
+    n_frames = len(f_kind)
+    crit = critical_ns(segs.start_ns, segs.end_ns, fr.priority[segs.owner], meta.window_start_ns,
+                       meta.window_end_ns, n_levels=N_PRIORITIES)
+    crit_of_frame = np.bincount(segs.owner, weights=crit, minlength=n_frames)
 
     # function identity: Python frames by whole stack, everything else by name
     member = (f_role == cat.PYTHON) & (f_kind != EventKind.GC)
     sid, table = stack_ids(nesting.parent, nesting.depth, f_name, member)
-    f_stack = stack_col[frames]
+    f_stack = fr.stack_id
     n_stacks = len(table)
     func_raw = np.where(member, sid, n_stacks + f_name)
     func_raw = np.where(f_kind == EventKind.GC, n_stacks + len(names), func_raw)

@@ -9,9 +9,9 @@ window start), which ui.perfetto.dev and chrome://tracing open.
 Tracks: one process for the rank's CPU threads (training thread first), one per GPU (streams as
 threads), and one process "critical path" whose single thread shows, for each moment of the window,
 the function that holds the critical path (DESIGN.md section 5: the highest-priority category
-active; within a category, one of the active executions). The critical path is computed with the
-summarizer's own building blocks (``agent.categories``, ``agent.timeline``) and the same
-priority rule as ``agent.critical_path``.
+active; within a category, one of the active executions). The track is drawn from the summarizer's
+own frames (``agent.summarize.window_frames``: its roles, thread timelines and sweep priorities)
+with the priority rule of ``agent.critical_path``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,6 @@ examples:
 
 CRITICAL_PID = 1 << 30  # a pid no real process has in the trace
 GPU_PID_BASE = 1 << 29
-_LEVEL_NAMES = ("compute", "memory", "collective", "python")
 _KIND_NAMES = {k.value: k.name.lower() for k in EventKind}
 
 
@@ -138,33 +138,31 @@ def critical_intervals(start_ns: np.ndarray, end_ns: np.ndarray, level: np.ndarr
     return t0[starts_idx], t1[ends_idx], holder[starts_idx]
 
 
-def _segments(raw: RawWindow) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """Self-time segments with their level and owning event row, as the summarizer builds them."""
-    from agent import categories as cat
-    from agent.timeline import nest, self_segments
+def _critical_path_events(raw: RawWindow, us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """The critical-path track: the summarizer's frames (``agent.summarize.window_frames``: same
+    roles, timelines and sweep priorities), each moment shown as held by one of them."""
+    from agent.categories import CATEGORY_OF_LEVEL
+    from agent.summarize import N_PRIORITIES, window_frames
 
     meta = raw.meta
-    kind = raw.col("kind").astype(np.int64)
-    tid = raw.col("tid").astype(np.int64)
-    device = raw.col("device").astype(np.int64)
-    start = raw.col("start_ns").astype(np.int64)
-    end = raw.col("end_ns").astype(np.int64)
-    names = [cat.normalize_name(x) for x in raw.names]
-    name_id = raw.col("name_id").astype(np.int64)
-    gpu = bool(np.isin(kind, (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)).any())
-    role = cat.classify(kind, name_id, tuple(names), gpu).astype(np.int64)
-    on_training = (tid == meta.training_tid) & (device < 0)
-    host_like = (role == cat.PYTHON) | (role == cat.HOST)
-    role[host_like & ~on_training] = cat.SKIP
-    has_python = bool(((kind == EventKind.PYTHON) & on_training).any())
-    role[role == cat.HOST] = cat.SKIP if has_python else cat.PYTHON
-    role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
-    rows = np.flatnonzero((role >= 0) & (end > start))
-    group = (device[rows] + 2) * (1 << 40) + (tid[rows] & ((1 << 40) - 1))
-    nesting = nest(group, start[rows], end[rows])
-    segs = self_segments(start[rows], end[rows], nesting.parent)
-    owner_row = rows[segs.owner]
-    return segs.start_ns, segs.end_ns, role[owner_row], owner_row, names
+    fr = window_frames(raw)
+    segs = fr.segments
+    c0, c1, seg = critical_intervals(segs.start_ns, segs.end_ns, fr.priority[segs.owner], meta.window_start_ns,
+                                     meta.window_end_ns, n_levels=N_PRIORITIES)
+    raw_tid, raw_device = raw.col("tid"), raw.col("device")
+    events = []
+    for a, b, k in zip(c0.tolist(), c1.tolist(), seg.tolist(), strict=True):
+        f = int(segs.owner[k])
+        level = CATEGORY_OF_LEVEL[int(fr.role[f])].value
+        fn = fr.names[int(fr.name_id[f])]
+        row = int(fr.row[f])  # the recorded thread, not the one an autograd thread joined; -1: a reducer wait
+        thread, device = (int(raw_tid[row]), int(raw_device[row])) if row >= 0 else (int(fr.tid[f]), int(fr.device[f]))
+        events.append({
+            "ph": "X", "name": f"{level}: {fn}", "cat": "critical_path", "pid": CRITICAL_PID, "tid": 1,
+            "ts": us(a), "dur": round((b - a) / 1000.0, 3),
+            "args": {"category": level, "function": fn, "thread": thread, "device": device},
+        })
+    return events
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,17 +213,7 @@ def build_trace(raw: RawWindow) -> dict[str, Any]:
         if 0 <= sid < len(raw.stacks):
             ev["args"] = {"stack": [raw.names[j] for j in raw.stacks[sid]]}
         events.append(ev)
-    seg_start, seg_end, seg_level, seg_row, names = _segments(raw)
-    c0, c1, seg = critical_intervals(seg_start, seg_end, seg_level, meta.window_start_ns, meta.window_end_ns)
-    for a, b, k in zip(c0.tolist(), c1.tolist(), seg.tolist(), strict=True):
-        row = int(seg_row[k])
-        level = _LEVEL_NAMES[int(seg_level[k])]
-        fn = names[int(name_id[row])]
-        events.append({
-            "ph": "X", "name": f"{level}: {fn}", "cat": "critical_path", "pid": CRITICAL_PID, "tid": 1,
-            "ts": us(a), "dur": round((b - a) / 1000.0, 3),
-            "args": {"category": level, "function": fn, "thread": int(tid[row]), "device": int(device[row])},
-        })
+    events += _critical_path_events(raw, us)
     events.append({"ph": "i", "s": "g", "name": "window start", "pid": CRITICAL_PID, "tid": 1, "ts": 0.0})
     events.append({"ph": "i", "s": "g", "name": "window end", "pid": CRITICAL_PID, "tid": 1, "ts": us(meta.window_end_ns)})
     return {
