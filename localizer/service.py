@@ -4,7 +4,9 @@ Every request except ``GET /v1/healthz`` needs ``Authorization: Bearer <token>``
 Bodies over ``max_body_bytes`` get 413 before they are read. Bodies are JSON, or for patterns
 zlib-compressed JSON (``application/x-perftracker-patterns+zlib``, inflated with a bound); they go
 through the request schemas in ``localizer.validate`` and the model's ``from_dict``. Nothing from
-the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status.
+the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status. The
+middlewares and body decoding are ``localizer.http_io``; this module holds the app, its lifecycle
+(startup, the deadline checker, cleanup) and the request handlers.
 
 An upload is acknowledged only after the store committed it. Localization runs in a one-thread
 executor (``localizer.runner``) so that the event loop keeps answering while a session is localized.
@@ -21,12 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import signal
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,16 @@ from typing import Any
 from aiohttp import web
 
 from localizer.cluster import ClusterLink
+from localizer.http_io import (
+    HEALTHZ,
+    PATTERNS_ZLIB,
+    auth_middleware,
+    error_response,
+    errors_middleware,
+    inflate_json,
+    parse_json,
+    read_json,
+)
 from localizer.k8s import KubernetesClient, from_environment
 from localizer.runner import LocalizeRunner, Uploaded
 from localizer.sessions import SessionManager, SessionOptions
@@ -48,12 +58,11 @@ from localizer.validate import (
     validate_expect_file,
 )
 from perftracker.clock import Clock
-from perftracker.errors import PerftrackerError, SchemaError
+from perftracker.errors import PerftrackerError
 from perftracker.model import HangSnapshot, PatternSet
 
 log = logging.getLogger(__name__)
 
-PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
 API_VERSION = 1
 
 
@@ -68,13 +77,6 @@ class ServiceOptions:
     kubernetes: bool = True  # look for an in-cluster Kubernetes API at startup (no-op outside a pod)
     k8s_lookup_wait_s: float = 5.0  # a trigger's answer waits this long for the pod listing
     sessions: SessionOptions = field(default_factory=SessionOptions)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
 
 
 class LocalizerService:
@@ -114,10 +116,11 @@ class LocalizerService:
 
     # ---------------------------------------------------------------- app
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth],
-                              client_max_size=self.options.max_body_bytes)
+        max_body = self.options.max_body_bytes
+        app = web.Application(middlewares=[errors_middleware(max_body), auth_middleware(self._token, max_body)],
+                              client_max_size=max_body)
         r = app.router
-        r.add_get("/v1/healthz", self.healthz)
+        r.add_get(HEALTHZ, self.healthz)
         r.add_post("/v1/agents/register", self.register)
         r.add_post("/v1/heartbeat", self.heartbeat)
         r.add_get("/v1/jobs", self.jobs)
@@ -131,49 +134,6 @@ class LocalizerService:
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except RequestError as exc:
-            return _error(exc.status, str(exc))
-        except SchemaError as exc:
-            return _error(422, str(exc))
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"request body larger than {self.options.max_body_bytes} bytes")
-        except web.HTTPException as exc:
-            if exc.status >= 400:
-                return _error(exc.status, exc.reason)
-            raise
-        except PerftrackerError as exc:  # store errors: disk full, I/O
-            log.error("%s %s: %s", request.method, request.path, exc)
-            return _error(503, str(exc))
-        except Exception:  # noqa: BLE001 - never let one request take the service down
-            log.exception("%s %s failed", request.method, request.path)
-            return _error(500, "internal error (see the localizer log)")
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/v1/healthz":
-            return await handler(request)
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
-            resp = _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
-            resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
-            return resp
-        length = request.content_length
-        if length is not None and length > self.options.max_body_bytes:
-            return _error(413, f"request body of {length} bytes is larger than {self.options.max_body_bytes}")
-        return await handler(request)
-
-    async def _json(self, request: web.Request) -> Any:
-        raw = await request.read()
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"body is not valid JSON ({exc})") from None
 
     async def _write(self, fn: Callable[[], Any]) -> Any:
         """Run a store-writing call on the writer thread, batched with concurrent ones; returns once
@@ -245,7 +205,7 @@ class LocalizerService:
                                   "localizing": len(self.localize_runner.localizing)})
 
     async def register(self, request: web.Request) -> web.Response:
-        reg = parse_registration(await self._json(request))
+        reg = parse_registration(await read_json(request))
         grown = await self._write(lambda: self.sessions.register(reg))
         trig = self.sessions.next_trigger(reg.job)
         return web.json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
@@ -253,7 +213,7 @@ class LocalizerService:
                                   "open_session": trig.to_dict() if trig else None})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        hb = parse_heartbeat(await self._json(request))
+        hb = parse_heartbeat(await read_json(request))
         await self._write(lambda: self.sessions.heartbeat(hb))
         return web.json_response({"ok": True})
 
@@ -281,7 +241,7 @@ class LocalizerService:
 
     async def create_trigger(self, request: web.Request) -> web.Response:
         job = parse_name(request.match_info["job"], "job")
-        req = parse_trigger(await self._json(request))
+        req = parse_trigger(await read_json(request))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
         self._wake(job)
@@ -301,12 +261,9 @@ class LocalizerService:
         session = parse_name(request.match_info["session"], "session")
         raw = await request.read()
         if request.content_type == PATTERNS_ZLIB:
-            d = self._inflate_json(raw)
+            d = inflate_json(raw, self.options.max_inflated_bytes)
         else:
-            try:
-                d = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise RequestError(f"body is not valid JSON ({exc})") from None
+            d = parse_json(raw)
         try:
             ps = PatternSet.from_dict(d)
         except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
@@ -330,21 +287,8 @@ class LocalizerService:
         return web.json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
                                   "uploaded": len(s.uploaded), "expected": len(s.expected)})
 
-    def _inflate_json(self, raw: bytes) -> Any:
-        inflater = zlib.decompressobj()
-        try:
-            data = inflater.decompress(raw, self.options.max_inflated_bytes)
-        except zlib.error as exc:
-            raise RequestError(f"body is not zlib data ({exc})") from None
-        if inflater.unconsumed_tail:
-            raise RequestError(f"body inflates past {self.options.max_inflated_bytes} bytes", status=413)
-        try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(f"inflated body is not valid JSON ({exc})") from None
-
     async def upload_hang_snapshot(self, request: web.Request) -> web.Response:
-        d = await self._json(request)
+        d = await read_json(request)
         try:
             snap = HangSnapshot.from_dict(d)
         except (TypeError, ValueError, AttributeError) as exc:
@@ -369,21 +313,21 @@ class LocalizerService:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
         if s is None:
-            return _error(404, f"unknown session {session!r}")
+            return error_response(404, f"unknown session {session!r}")
         return web.json_response(self._session_dict(s))
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
         if s is None:
-            return _error(404, f"unknown session {session!r}")
+            return error_response(404, f"unknown session {session!r}")
         body = self.store.get_report_dict(session)
         if body is not None:
             return web.json_response(body)
         if s.state == "failed":
-            return _error(409, f"session {session!r} failed: {s.error}", state=s.state)
+            return error_response(409, f"session {session!r} failed: {s.error}", state=s.state)
         if s.state == "done":  # closed with no report, e.g. a hang session whose job resumed
-            return _error(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
+            return error_response(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
         return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
                                   "deadline_ns": s.deadline_ns}, status=202)
 

@@ -1,0 +1,104 @@
+"""The localizer service's HTTP plumbing: error responses, the error and auth middlewares, bodies.
+
+Errors are JSON ``{"error": message}`` with a 4xx status (5xx for store and internal errors, which
+are logged). Every request except ``GET /v1/healthz`` needs ``Authorization: Bearer <token>`` (401
+otherwise); a declared body over ``max_body_bytes`` gets 413 before it is read. Bodies are JSON, or
+zlib-compressed JSON inflated with a bound; nothing from the network is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from localizer.validate import RequestError
+from perftracker.errors import PerftrackerError, SchemaError
+
+log = logging.getLogger(__name__)
+
+PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
+HEALTHZ = "/v1/healthz"  # the one path without auth
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+def errors_middleware(max_body_bytes: int) -> Middleware:
+    """Turns what a handler raises into a JSON error response."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(exc.status, str(exc))
+        except SchemaError as exc:
+            return error_response(422, str(exc))
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body larger than {max_body_bytes} bytes")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return error_response(exc.status, exc.reason)
+            raise
+        except PerftrackerError as exc:  # store errors: disk full, I/O
+            log.error("%s %s: %s", request.method, request.path, exc)
+            return error_response(503, str(exc))
+        except Exception:  # noqa: BLE001 - never let one request take the service down
+            log.exception("%s %s failed", request.method, request.path)
+            return error_response(500, "internal error (see the localizer log)")
+
+    return errors
+
+
+def auth_middleware(token: bytes, max_body_bytes: int) -> Middleware:
+    """Bearer-token check (constant time) and the declared body size limit."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == HEALTHZ:
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+            resp = error_response(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
+            return resp
+        length = request.content_length
+        if length is not None and length > max_body_bytes:
+            return error_response(413, f"request body of {length} bytes is larger than {max_body_bytes}")
+        return await handler(request)
+
+    return auth
+
+
+def parse_json(raw: bytes, what: str = "body") -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"{what} is not valid JSON ({exc})") from None
+
+
+async def read_json(request: web.Request) -> Any:
+    return parse_json(await request.read())
+
+
+def inflate_json(raw: bytes, max_inflated_bytes: int) -> Any:
+    """JSON from a zlib body, inflating at most ``max_inflated_bytes`` (413 past that)."""
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(raw, max_inflated_bytes)
+    except zlib.error as exc:
+        raise RequestError(f"body is not zlib data ({exc})") from None
+    if inflater.unconsumed_tail:
+        raise RequestError(f"body inflates past {max_inflated_bytes} bytes", status=413)
+    return parse_json(data, "inflated body")
