@@ -24,18 +24,17 @@ window) and ``Runtime.stop()`` (``perftracker.deactivate()``) end any open windo
 cancelled, a running one is stopped in the training thread and discarded (its result is not
 written: that could take a minute), and at exit a writer thread is cancelled at its next throttle
 check and waited for at most ``exit_wait_s``. Each discarded window logs one line and delivers a
-``WindowResult`` with an error.
+``WindowResult`` with an error. That machinery is in perftracker/window_exit.py; the writer is in
+perftracker/window_writer.py.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,16 +44,22 @@ from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.profiler import KinetoCapture
 from perftracker.sampler_proc import SamplerProcess
-from perftracker.window_writer import WindowOptions, WindowResult, WindowWriter, _Active
+from perftracker.window_exit import WindowExit, _register, shutdown_all
+from perftracker.window_writer import (
+    _ACTIVE,
+    _ARMED,
+    _FINISHING,
+    _IDLE,
+    _OVERRUN,
+    WindowOptions,
+    WindowResult,
+    WindowWriter,
+    _Active,
+)
 
 __all__ = ["ProfileWindow", "WindowOptions", "WindowResult", "shutdown_all"]
 
 log = logging.getLogger(__name__)
-
-_IDLE, _ARMED, _ACTIVE, _FINISHING = "idle", "armed", "active", "finishing"
-_OVERRUN = "overrun"  # no boundary came to close the window: abandoned, profiler waits for the next one
-
-
 
 
 def _nvtx() -> Any:
@@ -63,7 +68,7 @@ def _nvtx() -> Any:
     return nvtx
 
 
-class ProfileWindow(WindowWriter):
+class ProfileWindow(WindowWriter, WindowExit):
     """One profile window at a time for this training process (see the module docstring)."""
 
     def __init__(
@@ -316,71 +321,6 @@ class ProfileWindow(WindowWriter):
         log.info("perftracker: window %s: training resumed; profiler stopped and its data dropped (%.2f s)",
                  cur.session, time.monotonic() - t0)
 
-    def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
-        """End this window now (exit hook, deactivate); never raises.
-
-        Armed: cancelled. Running: profiler, samplers, GC callback, switch interval and NVTX undone
-        (the profiler only from the thread that started it, the training thread), result discarded.
-        Being written: with ``writer_wait_s`` (exit), the writer is cancelled and waited for that long.
-        """
-        cur = self._cur
-        if cur is None:
-            if writer_wait_s is not None:
-                self._join_writer(writer_wait_s, "")
-            return
-        prev = self._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
-        if prev == _OVERRUN:  # already reported; only the profiler is left (training thread only)
-            cur.overrun_done.wait(1.0)
-            try:
-                if threading.get_ident() == cur.thread_ident:
-                    self._release(cur)
-            except Exception:  # noqa: BLE001
-                log.debug("perftracker: releasing an abandoned window failed", exc_info=True)
-            with self._lock:
-                if self._cur is cur:
-                    self._cur, self._state = None, _IDLE
-            return
-        if prev is None:
-            if writer_wait_s is not None:
-                self._cancel.set()
-                self._join_writer(writer_wait_s, cur.session)
-            return
-        t0 = time.monotonic()
-        error = f"discarded: {reason}"
-        try:
-            if prev == _ACTIVE and cur.capture is not None and cur.capture.started \
-                    and threading.get_ident() != cur.thread_ident:
-                # torch's profiler state lives in the thread that enabled it; stopping it from here
-                # does nothing, so leave it to that thread and undo the rest.
-                cur.capture = None
-                error += " (the profiler stays on in the training thread)"
-            self._release(cur)
-        except Exception as exc:  # noqa: BLE001 - exit path: never raise
-            error += f"; cleanup: {type(exc).__name__}: {exc}"
-        if cur.sampler is not None:
-            try:
-                cur.sampler.close(timeout_s=0.5)
-            except Exception:  # noqa: BLE001
-                pass
-        log.warning("perftracker: window %s %s (%s, %.2f s)", cur.session, error,
-                    "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
-        self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
-
-
-    def _join_writer(self, wait_s: float, session: str) -> None:
-        """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
-
-        A daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter
-        finalizes is ended by pthread_exit on its way back to the GIL, which unwinds through a C++
-        destructor and aborts the whole process ("terminate called without an active exception").
-        """
-        fin = self._finisher
-        if fin is None or not fin.is_alive() or fin is threading.current_thread():
-            return
-        fin.join(wait_s)
-        if fin.is_alive():
-            log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
-
     def _deliver(self, cur: _Active, res: WindowResult) -> None:
         with self._lock:
             self._cur = None
@@ -422,42 +362,6 @@ class ProfileWindow(WindowWriter):
         rank = int(getattr(self.identity, "rank", 0))
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
         return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
-
-
-_windows: weakref.WeakSet[ProfileWindow] = weakref.WeakSet()
-_windows_lock = threading.Lock()
-_atexit_registered = False
-
-
-def _register(win: ProfileWindow) -> None:
-    global _atexit_registered
-    with _windows_lock:
-        _windows.add(win)
-        if not _atexit_registered:
-            atexit.register(_at_exit)
-            _atexit_registered = True
-
-
-def shutdown_all(reason: str = "perftracker deactivated", writer_wait_s: float | None = None) -> None:
-    """End every open window of this process (see ``ProfileWindow.shutdown``); never raises."""
-    with _windows_lock:
-        wins = list(_windows)
-    for win in wins:
-        try:
-            win.shutdown(reason, writer_wait_s)
-        except Exception:  # noqa: BLE001 - runs at exit and in deactivate()
-            log.debug("perftracker: window shutdown failed", exc_info=True)
-
-
-def _at_exit() -> None:
-    """Registered once: no profiler may be enabled when the interpreter finalizes (it segfaults)."""
-    try:
-        with _windows_lock:
-            wait_s = max((w.options.exit_wait_s for w in _windows), default=0.0)
-        shutdown_all("process exiting", wait_s)
-    except BaseException:  # noqa: BLE001
-        pass
-
 
 
 def __getattr__(name: str) -> object:  # the worker's own path moved to perftracker/window_local.py

@@ -25,6 +25,11 @@ from perftracker.throttle import Cancelled, Throttle
 
 log = logging.getLogger("perftracker.window")
 
+# The window's states. ProfileWindow (perftracker/window.py) owns the transitions; the exit path
+# (perftracker/window_exit.py) reads them too. The training thread compares them with ``is``.
+_IDLE, _ARMED, _ACTIVE, _FINISHING = "idle", "armed", "active", "finishing"
+_OVERRUN = "overrun"  # no boundary came to close the window: abandoned, profiler waits for the next one
+
 
 @dataclass(frozen=True)
 class WindowOptions:
@@ -41,6 +46,10 @@ class WindowOptions:
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
     exit_wait_s: float = 2.0  # at interpreter exit: longest wait for a cancelled writer thread
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
+    # Test seam, None in production: called in the writer thread with the exit cancel event before
+    # it writes the file, so that a test can hold the window in "finishing" for as long as it needs
+    # (e.g. ``lambda cancel: cancel.wait(30)``: until the exit path cancels the writer).
+    writer_gate: Callable[[threading.Event], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,8 @@ class WindowWriter:
             if cur.sampler is not None:
                 cur.sampler.send(f"end {end_ns}")
             raw_path = self._path(cur.session, "raw")
+            if self.options.writer_gate is not None:
+                self.options.writer_gate(self._cancel)
             if child is not None:
                 _, status = os.waitpid(child, 0)
                 if os.waitstatus_to_exitcode(status) != 0:
@@ -139,6 +150,8 @@ class WindowWriter:
                     raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
                 rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
             else:
+                if self._cancel.is_set():  # exiting already: do not start a build (it may take a minute)
+                    raise Cancelled("cancelled before writing")
                 raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel))
                 raw.save(raw_path)
                 rows = len(raw)

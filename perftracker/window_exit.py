@@ -1,0 +1,149 @@
+"""Ending profile windows at interpreter exit and at ``perftracker.deactivate()``.
+
+Why this is needed: a Kineto profiler still enabled when the interpreter finalizes crashes the
+process (SIGSEGV, rc 139), and a daemon writer thread still inside torch's C++ code at that moment
+aborts it (SIGABRT). No iteration boundary will come to close an open window in either case, so
+every ``ProfileWindow`` registers here, one ``atexit`` hook (registered with the first window) ends
+them all, and ``Runtime.stop()`` calls ``shutdown_all`` too. ``WindowExit`` is a mixin of
+``ProfileWindow`` (perftracker/window.py), which owns the state machine; ``shutdown_all`` is
+re-exported there (``perftracker.window.shutdown_all``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from perftracker.window_writer import (
+    _ACTIVE,
+    _ARMED,
+    _IDLE,
+    _OVERRUN,
+    WindowOptions,
+    WindowResult,
+    _Active,
+)
+
+log = logging.getLogger("perftracker.window")  # one logger for the window's lines, whichever module
+
+
+class WindowExit:
+    """The exit half of ``ProfileWindow``: uses its lock, state, ``_claim``, ``_release`` and
+    ``_deliver``."""
+
+    options: WindowOptions
+    _lock: threading.Lock
+    _state: str
+    _cur: _Active | None
+    _finisher: threading.Thread | None
+    _cancel: threading.Event  # set at exit: the writer stops at its next check
+
+    if TYPE_CHECKING:  # provided by ProfileWindow (perftracker/window.py)
+        def _claim(self, cur: _Active, states: tuple[str, ...], to: str = ...) -> str | None: ...
+        def _release(self, cur: _Active) -> Any: ...
+        def _deliver(self, cur: _Active, res: WindowResult) -> None: ...
+
+    def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
+        """End this window now (exit hook, deactivate); never raises.
+
+        Armed: cancelled. Running: profiler, samplers, GC callback, switch interval and NVTX undone
+        (the profiler only from the thread that started it, the training thread), result discarded.
+        Being written: with ``writer_wait_s`` (exit), the writer is cancelled and waited for that long.
+        """
+        cur = self._cur
+        if cur is None:
+            if writer_wait_s is not None:
+                self._join_writer(writer_wait_s, "")
+            return
+        prev = self._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
+        if prev == _OVERRUN:  # already reported; only the profiler is left (training thread only)
+            cur.overrun_done.wait(1.0)
+            try:
+                if threading.get_ident() == cur.thread_ident:
+                    self._release(cur)
+            except Exception:  # noqa: BLE001
+                log.debug("perftracker: releasing an abandoned window failed", exc_info=True)
+            with self._lock:
+                if self._cur is cur:
+                    self._cur, self._state = None, _IDLE
+            return
+        if prev is None:
+            if writer_wait_s is not None:
+                self._cancel.set()
+                self._join_writer(writer_wait_s, cur.session)
+            return
+        t0 = time.monotonic()
+        error = f"discarded: {reason}"
+        try:
+            if prev == _ACTIVE and cur.capture is not None and cur.capture.started \
+                    and threading.get_ident() != cur.thread_ident:
+                # torch's profiler state lives in the thread that enabled it; stopping it from here
+                # does nothing, so leave it to that thread and undo the rest.
+                cur.capture = None
+                error += " (the profiler stays on in the training thread)"
+            self._release(cur)
+        except Exception as exc:  # noqa: BLE001 - exit path: never raise
+            error += f"; cleanup: {type(exc).__name__}: {exc}"
+        if cur.sampler is not None:
+            try:
+                cur.sampler.close(timeout_s=0.5)
+            except Exception:  # noqa: BLE001
+                pass
+        log.warning("perftracker: window %s %s (%s, %.2f s)", cur.session, error,
+                    "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
+        self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
+
+    def _join_writer(self, wait_s: float, session: str) -> None:
+        """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
+
+        A daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter
+        finalizes is ended by pthread_exit on its way back to the GIL, which unwinds through a C++
+        destructor and aborts the whole process ("terminate called without an active exception").
+        """
+        fin = self._finisher
+        if fin is None or not fin.is_alive() or fin is threading.current_thread():
+            return
+        fin.join(wait_s)
+        if fin.is_alive():
+            log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
+
+
+_windows: weakref.WeakSet[WindowExit] = weakref.WeakSet()
+_windows_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _register(win: WindowExit) -> None:
+    """Called by every new window: the exit hook must find it, and is registered once, lazily, so
+    that a process that never profiles has no hook."""
+    global _atexit_registered
+    with _windows_lock:
+        _windows.add(win)
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+
+
+def shutdown_all(reason: str = "perftracker deactivated", writer_wait_s: float | None = None) -> None:
+    """End every open window of this process (see ``WindowExit.shutdown``); never raises."""
+    with _windows_lock:
+        wins = list(_windows)
+    for win in wins:
+        try:
+            win.shutdown(reason, writer_wait_s)
+        except Exception:  # noqa: BLE001 - runs at exit and in deactivate()
+            log.debug("perftracker: window shutdown failed", exc_info=True)
+
+
+def _at_exit() -> None:
+    """Registered once: no profiler may be enabled when the interpreter finalizes (it segfaults)."""
+    try:
+        with _windows_lock:
+            wait_s = max((w.options.exit_wait_s for w in _windows), default=0.0)
+        shutdown_all("process exiting", wait_s)
+    except BaseException:  # noqa: BLE001
+        pass
