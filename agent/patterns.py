@@ -11,9 +11,19 @@ DESIGN.md section 5, exactly:
 A sample i covers (t_{i-1}, t_i] (``UtilSeries``); it is *inside* an execution when that interval
 lies within one of the execution's self-time segments. A sample that straddles an edge measures
 the neighbour as much as the execution, so it is left out: a function that sleeps gets μ = 0, not
-the utilization of whatever ran just before or after it. Executions shorter than a sampling
-period get no sample (d'_e = 0), which is all a sampler of that period can say about them.
-d'_e = (samples in the run) × period.
+the utilization of whatever ran just before or after it. d'_e = (samples in the run) × period.
+
+**[decision] Executions shorter than a sampling period.** Most CPU ops last microseconds, far below
+a 1 kHz sampler's period, so no sample lies inside them. Leaving them out is not neutral: the only
+executions of a short op that do contain a whole sample are the ones the scheduler stretched (the
+thread was preempted mid-op for a millisecond or more), and those samples read about 0. μ of a short
+op then measured how often it was descheduled (it read 0.03-0.1 for aten ops on a busy host) and
+swung from rank to rank with scheduling luck. So an execution with no sample inside takes the
+samples it overlaps, each weighted by the overlap (ns): u_e and s_e are their weighted mean and
+standard deviation, and d'_e is the overlapped time when u_e > 0 (0 otherwise, as Algorithm 1 gives
+an all-zero execution). That is the sampler's unbiased estimate at its resolution: summed over a
+function's many executions it is the thread's utilization while the function ran. Executions that do
+contain samples keep the rule above, so a sleep still reads 0.
 """
 
 from __future__ import annotations
@@ -125,19 +135,67 @@ def utilization(func_of_event: np.ndarray, n_funcs: int, seg_owner: np.ndarray, 
     """μ and σ per function over its executions' critical execution durations."""
     mu = np.zeros(n_funcs, dtype=np.float64)
     sigma = np.zeros(n_funcs, dtype=np.float64)
+    w = np.zeros(n_funcs, dtype=np.float64)
+    wu = np.zeros(n_funcs, dtype=np.float64)
+    ws = np.zeros(n_funcs, dtype=np.float64)
     ex, si = samples_inside(seg_owner, seg_start_ns, seg_end_ns, series)
-    if len(ex) == 0:
-        return Utilization(mu, sigma)
-    uniq_ex, group = np.unique(ex, return_inverse=True)
-    values = np.clip(np.asarray(series.value, dtype=np.float64)[si], 0.0, 1.0)
-    runs = critical_runs(values, group.reshape(-1), len(uniq_ex), max_zero_run)
-    d = runs.n_samples.astype(np.float64) * max(int(series.period_ns), 1)  # d'_e
-    f = func_of_event[uniq_ex]
-    ok = f >= 0
-    w = np.bincount(f[ok], weights=d[ok], minlength=n_funcs)
-    wu = np.bincount(f[ok], weights=(d * runs.mean)[ok], minlength=n_funcs)
-    ws = np.bincount(f[ok], weights=(d * runs.std)[ok], minlength=n_funcs)
+    uniq_ex = np.zeros(0, dtype=np.int64)
+    if len(ex):
+        uniq_ex, group = np.unique(ex, return_inverse=True)
+        values = np.clip(np.asarray(series.value, dtype=np.float64)[si], 0.0, 1.0)
+        runs = critical_runs(values, group.reshape(-1), len(uniq_ex), max_zero_run)
+        d = runs.n_samples.astype(np.float64) * max(int(series.period_ns), 1)  # d'_e
+        _accumulate(w, wu, ws, func_of_event[uniq_ex], d, runs.mean, runs.std)
+    short = ~np.isin(seg_owner, uniq_ex)  # segments of executions with no sample inside
+    if short.any():
+        ex2, d2, m2, s2 = overlap_stats(seg_owner[short], seg_start_ns[short], seg_end_ns[short], series)
+        _accumulate(w, wu, ws, func_of_event[ex2], np.where(m2 > 0, d2, 0.0), m2, s2)
     has = w > 0
     mu[has] = np.clip(wu[has] / w[has], 0.0, 1.0)
     sigma[has] = np.clip(ws[has] / w[has], 0.0, 1.0)
     return Utilization(mu, sigma)
+
+
+def _accumulate(w: np.ndarray, wu: np.ndarray, ws: np.ndarray, f: np.ndarray, d: np.ndarray, mean: np.ndarray,
+                std: np.ndarray) -> None:
+    """Add executions (function f, weight d'_e, u_e, s_e) to the per-function weighted sums."""
+    ok = f >= 0
+    n = len(w)
+    w += np.bincount(f[ok], weights=d[ok], minlength=n)
+    wu += np.bincount(f[ok], weights=(d * mean)[ok], minlength=n)
+    ws += np.bincount(f[ok], weights=(d * std)[ok], minlength=n)
+
+
+def overlap_stats(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, series: UtilSeries
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per execution (segments grouped by ``owner``): the samples its segments overlap, weighted by
+    the overlap. Returns (execution, overlapped ns, weighted mean, weighted std), one row per
+    execution that overlaps any sample (see the module doc: executions shorter than a period)."""
+    t = np.asarray(series.t_ns, dtype=np.int64)
+    z = np.zeros(0, dtype=np.int64)
+    zf = np.zeros(0, dtype=np.float64)
+    if len(t) == 0 or len(owner) == 0:
+        return z, zf, zf, zf
+    t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
+    start = np.asarray(start_ns, dtype=np.int64)
+    end = np.asarray(end_ns, dtype=np.int64)
+    first = np.searchsorted(t, start, side="right")  # first sample ending after the segment starts
+    last = np.searchsorted(t_prev, end, side="left")  # one past the last sample starting before it ends
+    cnt = np.maximum(last - first, 0)
+    total = int(cnt.sum())
+    if total == 0:
+        return z, zf, zf, zf
+    seg = np.repeat(np.arange(len(start)), cnt)
+    idx = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + np.repeat(first, cnt)
+    ov = (np.minimum(t[idx], end[seg]) - np.maximum(t_prev[idx], start[seg])).astype(np.float64)
+    keep = ov > 0
+    seg, idx, ov = seg[keep], idx[keep], ov[keep]
+    if len(ov) == 0:
+        return z, zf, zf, zf
+    u = np.clip(np.asarray(series.value, dtype=np.float64)[idx], 0.0, 1.0)
+    ex, inv = np.unique(np.asarray(owner, dtype=np.int64)[seg], return_inverse=True)
+    inv = inv.reshape(-1)
+    wsum = np.bincount(inv, weights=ov, minlength=len(ex))
+    mean = np.bincount(inv, weights=ov * u, minlength=len(ex)) / wsum
+    var = np.maximum(np.bincount(inv, weights=ov * u * u, minlength=len(ex)) / wsum - mean * mean, 0.0)
+    return ex, wsum, mean, np.sqrt(var)

@@ -40,6 +40,7 @@ from localizer.localize import (
     analyze_function,
     localize,
     localize_arrays,
+    material_floors,
     resolve_expectations,
 )
 from localizer.rule import GAUSSIAN_3_4  # noqa: F401  (statsmodels' constant, documented in rule.py)
@@ -77,7 +78,7 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         lo = np.array(box.lo.as_tuple())[:, None]
         hi = np.array(box.hi.as_tuple())[:, None]
         d_exp = np.maximum(np.maximum(lo - x, x - hi), 0.0).sum(axis=0)
-        mx = np.maximum(x.max(axis=1, keepdims=True), opts.material_difference / opts.eps)  # materiality floor
+        mx = np.maximum(x.max(axis=1, keepdims=True), material_floors(opts)[:, None])  # materiality floors
         p = np.divide(x, mx, out=np.zeros_like(x), where=mx > 0)
         y = p[:, sample]
         d_diff = np.empty(n, dtype=np.int64)

@@ -45,19 +45,20 @@ def outside_expectation(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> n
     return out
 
 
-def normalize_by_max(values: np.ndarray, floor: float = 0.0) -> np.ndarray:
+def normalize_by_max(values: np.ndarray, floor: float | np.ndarray = 0.0) -> np.ndarray:
     """P̂ = P / max(max over workers, floor), per dimension; a dimension whose max is 0 stays 0.
     (3, N) -> (3, N). ``floor`` is the materiality floor (``normalization_maxima``)."""
     x = np.asarray(values, dtype=np.float64)
     out = np.zeros_like(x)
+    floors = np.broadcast_to(np.asarray(floor, dtype=np.float64), (x.shape[0],))
     for d in range(x.shape[0]):
-        mx = max(float(x[d].max()), floor) if x.shape[1] else 0.0
+        mx = max(float(x[d].max()), float(floors[d])) if x.shape[1] else 0.0
         if mx > 0.0:
             np.divide(x[d], mx, out=out[d])
     return out
 
 
-def normalization_maxima(values: np.ndarray, floor: float) -> np.ndarray:
+def normalization_maxima(values: np.ndarray, floor: float | np.ndarray) -> np.ndarray:
     """The per-dimension denominators of P̂: max over workers, but at least ``floor``.
 
     **[decision] Materiality floor.** P / max is scale-free, so when every worker's value of a
@@ -67,10 +68,20 @@ def normalization_maxima(values: np.ndarray, floor: float) -> np.ndarray:
     materiality (β_min = 1% of the window, or 1% of a device's peak utilization) can then never
     exceed ε on its own, while a function that only one worker runs with β > β_min is still farther
     than ε from the workers that do not run it (β / 0.025 > 0.4). Above the floor, P / max is unchanged.
+
+    **[decision] Utilization floor.** μ and σ get their own floor, ``material_utilization / ε``
+    (0.1 / 0.4 = 0.25; ``LocalizeOptions.material_utilization``): a difference of less than 10 points
+    of a device's peak utilization is not material on its own. Measured on clean 4-rank CPU runs (2
+    cores), a function with the same β on every rank read CPU utilizations of 0.5-0.6 and within-op σ
+    of 0.02-0.07 that swung from rank to rank with scheduling luck; divided by a max of 0.07, one
+    rank's σ became 1.0 against 0.3 and made it unique. A 1 kHz sampler over a function that holds
+    1-5% of a 5-20 s window has tens of independent samples, so its μ is uncertain by several points.
+    A throttled device (the paper's case: 45% of the others' utilization) is far above the floor.
     """
     x = np.asarray(values, dtype=np.float64)
     mx = x.max(axis=1) if x.shape[1] else np.zeros(x.shape[0])
-    return np.where(mx > 0.0, np.maximum(mx, floor), 0.0)
+    floors = np.broadcast_to(np.asarray(floor, dtype=np.float64), mx.shape)
+    return np.where(mx > 0.0, np.maximum(mx, floors), 0.0)
 
 
 def sample_workers(n_workers: int, sample_size: int, seed: int) -> np.ndarray:

@@ -41,7 +41,8 @@ class LocalizeOptions:
     k: float = 5.0  # MAD multiplier
     mad_floor_margin: float = 0.25  # degenerate MAD: threshold >= median + margin·|S| (rule.py)
     beta_min: float = 0.01  # a function must hold more than this share of the window
-    material_difference: float = 0.01  # P̂ = P / max(max, this / eps): see distances.normalization_maxima
+    material_difference: float = 0.01  # β: P̂ = P / max(max, this / eps): see distances.normalization_maxima
+    material_utilization: float = 0.1  # μ and σ: see distances.normalization_maxima ("utilization")
     sample_size: int = 100  # |S| = min(N, sample_size)
     seed: int = 0  # seeds the sample S
     profile: str | None = None  # "gpu" | "cpu"; None: "gpu" if any worker saw GPU activity
@@ -98,7 +99,7 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     lo = np.array(box.lo.as_tuple())
     hi = np.array(box.hi.as_tuple())
     outside = outside_expectation(values, lo, hi)
-    floor = opts.material_difference / opts.eps if opts.eps > 0 else 0.0
+    floor = material_floors(opts)
     if opts.method == "grid":  # P̂ = P / max is formed inside, only where it is needed
         maxima = normalization_maxima(values, floor)
         d_diff = differential_distance(values, sample, opts.eps, opts.grid_cells, opts.refine_cells, maxima)
@@ -107,6 +108,13 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
     by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)
+
+
+def material_floors(opts: LocalizeOptions) -> np.ndarray:
+    """The per-dimension materiality floors (β, μ, σ) of P̂ (see distances.normalization_maxima)."""
+    if opts.eps <= 0:
+        return np.zeros(3)
+    return np.array([opts.material_difference, opts.material_utilization, opts.material_utilization]) / opts.eps
 
 
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,

@@ -170,3 +170,23 @@ def test_bad_arrays_give_clear_errors() -> None:
         localize_arrays(dataclasses.replace(arr, ranks=np.array([0, 1, 2, 2, 4, 5, 6, 7, 8, 9])), OPTS)
     with pytest.raises(InputError, match="empty"):
         localize_arrays(dataclasses.replace(arr, ranks=np.zeros(0, np.int64), values=arr.values[:, :, :0]), OPTS)
+
+
+def _four_ranks(triples: list[tuple[float, float, float]]) -> list[PatternSet]:
+    return [PatternSet(job="j", session="s", rank=r, world_size=4, host=f"h{r}", gpu=False,
+                       window_start_ns=0, window_end_ns=5 * 10**9,
+                       patterns=(Pattern("aten::mm", Category.COMPUTE, b, m, s, label="aten::mm", resource="cpu"),))
+            for r, (b, m, s) in enumerate(triples)]
+
+
+def test_utilization_differences_below_ten_points_are_not_material() -> None:
+    # measured shape (clean 4-rank CPU run, 2 cores): the same β everywhere, CPU utilization 0.5-0.6
+    # and a within-op σ of 0.02-0.07 that swing with scheduling luck; P / max made one rank unique
+    noisy = [(0.049, 0.52, 0.068), (0.050, 0.60, 0.020), (0.051, 0.58, 0.022), (0.048, 0.57, 0.025)]
+    plain = localize(_four_ranks(noisy), LocalizeOptions(material_utilization=0.01))
+    assert [f.ranks for f in plain.findings] == [(0,)]
+    assert localize(_four_ranks(noisy)).findings == ()
+    # a material difference still counts: one rank at 25 points lower CPU utilization
+    throttled = [(0.050, 0.30, 0.02), (0.050, 0.60, 0.02), (0.051, 0.58, 0.02), (0.049, 0.57, 0.02)]
+    report = localize(_four_ranks(throttled))
+    assert [(f.ranks, f.kind) for f in report.findings] == [((0,), "specific")]

@@ -141,3 +141,35 @@ def test_command_line_entry_point(tmp_path) -> None:  # type: ignore[no-untyped-
     r = subprocess.run(cmd[:3] + [str(tmp_path / "bad.npz"), "--out", str(out)], cwd=REPO, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "bad.npz" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_executions_shorter_than_a_period_take_overlapping_samples_weighted_by_overlap() -> None:
+    # "op" runs 3 ns in each 10 ns sample (never a whole sample inside); sample values alternate
+    # 1.0 / 0.5, and one execution straddles two samples (7 ns in a 1.0 sample, 2 ns in a 0.5 one)
+    events = [(K.CPU_OP, "aten::op", T, 10 * i + 2, 10 * i + 5) for i in range(8)]
+    events.append((K.CPU_OP, "aten::op", T, 83, 92))
+    raw = raw_window(events, window=(0, 100))
+    vals = [1.0, 0.5] * 5
+    sm = samples("cpu", 10, vals)
+    p = by_key(summarize_window(raw, sm))["aten::op"]
+    # the i-th 3 ns execution lies in sample i; the last overlaps samples 8 (7 ns) and 9 (2 ns)
+    num = sum(3 * vals[i] for i in range(8)) + 7 * vals[8] + 2 * vals[9]
+    assert p.mu == pytest.approx(num / (8 * 3 + 9))
+    m9 = (7 * 1.0 + 2 * 0.5) / 9
+    s9 = ((7 * (1.0 - m9) ** 2 + 2 * (0.5 - m9) ** 2) / 9) ** 0.5
+    assert p.sigma == pytest.approx(9 * s9 / (8 * 3 + 9))
+
+
+def test_short_executions_in_zero_samples_add_nothing_and_long_ones_keep_algorithm_1() -> None:
+    # a short op that only ever ran while the sample reads 0 gets no weight (as Algorithm 1 gives an
+    # all-zero execution); a long execution with whole samples inside ignores the straddling ones
+    raw = raw_window([
+        (K.CPU_OP, "aten::short", T, 2, 5),
+        (K.CPU_OP, "aten::long", T, 15, 60),
+    ], window=(0, 100))
+    sm = samples("cpu", 10, [0, 1, 0.2, 0.4, 0.6, 0.8, 1, 1, 1, 1])
+    p = by_key(summarize_window(raw, sm, SummarizeOptions(max_zero_run=1)))
+    assert p["aten::short"].mu == 0.0 and p["aten::short"].sigma == 0.0
+    # whole samples inside (15, 60]: (20,30] .. (50,60] -> 0.2, 0.4, 0.6, 0.8; the straddling
+    # (10,20] sample (1.0) is left out
+    assert p["aten::long"].mu == pytest.approx(0.5)
