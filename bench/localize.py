@@ -91,6 +91,9 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         busy = x[0] > opts.beta_min
         by_exp = busy & (d_exp > 0)
         by_diff = busy & (d_diff > threshold)
+        rule = expectations.rule_for(info.key, info.label, info.category)
+        if rule is not None and rule.waits_for_peers:  # a victim waits longer than the others
+            by_diff &= x[0] < np.median(x[0])
         out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None))
     return out
 

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 BUILTIN_PATH = Path(__file__).with_name("expected.toml")
 BUILTIN_PROFILES = ("gpu", "cpu")
 OPEN_BOX = Box(Triple(0.0, 0.0, 0.0), Triple(1.0, 1.0, 1.0))
-_ENTRY_KEYS = {"category", "pattern", "match", "beta", "mu", "sigma", "hint"}
+_ENTRY_KEYS = {"category", "pattern", "match", "beta", "mu", "sigma", "hint", "waits_for_peers"}
 MATCH_MODES = ("key", "function")
 # a Python frame as the summarizer labels it: "/path/to/file.py(123): name"
 _FRAME_PREFIX = re.compile(r"^.*?\(\d+\): ")
@@ -41,6 +41,11 @@ class RangeRule:
     about what the function *does* (I/O, collection) must not match its callers or its file. The
     DataLoader's own ``fetch.py(49): fetch`` frame is on the stack of every dataset
     ``__getitem__``, which is per-sample Python work, not I/O.
+
+    ``waits_for_peers = true`` marks a function that is time spent waiting for other workers (the
+    late-peer part of a collective wait): a worker that holds it *longer* than the others is waiting
+    for them, a victim, so the differential test only reports workers that hold it less (the late
+    ones). The expectation test is unchanged.
     """
 
     category: Category
@@ -48,6 +53,7 @@ class RangeRule:
     pattern: str = ""
     hint: str = ""
     match: str = "key"  # "key": the key (whole stack for Python) or the label; "function": the name only
+    waits_for_peers: bool = False
 
     def matches(self, key: str, label: str, category: Category) -> bool:
         if category is not self.category:
@@ -76,10 +82,15 @@ class Expectations:
 
     def lookup(self, key: str, label: str, category: Category) -> tuple[Box, str]:
         """The expected box and the cause hint ("" if none) for one function."""
+        rule = self.rule_for(key, label, category)
+        return (rule.box, rule.hint) if rule is not None else (OPEN_BOX, "")
+
+    def rule_for(self, key: str, label: str, category: Category) -> RangeRule | None:
+        """The first rule that matches one function, or None."""
         for rule in self.rules:
             if rule.matches(key, label, category):
-                return rule.box, rule.hint
-        return OPEN_BOX, ""
+                return rule
+        return None
 
     @property
     def name(self) -> str:
@@ -178,12 +189,15 @@ def _parse_entry(entry: Any, where: str) -> RangeRule:
     match = entry.get("match", "key")
     if match not in MATCH_MODES:
         raise ConfigError(f"{where}.match: expected one of {list(MATCH_MODES)}, got {match!r}")
+    waits = entry.get("waits_for_peers", False)
+    if not isinstance(waits, bool):
+        raise ConfigError(f"{where}.waits_for_peers: expected true or false")
     lo, hi = [], []
     for dim in ("beta", "mu", "sigma"):
         a, b = _parse_interval(entry.get(dim, [0.0, 1.0]), f"{where}.{dim}")
         lo.append(a)
         hi.append(b)
-    return RangeRule(category, Box(Triple(*lo), Triple(*hi)), pattern, hint, match)
+    return RangeRule(category, Box(Triple(*lo), Triple(*hi)), pattern, hint, match, waits)
 
 
 def _parse_interval(value: Any, where: str) -> tuple[float, float]:

@@ -27,7 +27,7 @@ from localizer.distances import (
     outside_expectation,
     sample_workers,
 )
-from localizer.expect import Expectations, load_expectations
+from localizer.expect import OPEN_BOX, Expectations, load_expectations
 from localizer.findings import FunctionVerdict, build_findings
 from localizer.rule import apply_rule, differential_threshold
 from perftracker.model import PatternSet, Report
@@ -91,7 +91,8 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
 def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expectations,
                      sample: np.ndarray, opts: LocalizeOptions) -> FunctionVerdict:
     """The rule for one function over all workers. values: (3, N)."""
-    box, hint = expectations.lookup(info.key, info.label, info.category)
+    rule = expectations.rule_for(info.key, info.label, info.category)
+    box, hint = (rule.box, rule.hint) if rule is not None else (OPEN_BOX, "")
     beta = values[0]
     median_beta = exact_median(beta)
     if not (beta > opts.beta_min).any():  # the rule's first term fails everywhere: nothing to compute
@@ -107,6 +108,8 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
         d_diff = differential_distance_blocks(normalize_by_max(values, floor), sample, opts.eps)
     threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
     by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
+    if rule is not None and rule.waits_for_peers:  # waiting longer than the others: a victim
+        by_diff &= beta < median_beta
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)
 
 

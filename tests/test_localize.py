@@ -190,3 +190,25 @@ def test_utilization_differences_below_ten_points_are_not_material() -> None:
     throttled = [(0.050, 0.30, 0.02), (0.050, 0.60, 0.02), (0.051, 0.58, 0.02), (0.049, 0.57, 0.02)]
     report = localize(_four_ranks(throttled))
     assert [(f.ranks, f.kind) for f in report.findings] == [((0,), "specific")]
+
+
+def test_a_rank_that_waits_longer_for_late_peers_is_a_victim_not_a_finding() -> None:
+    from localizer.expect import load_expectations
+
+    key = "ddp.reducer::wait, varying part (late peers, in autograd engine)"
+
+    def sets(betas: list[float]) -> list[PatternSet]:
+        return [PatternSet(job="j", session="s", rank=r, world_size=4, host=f"h{r}", gpu=False,
+                           window_start_ns=0, window_end_ns=5 * 10**9,
+                           patterns=(Pattern(key, Category.COLLECTIVE, b, 0.1, 0.04, label=key, resource="nic"),))
+                for r, b in enumerate(betas)]
+
+    cpu = LocalizeOptions(expectations=load_expectations(None, "cpu"))
+    # measured shape (slow-dataloader-all): rank 3 waited 27% of the window for late peers, the others about 18%
+    assert localize(sets([0.15, 0.15, 0.16, 0.30]), cpu).findings == ()
+    # the same pattern on a function not marked waits_for_peers is a finding
+    other = LocalizeOptions(expectations=parse_expectations(
+        {"profiles": {"x": {"range": [{"category": "collective"}]}}}, "x"))
+    assert [f.ranks for f in localize(sets([0.15, 0.15, 0.16, 0.30]), other).findings] == [(3,)]
+    # the rank that waits much less is the late one: still reported
+    assert [f.ranks for f in localize(sets([0.18, 0.17, 0.19, 0.05]), cpu).findings] == [(3,)]
