@@ -19,9 +19,10 @@ executions of a short op that do contain a whole sample are the ones the schedul
 thread was preempted mid-op for a millisecond or more), and those samples read about 0. μ of a short
 op then measured how often it was descheduled (it read 0.03-0.1 for aten ops on a busy host) and
 swung from rank to rank with scheduling luck. So an execution with no sample inside takes the
-samples it overlaps, each weighted by the overlap (ns): u_e and s_e are their weighted mean and
-standard deviation, and d'_e is the overlapped time when u_e > 0 (0 otherwise, as Algorithm 1 gives
-an all-zero execution). That is the sampler's unbiased estimate at its resolution: summed over a
+samples its self segments shorter than one period overlap, each weighted by the overlap (ns): u_e
+and s_e are their weighted mean and standard deviation, and d'_e is the overlapped time when u_e > 0
+(0 otherwise, as Algorithm 1 gives an all-zero execution). Longer segments without a whole sample
+(1-2 periods) still add nothing: a sleep of that length would mostly read its neighbours' CPU. That is the sampler's unbiased estimate at its resolution: summed over a
 function's many executions it is the thread's utilization while the function ran. Executions that do
 contain samples keep the rule above, so a sleep still reads 0.
 """
@@ -146,7 +147,9 @@ def utilization(func_of_event: np.ndarray, n_funcs: int, seg_owner: np.ndarray, 
         runs = critical_runs(values, group.reshape(-1), len(uniq_ex), max_zero_run)
         d = runs.n_samples.astype(np.float64) * max(int(series.period_ns), 1)  # d'_e
         _accumulate(w, wu, ws, func_of_event[uniq_ex], d, runs.mean, runs.std)
-    short = ~np.isin(seg_owner, uniq_ex)  # segments of executions with no sample inside
+    # self segments shorter than one period, of executions with no sample inside (see the module doc)
+    period = max(int(series.period_ns), 1)
+    short = ~np.isin(seg_owner, uniq_ex) & ((np.asarray(seg_end_ns) - np.asarray(seg_start_ns)) < period)
     if short.any():
         ex2, d2, m2, s2 = overlap_stats(seg_owner[short], seg_start_ns[short], seg_end_ns[short], series)
         _accumulate(w, wu, ws, func_of_event[ex2], np.where(m2 > 0, d2, 0.0), m2, s2)

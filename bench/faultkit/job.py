@@ -246,6 +246,7 @@ class JobRun:
         self._start_workers()
         t_start = time.monotonic()
         pending = [(f, r) for f in sc.faults if f.kind not in IN_SCRIPT for r in f.ranks]
+        applied_at: list[int] = []  # iterations at which out-of-process faults were applied
         triggered_at: float | None = None
         trigger_iter: int | None = None
         report: Report | None = None
@@ -261,6 +262,9 @@ class JobRun:
                 if progress.get(r, -1) >= at:
                     self._apply(f, r)
                     pending.remove((f, r))
+                    # polled every 0.1 s: the fault lands a few iterations after `at`; the
+                    # detection delay counts from where it really began
+                    applied_at.append(max(at, progress.get(r, at)))
             if sc.trigger == "cli" and triggered_at is None and it_max >= sc.trigger_at_iter:
                 subprocess.run(
                     [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,
@@ -290,6 +294,9 @@ class JobRun:
         if report is not None and triggered_at is not None:
             report_s = time.monotonic() - triggered_at - (sc.window_s if report.kind != "hang" else 0.0)
         onset = sc.onset_iter
+        if applied_at:  # out-of-process faults count from where they were applied
+            in_script = [int(f.params.get("at_iter", f.start_iter)) for f in sc.faults if f.kind in IN_SCRIPT]
+            onset = min(in_script + applied_at)
         delay = None
         if sc.trigger == "detector" and trigger_iter is not None and onset is not None:
             delay = max(0, trigger_iter - onset)
