@@ -145,5 +145,10 @@ def _at_exit() -> None:
         with _windows_lock:
             wait_s = max((w.options.exit_wait_s for w in _windows), default=0.0)
         shutdown_all("process exiting", wait_s)
+        from perftracker.profiler import settle_after_stop
+
+        slept_s = settle_after_stop()  # torch aborts a process that exits right after a stop
+        if slept_s > 0:
+            log.debug("perftracker: exit waited %.2f s after the last profiler stop", slept_s)
     except BaseException:  # noqa: BLE001
         pass
