@@ -9,6 +9,7 @@ exception", SIGABRT, a 2-rank torchrun job) turned out to be torch's own: with t
 process that exits within 0.5 s of ``_disable_profiler()`` aborts in about 1 run in 3 even when
 start and stop run on the main thread and no other thread exists (perftracker/profiler.py).
 """
+
 from __future__ import annotations
 
 import threading
