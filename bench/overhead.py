@@ -91,6 +91,11 @@ def interleave(loop: Loop, rt: Runtime, pairs: int) -> dict[str, object]:
         on = order[i % 4]
         if on:
             rt.start()
+        # one untimed iteration after each switch, on both sides: installing or removing the hooks
+        # patches a class attribute and the optimizer hook dicts, which invalidates CPython's
+        # specialized bytecode caches; the first iteration after a switch pays to rebuild them
+        # (~20 µs measured), a cost a real job pays once, not per iteration
+        loop.run(1)
         c0, w0 = time.thread_time_ns(), time.perf_counter_ns()
         loop.run(1)
         times[on].append(time.thread_time_ns() - c0)
