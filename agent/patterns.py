@@ -21,10 +21,11 @@ op then measured how often it was descheduled (it read 0.03-0.1 for aten ops on 
 swung from rank to rank with scheduling luck. So an execution with no sample inside takes the
 samples its self segments shorter than one period overlap, each weighted by the overlap (ns): u_e
 and s_e are their weighted mean and standard deviation, and d'_e is the overlapped time when u_e > 0
-(0 otherwise, as Algorithm 1 gives an all-zero execution). Longer segments without a whole sample
-(1-2 periods) still add nothing: a sleep of that length would mostly read its neighbours' CPU. That is the sampler's unbiased estimate at its resolution: summed over a
-function's many executions it is the thread's utilization while the function ran. Executions that do
-contain samples keep the rule above, so a sleep still reads 0.
+(0 otherwise, as Algorithm 1 gives an all-zero execution). That is the sampler's unbiased estimate
+at its resolution: summed over a function's many executions it is the thread's utilization while the
+function ran. Executions that do contain samples keep the rule above, so a sleep still reads 0, and
+longer segments without a whole sample (1-2 periods) still add nothing: a sleep of that length would
+mostly read its neighbours' CPU.
 """
 
 from __future__ import annotations
