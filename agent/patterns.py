@@ -100,6 +100,11 @@ def critical_runs(values: np.ndarray, group: np.ndarray, n_groups: int, max_zero
     return RunStats(n_samples, mean, std)
 
 
+def _sample_starts(t: np.ndarray, period_ns: int) -> np.ndarray:
+    """t_{i-1} for each sample i: sample i covers (t_{i-1}, t_i]; the first covers one period."""
+    return np.r_[t[0] - max(int(period_ns), 1), t[:-1]]
+
+
 def samples_inside(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, series: UtilSeries
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(execution, sample index) pairs, unique and sorted by execution then time.
@@ -111,7 +116,7 @@ def samples_inside(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, 
     if len(t) == 0 or len(owner) == 0:
         z = np.zeros(0, dtype=np.int64)
         return z, z
-    t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
+    t_prev = _sample_starts(t, series.period_ns)
     lo = np.searchsorted(t_prev, start_ns, side="left")
     hi = np.searchsorted(t, end_ns, side="right")
     cnt = np.maximum(hi - lo, 0)
@@ -180,7 +185,7 @@ def overlap_stats(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, s
     zf = np.zeros(0, dtype=np.float64)
     if len(t) == 0 or len(owner) == 0:
         return z, zf, zf, zf
-    t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
+    t_prev = _sample_starts(t, series.period_ns)
     start = np.asarray(start_ns, dtype=np.int64)
     end = np.asarray(end_ns, dtype=np.int64)
     first = np.searchsorted(t, start, side="right")  # first sample ending after the segment starts

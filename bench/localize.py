@@ -34,6 +34,7 @@ from statsmodels.robust.scale import mad as statsmodels_mad
 
 from localizer import synthetic
 from localizer.arrays import PatternArrays
+from localizer.expect import OPEN_BOX
 from localizer.findings import FunctionVerdict, build_findings
 from localizer.localize import (
     LocalizeOptions,
@@ -73,7 +74,8 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
     sample = np.sort(np.random.default_rng(opts.seed).choice(n, size=m, replace=False))
     out = []
     for f, info in enumerate(arr.functions):
-        box, hint = expectations.lookup(info.key, info.label, info.category)
+        rule = expectations.rule_for(info.key, info.label, info.category)
+        box, hint = (rule.box, rule.hint) if rule is not None else (OPEN_BOX, "")
         x = arr.values[f]
         lo = np.array(box.lo.as_tuple())[:, None]
         hi = np.array(box.hi.as_tuple())[:, None]
@@ -91,7 +93,6 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         busy = x[0] > opts.beta_min
         by_exp = busy & (d_exp > 0)
         by_diff = busy & (d_diff > threshold)
-        rule = expectations.rule_for(info.key, info.label, info.category)
         if rule is not None and rule.waits_for_peers:  # a victim waits longer than the others
             by_diff &= x[0] < np.median(x[0])
         out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None))

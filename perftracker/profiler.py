@@ -128,7 +128,7 @@ def settle_after_stop(settle_s: float = SETTLE_S) -> float:
     wait_s = settle_s - (time.monotonic() - _last_stop_s)
     if wait_s <= 0:
         return 0.0
-    time.sleep(min(wait_s, settle_s))
+    time.sleep(wait_s)
     return wait_s
 
 

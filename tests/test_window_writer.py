@@ -47,14 +47,18 @@ def _window(tmp_path: Path) -> ProfileWindow:
     return win
 
 
-def test_result_is_freed_before_on_done(tmp_path: Path) -> None:
-    win = _window(tmp_path)
+def _tracked(session: str) -> tuple[_Active, list[_Result], list[tuple[WindowResult, bool]]]:
+    """A window whose on_done records (result, whether the profiler result was already freed)."""
     seen: list[tuple[WindowResult, bool]] = []
     result = _Result()
     ref = weakref.ref(result)
-    holder = [result]
-    del result
-    cur = _Active("s1", 10**9, lambda res: seen.append((res, ref() is None)), 0)
+    cur = _Active(session, 10**9, lambda res: seen.append((res, ref() is None)), 0)
+    return cur, [result], seen
+
+
+def test_result_is_freed_before_on_done(tmp_path: Path) -> None:
+    win = _window(tmp_path)
+    cur, holder, seen = _tracked("s1")
     t = threading.Thread(target=win._finish, args=(cur, holder, 5, 1, None))
     t.start()
     t.join(10)
@@ -72,12 +76,7 @@ def test_result_is_freed_before_on_done_when_writing_fails(tmp_path: Path) -> No
         raise OSError(28, "No space left on device")
 
     win._build = boom  # type: ignore[method-assign]
-    seen: list[tuple[WindowResult, bool]] = []
-    result = _Result()
-    ref = weakref.ref(result)
-    holder = [result]
-    del result
-    cur = _Active("s2", 10**9, lambda res: seen.append((res, ref() is None)), 0)
+    cur, holder, seen = _tracked("s2")
     win._finish(cur, holder, 5, 1, None)
     assert len(seen) == 1 and "No space left" in seen[0][0].error and seen[0][1]
 
