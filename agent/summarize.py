@@ -26,6 +26,8 @@ import numpy as np
 from agent import categories as cat
 from agent.critical_path import critical_ns
 from agent.patterns import DEFAULT_MAX_ZERO_RUN, utilization
+from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
+from agent.samplers.cpuwait import wait_intervals
 from agent.timeline import Nesting, Segments, nest, self_segments, stack_ids, stack_names
 from agent.victims import add_reducer_waits, split_steady_and_varying
 from perftracker.errors import InputError, PerftrackerError
@@ -45,6 +47,7 @@ class SummarizeOptions:
     max_bytes: int = 10_000  # PatternSet.to_bytes() budget per worker
     attribute_reducer_wait: bool = True  # CPU jobs: DDP reducer wait inside run_backward -> collective
     split_late_peers: bool = True  # its part that varies between iterations -> LATE_PEERS_WAIT (victims.py)
+    cpu_wait: bool = True  # the training thread's waits for a core -> CPU_WAIT_KEY (from the cpu_wait samples)
 
 
 # resource series per category, first present wins: (GPU window, CPU-only window)
@@ -66,8 +69,10 @@ def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries 
     return None
 
 
-# sweep priorities: the four categories, with non-GC Python frames one level below a GC pause
-N_PRIORITIES = cat.N_LEVELS + 1
+# sweep priorities: the four categories, with non-GC Python frames one level below a GC pause, and
+# the training thread's waits for a core above everything that thread runs (see _sweep_priority)
+N_PRIORITIES = cat.N_LEVELS + 2
+CPU_WAIT_KEY = "CPU wait (runnable, no core)"
 
 
 @dataclass(frozen=True)
@@ -89,14 +94,17 @@ class Frames:
     nesting: Nesting
     segments: Segments  # self time; owner indexes the frames
     priority: np.ndarray  # sweep level per frame, 0..N_PRIORITIES-1: a GC pause outranks Python frames
+    is_wait: np.ndarray  # the frame is a CPU wait from the samples (CPU_WAIT_KEY), not a recorded event
 
 
-def window_frames(raw: RawWindow, options: SummarizeOptions | None = None) -> Frames:
+def window_frames(raw: RawWindow, options: SummarizeOptions | None = None,
+                  samples: SampleSet | None = None) -> Frames:
     """Assign a window's events to critical-path roles and cut their self-time segments.
 
     The summarizer's one rule (``summarize_window`` sweeps these frames; ``perftracker
     export-trace`` draws them): categorize, join a GPU trace's autograd threads to the training
-    thread, recognise a CPU DDP rank's reducer waits, nest per thread/stream."""
+    thread, recognise a CPU DDP rank's reducer waits, add the training thread's waits for a core
+    (``samples``' ``cpu_wait`` series), nest per thread/stream."""
     opt = options or SummarizeOptions()
     meta = raw.meta
     kind = raw.col("kind").astype(np.int64)
@@ -144,21 +152,55 @@ def window_frames(raw: RawWindow, options: SummarizeOptions | None = None) -> Fr
             end = np.r_[end, extra.end_ns]
             stack_col = np.r_[stack_col, np.full(n_extra, -1)]
 
+    is_wait = np.zeros(len(row), dtype=bool)
+    wait_series = samples.get(WAIT_RESOURCE) if samples is not None and opt.cpu_wait else None
+    if wait_series is not None:
+        w_start, w_end = wait_intervals(wait_series)
+        n_extra = len(w_start)
+        if n_extra:
+            names.append(CPU_WAIT_KEY)
+            row = np.r_[row, np.full(n_extra, -1)]
+            kind = np.r_[kind, np.full(n_extra, int(EventKind.OTHER))]
+            name_id = np.r_[name_id, np.full(n_extra, len(names) - 1)]
+            role = np.r_[role, np.full(n_extra, cat.PYTHON if gpu else cat.COMPUTE)]
+            tid = np.r_[tid, np.full(n_extra, meta.training_tid)]
+            device = np.r_[device, np.full(n_extra, -1)]
+            start = np.r_[start, w_start]
+            end = np.r_[end, w_end]
+            stack_col = np.r_[stack_col, np.full(n_extra, -1)]
+            is_wait = np.r_[is_wait, np.ones(n_extra, dtype=bool)]
+
     frames = np.flatnonzero((role >= 0) & (end > start))
     f_kind, f_role, f_start, f_end = kind[frames], role[frames], start[frames], end[frames]
+    f_wait = is_wait[frames]
     group = (device[frames] + 2) * (1 << 40) + (tid[frames] & ((1 << 40) - 1))
     # GC pauses are leaves on a timeline of their own: nothing runs inside the collector, and a
-    # sampled Python frame whose edge falls just inside a pause must not nest under it
+    # sampled Python frame whose edge falls just inside a pause must not nest under it. CPU waits
+    # too: they come from the samples, at 1 ms resolution, not from the thread's own timestamps.
     is_gc = f_kind == EventKind.GC
     group = np.where(is_gc, -1 - group, group)
+    group = np.where(f_wait, -(1 << 62) + (tid[frames] & ((1 << 40) - 1)), group)
     nesting = nest(group, f_start, f_end)
     segs = self_segments(f_start, f_end, nesting.parent)
-    # priority of the sweep: a GC pause outranks the Python frames it interrupts (the frame on the
-    # stack does not run while the collector does); categories are unchanged
-    priority = np.where((f_role == cat.PYTHON) & ~is_gc, cat.N_LEVELS, f_role)
+    priority = _sweep_priority(f_role, is_gc, f_wait, gpu)
     return Frames(row=row[frames], kind=f_kind, name_id=name_id[frames], role=f_role, tid=tid[frames],
                   device=device[frames], start_ns=f_start, end_ns=f_end, stack_id=stack_col[frames], names=names,
-                  gpu=gpu, nesting=nesting, segments=segs, priority=priority)
+                  gpu=gpu, nesting=nesting, segments=segs, priority=priority, is_wait=f_wait)
+
+
+def _sweep_priority(role: np.ndarray, is_gc: np.ndarray, is_wait: np.ndarray, gpu: bool) -> np.ndarray:
+    """The sweep level of each frame (0 wins), 0..N_PRIORITIES-1. Categories are unchanged.
+
+    - A GC pause outranks the Python frames it interrupts: the frame on the stack does not run
+      while the collector does.
+    - A CPU wait outranks everything the training thread runs: while it waits, the op or frame on
+      its stack makes no progress. On a CPU-only window that is every function (the wait comes
+      first); on a GPU window it is the host side only (the wait comes after the device levels,
+      whose kernels and copies go on while the host thread waits).
+    """
+    base = np.where((role == cat.PYTHON) & ~is_gc, cat.N_LEVELS, role)
+    wait_level = cat.PYTHON if gpu else cat.COMPUTE
+    return np.where(is_wait, wait_level, base + (base >= wait_level))
 
 
 def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
@@ -170,7 +212,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     if window_ns <= 0:
         raise InputError(f"raw window {meta.file or meta.session!r}: empty window "
                          f"[{meta.window_start_ns}, {meta.window_end_ns}]")
-    fr = window_frames(raw, opt)
+    fr = window_frames(raw, opt, samples)
     names, gpu, nesting, segs = fr.names, fr.gpu, fr.nesting, fr.segments
     f_kind, f_name, f_role = fr.kind, fr.name_id, fr.role
     n_frames = len(f_kind)
@@ -179,7 +221,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     crit_of_frame = np.bincount(segs.owner, weights=crit, minlength=n_frames)
 
     # function identity: Python frames by whole stack, everything else by name
-    member = (f_role == cat.PYTHON) & (f_kind != EventKind.GC)
+    member = (f_role == cat.PYTHON) & (f_kind != EventKind.GC) & ~fr.is_wait
     sid, table = stack_ids(nesting.parent, nesting.depth, f_name, member)
     f_stack = fr.stack_id
     n_stacks = len(table)

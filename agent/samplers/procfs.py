@@ -18,6 +18,8 @@
   Each reading is stamped with the midpoint of clock reads taken just before and after it; a
   reading that took longer than ``max_read_us`` (the sampler was preempted) is dropped, and the
   next interval covers the gap.
+- ``cpu_wait``: the share of each interval the training thread was runnable without a core
+  (schedstat ``run_delay``, read every tick beside the run time; ``agent.samplers.cpuwait``).
 - ``nic``: bytes per interface from ``/proc/<pid>/net/dev`` (the target's network namespace), each
   interface normalized by its link speed from ``/sys/class/net/<if>/speed`` when known, else by
   ``nic_peak_bps`` (bits/s, default 10 Gbit/s; loopback and virtual devices have no speed).
@@ -40,6 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.samplers.base import WindowBounds, rate_series
+from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
+from agent.samplers.cpuwait import cpu_wait_series
 from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from perftracker.errors import ConfigError
 from perftracker.rawdata import UtilSeries
@@ -183,6 +187,14 @@ class CpuCounter:
     def read_schedstat(self) -> int:
         return int(_read(self._sched_fd).split()[0])
 
+    def read_with_wait(self) -> tuple[int, int]:
+        """(cumulative run ns, cumulative run_delay ns): the run time as ``read``, the wait for a
+        core from schedstat's second field (``agent.samplers.cpuwait``)."""
+        fields = _read(self._sched_fd).split()
+        if self._perf_fd is not None:
+            return read_task_clock(self._perf_fd), int(fields[1])
+        return int(fields[0]), int(fields[1])
+
     def close(self) -> None:
         os.close(self._sched_fd)
         if self._perf_fd is not None:
@@ -231,6 +243,7 @@ class ProcfsSampler:
                 log.info("procfs sampler: no %s (%s)", "/".join(rel), exc)
         cpu_t: list[int] = []
         cpu_run: list[int] = []
+        cpu_wait: list[int] = []
         slow_t: list[int] = []
         net: list[dict[str, tuple[int, int]]] = []
         disk: list[int] = []
@@ -245,9 +258,9 @@ class ProcfsSampler:
                 if bounds.done(t0):
                     break
                 try:
-                    run = cpu.read()
-                    if cpu.source == "perf" and tick % opt.slow_every == 0:
-                        cpu.read_schedstat()  # the perf counter outlives its thread: check it is there
+                    # schedstat every tick: the wait for a core, and (the perf counter outlives its
+                    # thread) a check that the thread is still there
+                    run, wait = cpu.read_with_wait()
                 except (OSError, ValueError, IndexError):
                     log.info("procfs sampler: thread %d gone, stopping", self.tid)
                     break
@@ -255,6 +268,7 @@ class ProcfsSampler:
                 if t1 - t0 <= max_read_ns:
                     cpu_t.append((t0 + t1) // 2)
                     cpu_run.append(run)
+                    cpu_wait.append(wait)
                 else:
                     dropped += 1
                 if tick % opt.slow_every == 0:
@@ -283,6 +297,7 @@ class ProcfsSampler:
             out["cpu"] = exact_cpu_utilization(ct, cr, period_ns, "perf")
         else:
             out["cpu"] = cpu_utilization(ct, cr, period_ns, "schedstat")
+        out[WAIT_RESOURCE] = cpu_wait_series(ct, cr, np.array(cpu_wait, np.int64), period_ns, "schedstat")
         slow_period_ns = period_ns * opt.slow_every
         st = np.array(slow_t, np.int64)
         if net:
