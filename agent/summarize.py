@@ -261,9 +261,13 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     resource_f = [""] * n_funcs
     kept_mask = np.zeros(n_funcs, dtype=bool)
     kept_mask[keep] = True
+    # a CPU wait is time the thread did not run: μ = σ = 0 by definition, not a property of the
+    # samples (a sub-millisecond wait shares its samples with the run around it)
+    wait_f = np.zeros(n_funcs, dtype=bool)
+    wait_f[func_of_frame[fr.is_wait]] = True
     for level in range(cat.N_LEVELS):
         series = pick_series(level, gpu, samples)
-        sel_funcs = kept_mask & (level_f == level)
+        sel_funcs = kept_mask & (level_f == level) & ~wait_f
         if series is None or not sel_funcs.any():
             continue
         seg_sel = sel_funcs[func_of_frame[segs.owner]]

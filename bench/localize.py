@@ -95,6 +95,7 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         by_diff = busy & (d_diff > threshold)
         if rule is not None and rule.waits_for_peers:  # a victim waits longer than the others
             by_diff &= x[0] < np.median(x[0])
+        by_diff &= (np.abs(x - np.median(x, axis=1, keepdims=True)) >= material_floors(opts)[:, None]).any(axis=0)
         out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None))
     return out
 

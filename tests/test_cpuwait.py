@@ -72,10 +72,15 @@ def test_summarizer_charges_the_wait_to_its_own_function_not_to_the_op_it_interr
     v = np.zeros(200, np.float32)
     v[20:60] = 1.0  # (20, 60] ms: runnable without a core, inside addmm
     t = (np.arange(200) + 1) * MS
-    waits = SampleSet({"cpu_wait": UtilSeries("cpu_wait", t, v, MS, "fixture")})
+    run = np.where(v > 0, 0.0, 0.9).astype(np.float32)
+    run[20:60:10] = 0.5  # samples the wait shares with runs: they must not give the wait a utilization
+    waits = SampleSet({"cpu_wait": UtilSeries("cpu_wait", t, v, MS, "fixture"),
+                       "cpu": UtilSeries("cpu", t, run, MS, "fixture")})
     got = by_key(summarize_window(raw, waits))
     assert got["aten::addmm"].beta == pytest.approx(0.30)  # 100 ms - 40 ms waiting
+    assert got["aten::addmm"].mu == pytest.approx(0.9, abs=0.05)
     assert got[CPU_WAIT_KEY].beta == pytest.approx(0.20) and got[CPU_WAIT_KEY].category.value == "compute"
+    assert got[CPU_WAIT_KEY].mu == 0 and got[CPU_WAIT_KEY].sigma == 0  # the thread did not run
     assert got["aten::relu"].beta == pytest.approx(0.10)
     off = by_key(summarize_window(raw, waits, SummarizeOptions(cpu_wait=False)))
     assert CPU_WAIT_KEY not in off and off["aten::addmm"].beta == pytest.approx(0.5)
