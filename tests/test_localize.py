@@ -192,6 +192,22 @@ def test_utilization_differences_below_ten_points_are_not_material() -> None:
     assert [(f.ranks, f.kind) for f in report.findings] == [((0,), "specific")]
 
 
+def test_a_unique_rank_must_also_be_materially_off_the_median_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # measured (clean-s0, 4 ranks on 2 cores): a Python frame at β 0.0108 against 0.0097, μ 0.44
+    # against 0.34: P / max (floors included) put rank 2 more than ε from all three others
+    frame = [(0.0090, 0.305, 0.346), (0.0102, 0.295, 0.348), (0.0108, 0.438, 0.307), (0.0091, 0.369, 0.392)]
+    assert localize(_four_ranks(frame)).findings == ()
+    with monkeypatch.context() as m:  # the same options without the materiality check: unique
+        m.setattr("localizer.localize.material_shift", lambda values, floor: np.ones(values.shape[1], dtype=bool))
+        assert [f.ranks for f in localize(_four_ranks(frame)).findings] == [(2,)]
+    # 2.5 points of the window more in the op (the β floor, 0.01 / ε) is material
+    slower = [(0.034, 0.60, 0.05), (0.033, 0.61, 0.05), (0.060, 0.58, 0.06), (0.034, 0.60, 0.05)]
+    assert [f.ranks for f in localize(_four_ranks(slower)).findings] == [(2,)]
+    # and so is a utilization 25 points off at the same β (the paper's PCIe case)
+    pcie = [(0.02, 0.06, 0.03), (0.02, 0.07, 0.03), (0.02, 0.70, 0.06), (0.02, 0.06, 0.03)]
+    assert [f.ranks for f in localize(_four_ranks(pcie)).findings] == [(2,)]
+
+
 def test_a_rank_that_waits_longer_for_late_peers_is_a_victim_not_a_finding() -> None:
     from localizer.expect import load_expectations
 
