@@ -101,6 +101,9 @@ class ChangepointOptions:
     block_iters: int = 100  # reference statistics are refreshed every block
     anchor_blocks: int = 20  # drift anchor: lowest block median over this many blocks
     min_noise: float = 0.002  # floor on the relative noise (perfectly regular series)
+    cusum_k: float = 0.5  # CUSUM reference value, in noise sigmas (at least the threshold's shift)
+    cusum_h: float = 12.0  # CUSUM decision interval, in noise sigmas
+    cusum_clip: float = 4.0  # one iteration adds at most this many sigmas: a lone spike cannot fire
 
 
 class ChangepointRule:
@@ -129,6 +132,9 @@ class ChangepointRule:
         self._noise = math.nan  # reference robust sigma (log units)
         self._noise_floor = 0.0  # after a rebase: the noise seen before it (stay conservative)
         self._tests: tuple[tuple[int, float], ...] = ()  # (k, k * bound)
+        self._cusum = 0.0  # one-sided CUSUM of standardized excess over level + κ·noise
+        self._cusum_from = 0  # index in xs where the current CUSUM run began (the change point)
+        self._cusum_ref = math.inf  # level + κ_eff·noise (log ns)
 
     def _reference(self) -> list[float]:
         n = len(self._xs)
@@ -146,6 +152,7 @@ class ChangepointRule:
         n = len(self._xs)
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
+        self._cusum, self._cusum_from = 0.0, n
         self._anchors.clear()
         self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
@@ -161,6 +168,7 @@ class ChangepointRule:
         self._cum = [c - base for c in self._cum[cut:]]
         self._ref_lo -= cut
         self._test_lo -= cut
+        self._cusum_from = max(self._cusum_from - cut, 0)
 
     def _refresh(self, drift: bool = True) -> dict[str, object] | None:
         """Recompute level, noise and window bounds; update the drift anchor and test the drift."""
@@ -179,6 +187,8 @@ class ChangepointRule:
         self._tests = tuple(
             (k, k * (level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)))) for k in self._windows
         )
+        # CUSUM reference: a shift below the threshold (or below κ sigmas) never accumulates
+        self._cusum_ref = level + max(o.cusum_k * noise, self._log_thr)
         if not drift:
             return None
         # drift: the median of the latest block against the lowest block median seen recently
@@ -236,6 +246,10 @@ class ChangepointRule:
         n = len(xs)
         avail = n - self._test_lo
         top = cum[n]
+        if self._tests:
+            detail = self._cusum_step(x, n)
+            if detail is not None:
+                return detail
         for k, bound_k in self._tests:
             # the trimmed mean never exceeds the plain mean: test the cheap one first
             if k > avail or top - cum[n - k] <= bound_k:
@@ -254,6 +268,41 @@ class ChangepointRule:
                 self._rebase(k)
                 return detail
         return None
+
+
+    def _cusum_step(self, x: float, n: int) -> dict[str, object] | None:
+        """One-sided CUSUM (Page) on standardized log durations, each step capped at cusum_clip.
+
+        The window tests need a shift of z noise errors within one window; a fault that slows only
+        some iterations (a CPU quota: every second iteration waits out the throttle period) keeps
+        the mean up but leaves the trimmed window means noisy. CUSUM adds up the evidence as it
+        comes and is the shortest-delay test for a sustained shift at a given false-alarm rate; the
+        cap keeps one spike (a checkpoint) from firing it alone.
+        """
+        o = self.options
+        noise = self._noise
+        step = min((x - self._level) / noise, o.cusum_clip) - (self._cusum_ref - self._level) / noise
+        s = self._cusum + step
+        if s <= 0.0:
+            self._cusum, self._cusum_from = 0.0, n
+            return None
+        self._cusum = s
+        if s <= o.cusum_h:
+            return None
+        k = max(n - self._cusum_from, 1)
+        run = self._xs[n - k :]
+        mean = sum(run) / k
+        detail: dict[str, object] = {
+            "rule": "changepoint",
+            "test": "cusum",
+            "ratio": math.exp(mean - self._level),
+            "baseline_ms": math.exp(self._level) / 1e6,
+            "recent_ms": math.exp(mean) / 1e6,
+            "noise": noise,
+            "iterations": k,
+        }
+        self._rebase(min(k, self._kmax))
+        return detail
 
 
 def make_rule(mode: str, threshold: float, window_iters: int, z: float, ref_iters: int) -> SlowdownRule:
