@@ -152,7 +152,7 @@ class ChangepointRule:
         n = len(self._xs)
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
-        self._cusum, self._cusum_from = 0.0, n
+        self._cusum, self._cusum_from, self._cusum_ref = 0.0, n, math.inf
         self._anchors.clear()
         self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
@@ -177,7 +177,7 @@ class ChangepointRule:
         ref = sorted(raw)  # the one sort per block: level and spread both come from it
         n = len(ref)
         if n == 0:
-            self._tests = ()
+            self._tests, self._cusum_ref = (), math.inf
             return None
         mid = n // 2
         level = ref[mid] if n % 2 else 0.5 * (ref[mid - 1] + ref[mid])
@@ -187,8 +187,10 @@ class ChangepointRule:
         self._tests = tuple(
             (k, k * (level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)))) for k in self._windows
         )
-        # CUSUM reference: a shift below the threshold (or below κ sigmas) never accumulates
-        self._cusum_ref = level + max(o.cusum_k * noise, self._log_thr)
+        # CUSUM reference: a shift below the threshold (or below κ sigmas) never accumulates. The
+        # CUSUM is the more sensitive test, so it waits for a reference of a whole block: noise
+        # from the first 30 iterations can be half the real one (seen in tests/test_detector.py)
+        self._cusum_ref = level + max(o.cusum_k * noise, self._log_thr) if n >= o.block_iters else math.inf
         if not drift:
             return None
         # drift: the median of the latest block against the lowest block median seen recently
@@ -222,7 +224,7 @@ class ChangepointRule:
                 return None
             self._noise_floor = 0.0
         if n - self._kmax - self._ref_lo < o.min_ref_iters:
-            self._tests = ()  # warming up
+            self._tests, self._cusum_ref = (), math.inf  # warming up
             return None
         self._countdown = o.block_iters
         self._trim()
@@ -246,7 +248,7 @@ class ChangepointRule:
         n = len(xs)
         avail = n - self._test_lo
         top = cum[n]
-        if self._tests:
+        if self._cusum_ref < math.inf:
             detail = self._cusum_step(x, n)
             if detail is not None:
                 return detail
