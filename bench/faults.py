@@ -24,6 +24,7 @@ import logging
 import os
 import secrets
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -74,13 +75,29 @@ def _run_one(sc: Scenario, args: argparse.Namespace, netns: bool, workdir: Path)
             hosts_cm.cleanup()
 
 
+def _iteration_ms(o: Outcome) -> float | None:
+    """Median iteration time in the profile window, over the ranks the report kept."""
+    rep = o.result.report if o.result else None
+    values = [v for series in (rep.iteration_ms.values() if rep else ()) for v in series]
+    return float(statistics.median(values)) if values else None
+
+
 def _table(outcomes: list[Outcome]) -> str:
-    head = f"{'scenario':24} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'delay':>6} {'report_s':>8}  findings / note"
+    """One row per scenario. ``iter_ms``: median iteration in the window; ``slower``: that against
+    the clean scenarios of the same run (the fault's size, to check the 10-50% calibration)."""
+    clean = [ms for o in outcomes if not o.skipped and not o.scenario.expect and (ms := _iteration_ms(o))]
+    base = statistics.median(clean) if clean else None
+    head = (f"{'scenario':24} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'delay':>6} {'report_s':>8} {'iter_ms':>7} "
+            f"{'slower':>6}  findings / note")
     lines = [head, "-" * len(head)]
     for o in outcomes:
         if o.skipped:
-            lines.append(f"{o.scenario.name:24} {'-':>5} {'-':>5} {'-':>3} {'-':>3} {'-':>6} {'-':>8}  SKIPPED: {o.skipped}")
+            lines.append(f"{o.scenario.name:24} {'-':>5} {'-':>5} {'-':>3} {'-':>3} {'-':>6} {'-':>8} {'-':>7} {'-':>6}  "
+                         f"SKIPPED: {o.skipped}")
             continue
+        ms = _iteration_ms(o)
+        it = "-" if ms is None else f"{ms:.1f}"
+        slower = "-" if ms is None or not base else f"{ms / base - 1:+.0%}"
         s = o.score
         assert s is not None
         r = o.result
@@ -88,7 +105,8 @@ def _table(outcomes: list[Outcome]) -> str:
         rep_s = "-" if r is None or r.report_s is None else f"{r.report_s:.1f}"
         note = o.error or (r.summary if r else "")
         lines.append(
-            f"{o.scenario.name:24} {s.precision:5.2f} {s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {delay:>6} {rep_s:>8}  {note[:110]}"
+            f"{o.scenario.name:24} {s.precision:5.2f} {s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {delay:>6} {rep_s:>8} "
+            f"{it:>7} {slower:>6}  {note[:110]}"
         )
     return "\n".join(lines)
 
