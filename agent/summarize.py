@@ -28,6 +28,7 @@ from agent.critical_path import critical_ns
 from agent.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
 from agent.samplers.cpuwait import wait_intervals
+from agent.samplers.tcp import RESOURCE as TCP_RESOURCE
 from agent.timeline import Nesting, Segments, nest, self_segments, stack_ids, stack_names
 from agent.victims import add_reducer_waits, split_steady_and_varying
 from perftracker.errors import InputError, PerftrackerError
@@ -73,6 +74,7 @@ def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries 
 # the training thread's waits for a core above everything that thread runs (see _sweep_priority)
 N_PRIORITIES = cat.N_LEVELS + 2
 CPU_WAIT_KEY = "CPU wait (runnable, no core)"
+LINK_KEY = "TCP retransmissions (host link)"
 
 
 @dataclass(frozen=True)
@@ -134,41 +136,24 @@ def window_frames(raw: RawWindow, options: SummarizeOptions | None = None,
     role[role == cat.HOST] = cat.SKIP if has_python else cat.PYTHON
     role[(kind == EventKind.PYTHON) & ~on_training] = cat.SKIP
 
+    cols = {"row": row, "kind": kind, "name_id": name_id, "role": role, "tid": tid, "device": device,
+            "start": start, "end": end, "stack": stack_col, "wait": np.zeros(len(row), dtype=bool)}
     if opt.attribute_reducer_wait and not gpu:
         waits = add_reducer_waits(kind, name_id, names, role, tid, start, end, meta.training_tid)
         for extra in split_steady_and_varying(waits) if opt.split_late_peers else [waits]:
-            if not len(extra.start_ns):
-                continue
-            wait_id = len(names)
-            names.append(extra.name)
-            n_extra = len(extra.start_ns)
-            row = np.r_[row, np.full(n_extra, -1)]
-            kind = np.r_[kind, np.full(n_extra, int(EventKind.CPU_OP))]
-            name_id = np.r_[name_id, np.full(n_extra, wait_id)]
-            role = np.r_[role, np.full(n_extra, cat.COLLECTIVE)]
-            tid = np.r_[tid, np.full(n_extra, meta.training_tid)]
-            device = np.r_[device, np.full(n_extra, -1)]
-            start = np.r_[start, extra.start_ns]
-            end = np.r_[end, extra.end_ns]
-            stack_col = np.r_[stack_col, np.full(n_extra, -1)]
-
-    is_wait = np.zeros(len(row), dtype=bool)
+            if len(extra.start_ns):
+                names.append(extra.name)
+                _append_frames(cols, len(names) - 1, EventKind.CPU_OP, cat.COLLECTIVE, meta.training_tid,
+                               extra.start_ns, extra.end_ns, is_wait=False)
     wait_series = samples.get(WAIT_RESOURCE) if samples is not None and opt.cpu_wait else None
     if wait_series is not None:
         w_start, w_end = wait_intervals(wait_series)
-        n_extra = len(w_start)
-        if n_extra:
+        if len(w_start):
             names.append(CPU_WAIT_KEY)
-            row = np.r_[row, np.full(n_extra, -1)]
-            kind = np.r_[kind, np.full(n_extra, int(EventKind.OTHER))]
-            name_id = np.r_[name_id, np.full(n_extra, len(names) - 1)]
-            role = np.r_[role, np.full(n_extra, cat.PYTHON if gpu else cat.COMPUTE)]
-            tid = np.r_[tid, np.full(n_extra, meta.training_tid)]
-            device = np.r_[device, np.full(n_extra, -1)]
-            start = np.r_[start, w_start]
-            end = np.r_[end, w_end]
-            stack_col = np.r_[stack_col, np.full(n_extra, -1)]
-            is_wait = np.r_[is_wait, np.ones(n_extra, dtype=bool)]
+            _append_frames(cols, len(names) - 1, EventKind.OTHER, cat.PYTHON if gpu else cat.COMPUTE,
+                           meta.training_tid, w_start, w_end, is_wait=True)
+    row, kind, name_id, role, tid = cols["row"], cols["kind"], cols["name_id"], cols["role"], cols["tid"]
+    device, start, end, stack_col, is_wait = cols["device"], cols["start"], cols["end"], cols["stack"], cols["wait"]
 
     frames = np.flatnonzero((role >= 0) & (end > start))
     f_kind, f_role, f_start, f_end = kind[frames], role[frames], start[frames], end[frames]
@@ -186,6 +171,17 @@ def window_frames(raw: RawWindow, options: SummarizeOptions | None = None,
     return Frames(row=row[frames], kind=f_kind, name_id=name_id[frames], role=f_role, tid=tid[frames],
                   device=device[frames], start_ns=f_start, end_ns=f_end, stack_id=stack_col[frames], names=names,
                   gpu=gpu, nesting=nesting, segments=segs, priority=priority, is_wait=f_wait)
+
+
+def _append_frames(cols: dict[str, np.ndarray], name_id: int, kind: EventKind, role: int, tid: int,
+                   start_ns: np.ndarray, end_ns: np.ndarray, is_wait: bool) -> None:
+    """Add frames the summarizer derives (reducer waits, CPU waits): no raw row, no device, no stack."""
+    n = len(start_ns)
+    for key, value in (("row", -1), ("kind", int(kind)), ("name_id", name_id), ("role", role), ("tid", tid),
+                       ("device", -1), ("stack", -1), ("wait", is_wait)):
+        cols[key] = np.r_[cols[key], np.full(n, value, dtype=cols[key].dtype)]
+    cols["start"] = np.r_[cols["start"], np.asarray(start_ns, dtype=np.int64)]
+    cols["end"] = np.r_[cols["end"], np.asarray(end_ns, dtype=np.int64)]
 
 
 def _sweep_priority(role: np.ndarray, is_gc: np.ndarray, is_wait: np.ndarray, gpu: bool) -> np.ndarray:
@@ -286,8 +282,31 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             key=key, category=cat.CATEGORY_OF_LEVEL[int(level_f[f])], beta=float(min(beta_f[f], 1.0)),
             mu=float(mu_f[f]), sigma=float(sigma_f[f]), label=label, executions=int(execs_f[f]),
             critical_ns=int(round(crit_f[f])), resource=resource_f[f]))
+    link = link_pattern(samples, float(crit_f[level_f == cat.COLLECTIVE].sum()), window_ns)
+    if link is not None:
+        patterns.append(link)
+        patterns.sort(key=lambda p: -p.beta)
     ps = _pattern_set(raw, tuple(patterns), gpu)
     return _fit_budget(ps, opt.max_bytes)
+
+
+def link_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int) -> Pattern | None:
+    """The host link's health as one more collective pattern (``LINK_KEY``), when the samples have
+    the window's TCP retransmitted share (``agent.samplers.tcp``).
+
+    β is the share of the window the rank spends in collectives on the critical path (what the link
+    can slow down: it overlaps those functions, it is not a function of its own), μ the retransmitted
+    share of TCP segments, σ 0. The expected range bounds μ (``localizer/expected.toml``); without
+    collectives on the critical path (β = 0) a lossy link explains no slowdown and the rule's
+    β > β_min keeps it quiet.
+    """
+    series = samples.get(TCP_RESOURCE) if samples is not None else None
+    if series is None or not len(series.value):
+        return None
+    return Pattern(key=LINK_KEY, category=cat.CATEGORY_OF_LEVEL[cat.COLLECTIVE],
+                   beta=float(min(collective_ns / window_ns, 1.0)), mu=float(np.clip(series.value[-1], 0.0, 1.0)),
+                   sigma=0.0, label=LINK_KEY, executions=0, critical_ns=int(round(collective_ns)),
+                   resource=TCP_RESOURCE)
 
 
 _AUTOGRAD_OP = "autograd::engine::evaluate_function: "

@@ -157,7 +157,10 @@ def describe_finding(*, label: str, key: str, category: Category, resource: str,
         if observed.beta > expected.hi.beta or observed.beta < expected.lo.beta:
             clauses.append(f"holds {pct(observed.beta)} of the window "
                            f"(expected {_range_text(expected.lo.beta, expected.hi.beta)})")
-        if observed.mu > expected.hi.mu or observed.mu < expected.lo.mu:
+        if (observed.mu > expected.hi.mu or observed.mu < expected.lo.mu) and resource == "tcp_retrans":
+            clauses.append(f"retransmitted {pct(observed.mu)} of the host's TCP segments "
+                           f"(expected {_range_text(expected.lo.mu, expected.hi.mu)}; median rank {pct(median.mu)})")
+        elif observed.mu > expected.hi.mu or observed.mu < expected.lo.mu:
             clauses.append(f"runs at {pct(observed.mu)} {res} utilization "
                            f"(expected {_range_text(expected.lo.mu, expected.hi.mu)})")
         if observed.sigma > expected.hi.sigma or observed.sigma < expected.lo.sigma:

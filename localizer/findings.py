@@ -33,6 +33,7 @@ from perftracker.model import Box, Finding, TopFunction, Triple
 if TYPE_CHECKING:
     from localizer.localize import LocalizeOptions
 
+LINK_RESOURCE = "tcp_retrans"  # agent.samplers.tcp.RESOURCE (the localizer imports nothing from agent)
 _RANDOM_MIN_WORKERS = 3
 _RANDOM_IQR_OVER_MEDIAN = 0.5
 _LESS = 0.9
@@ -187,8 +188,10 @@ def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: i
 
 def top_functions(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
                   cache: dict[int, Triple] | None = None) -> list[TopFunction]:
-    """The n functions with the largest median β (shown when nothing is abnormal)."""
-    order = sorted(range(len(verdicts)), key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
+    """The n functions with the largest median β (shown when nothing is abnormal). The link-health
+    pattern (resource ``tcp_retrans``) is left out: its β is the collectives' time, not its own."""
+    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.resource != LINK_RESOURCE]
+    order = sorted(funcs, key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
     cache = {} if cache is None else cache
     out = []
     for f in order:

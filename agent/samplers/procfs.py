@@ -27,7 +27,9 @@
   interface (``nic:<if>``) and ``nic`` = the per-sample max over interfaces.
 - ``disk``: ``read_bytes + write_bytes`` from ``/proc/<pid>/io`` (bytes that reached the storage
   layer), normalized by ``disk_peak_bps`` (bytes/s, default 1 GB/s).
-NIC and disk are read every ``slow_every`` ticks (10 ms by default).
+- ``tcp_retrans``: the share of TCP segments the namespace retransmitted over the window, one
+  sample (``agent.samplers.tcp``, from ``/proc/<pid>/net/snmp``).
+NIC, disk and TCP counters are read every ``slow_every`` ticks (10 ms by default).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ import numpy as np
 from agent.samplers.base import WindowBounds, rate_series
 from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
 from agent.samplers.cpuwait import cpu_wait_series
+from agent.samplers.tcp import RESOURCE as TCP_RESOURCE
+from agent.samplers.tcp import parse_snmp_tcp, window_retrans_share
 from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from perftracker.errors import ConfigError
 from perftracker.rawdata import UtilSeries
@@ -236,7 +240,7 @@ class ProcfsSampler:
         cpu = self._cpu or CpuCounter(self._path("task", str(self.tid), "schedstat"), self.tid, opt.cpu_source)
         self._cpu = None  # one run per counter: closed below
         fds: dict[str, int] = {}
-        for key, rel in (("net", ("net", "dev")), ("io", ("io",))):
+        for key, rel in (("net", ("net", "dev")), ("io", ("io",)), ("snmp", ("net", "snmp"))):
             try:
                 fds[key] = os.open(self._path(*rel), os.O_RDONLY)
             except OSError as exc:
@@ -247,6 +251,8 @@ class ProcfsSampler:
         slow_t: list[int] = []
         net: list[dict[str, tuple[int, int]]] = []
         disk: list[int] = []
+        tcp_t: list[int] = []
+        tcp: list[tuple[int, int]] = []
         dropped = 0
         try:
             if not bounds.wait_for_start():
@@ -277,6 +283,13 @@ class ProcfsSampler:
                         net.append(parse_net_dev(_read(fds["net"]).decode(errors="replace")))
                     if "io" in fds:
                         disk.append(parse_proc_io(_read(fds["io"]).decode(errors="replace")))
+                    if "snmp" in fds:
+                        try:
+                            tcp.append(parse_snmp_tcp(_read(fds["snmp"]).decode(errors="replace")))
+                            tcp_t.append(t1)
+                        except (ValueError, KeyError) as exc:
+                            log.info("procfs sampler: no TCP counters in net/snmp (%s)", exc)
+                            os.close(fds.pop("snmp"))
                 tick += 1
                 next_ns += period_ns
                 sleep_ns = next_ns - time.monotonic_ns()
@@ -304,6 +317,12 @@ class ProcfsSampler:
             out.update(self._nic_series(st, net, slow_period_ns))
         if disk:
             out["disk"] = rate_series("disk", st, np.array(disk, np.float64), opt.disk_peak_bps, slow_period_ns, "procfs")
+        if tcp:
+            counts = np.array(tcp, np.int64)
+            share = window_retrans_share(np.array(tcp_t, np.int64), counts[:, 0], counts[:, 1], bounds.start_ns,
+                                         bounds.end_ns)
+            if share is not None:
+                out[TCP_RESOURCE] = share
         return {k: bounds.trim(v) for k, v in out.items()}
 
     def _nic_series(self, t: np.ndarray, net: list[dict[str, tuple[int, int]]], period_ns: int) -> dict[str, UtilSeries]:
