@@ -134,7 +134,7 @@ class ChangepointRule:
         self._tests: tuple[tuple[int, float], ...] = ()  # (k, k * bound)
         self._cusum = 0.0  # one-sided CUSUM of standardized excess over level + κ·noise
         self._cusum_from = 0  # index in xs where the current CUSUM run began (the change point)
-        self._cusum_ref = math.inf  # level + κ_eff·noise (log ns)
+        self._cusum_kappa = math.inf  # the CUSUM's reference value in sigmas; inf: the CUSUM is off
 
     def _reference(self) -> list[float]:
         n = len(self._xs)
@@ -152,7 +152,7 @@ class ChangepointRule:
         n = len(self._xs)
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
-        self._cusum, self._cusum_from, self._cusum_ref = 0.0, n, math.inf
+        self._cusum, self._cusum_from, self._cusum_kappa = 0.0, n, math.inf
         self._anchors.clear()
         self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
@@ -177,7 +177,7 @@ class ChangepointRule:
         ref = sorted(raw)  # the one sort per block: level and spread both come from it
         n = len(ref)
         if n == 0:
-            self._tests, self._cusum_ref = (), math.inf
+            self._tests, self._cusum_kappa = (), math.inf
             return None
         mid = n // 2
         level = ref[mid] if n % 2 else 0.5 * (ref[mid - 1] + ref[mid])
@@ -190,7 +190,7 @@ class ChangepointRule:
         # CUSUM reference: a shift below the threshold (or below κ sigmas) never accumulates. The
         # CUSUM is the more sensitive test, so it waits for a reference of a whole block: noise
         # from the first 30 iterations can be half the real one (seen in tests/test_detector.py)
-        self._cusum_ref = level + max(o.cusum_k * noise, self._log_thr) if n >= o.block_iters else math.inf
+        self._cusum_kappa = max(o.cusum_k, self._log_thr / noise) if n >= o.block_iters else math.inf
         if not drift:
             return None
         # drift: the median of the latest block against the lowest block median seen recently
@@ -224,7 +224,7 @@ class ChangepointRule:
                 return None
             self._noise_floor = 0.0
         if n - self._kmax - self._ref_lo < o.min_ref_iters:
-            self._tests, self._cusum_ref = (), math.inf  # warming up
+            self._tests, self._cusum_kappa = (), math.inf  # warming up
             return None
         self._countdown = o.block_iters
         self._trim()
@@ -248,7 +248,7 @@ class ChangepointRule:
         n = len(xs)
         avail = n - self._test_lo
         top = cum[n]
-        if self._cusum_ref < math.inf:
+        if self._cusum_kappa < math.inf:
             detail = self._cusum_step(x, n)
             if detail is not None:
                 return detail
@@ -271,7 +271,6 @@ class ChangepointRule:
                 return detail
         return None
 
-
     def _cusum_step(self, x: float, n: int) -> dict[str, object] | None:
         """One-sided CUSUM (Page) on standardized log durations, each step capped at cusum_clip.
 
@@ -281,15 +280,13 @@ class ChangepointRule:
         comes and is the shortest-delay test for a sustained shift at a given false-alarm rate; the
         cap keeps one spike (a checkpoint) from firing it alone.
         """
-        o = self.options
         noise = self._noise
-        step = min((x - self._level) / noise, o.cusum_clip) - (self._cusum_ref - self._level) / noise
-        s = self._cusum + step
+        s = self._cusum + min((x - self._level) / noise, self.options.cusum_clip) - self._cusum_kappa
         if s <= 0.0:
             self._cusum, self._cusum_from = 0.0, n
             return None
         self._cusum = s
-        if s <= o.cusum_h:
+        if s <= self.options.cusum_h:
             return None
         k = max(n - self._cusum_from, 1)
         run = self._xs[n - k :]

@@ -46,9 +46,9 @@ import numpy as np
 from agent.samplers.base import WindowBounds, rate_series
 from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
 from agent.samplers.cpuwait import cpu_wait_series
+from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from agent.samplers.tcp import RESOURCE as TCP_RESOURCE
 from agent.samplers.tcp import parse_snmp_tcp, window_retrans_share
-from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from perftracker.errors import ConfigError
 from perftracker.rawdata import UtilSeries
 
