@@ -374,7 +374,10 @@ def _run_side_by_side(tmp_path: Path, variants: dict[str, tuple[list[str], objec
 # rebuilt staircase can move up to half a period (0.5 ms) of run time across an edge: one 1 ms
 # sample just before a busy call can read ~0.5 ("sleep_inside": the mean of the samples fully
 # inside a 40 ms sleep).
-PERF_TOL = {"median": 0.01, "p90": 0.04, "sleep_inside": 0.01}
+PERF_TOL = {"median": 0.01, "p90": 0.04, "sleep_inside": 0.01, "sleep_median": 0.015}
+# sleep_median: a sleep phase's estimate carries its edge samples (up to 1 ms of the neighbouring
+# busy call in a 40 ms phase); measured median error 0.0078-0.0087 on a quiet host (six runs, before
+# and after the cpu_wait change), 0.0101 once with another test run beside the suite.
 # On a quiet host, where the busy thread gets ~0.96-0.98 of a core, schedstat's rebuilt staircase
 # reads low by 0.04-0.07 per phase (measured in two full-suite runs: medians 0.038 and 0.065, p90
 # 0.052 and 0.073), more than under load (0.003-0.015): the tolerance covers both.
@@ -406,7 +409,8 @@ def test_cpu_sources_match_the_threads_true_share(tmp_path: Path) -> None:
                                        "sleep": round(float(est["sleep"][:, 1].mean()), 4),
                                        "sleep_inside": round(float(np.nanmedian(est["sleep"][:, 2])), 4)}
         assert np.median(busy_err) <= tol["median"] and np.percentile(busy_err, 90) <= tol["p90"], report
-        assert np.median(sleep_err) <= tol["median"] and np.percentile(sleep_err, 90) <= tol["p90"], report
+        assert np.median(sleep_err) <= tol.get("sleep_median", tol["median"]), report
+        assert np.percentile(sleep_err, 90) <= tol["p90"], report
         # the samples fully inside a sleep read ~0 although a sibling thread burns CPU all along
         assert np.nanmedian(est["sleep"][:, 2]) < tol["sleep_inside"], report
         # the samples fully inside a busy call carry its share (the stretch is shorter, hence looser)
