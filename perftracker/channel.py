@@ -303,11 +303,12 @@ class AgentChannel:
             log.debug("perftracker: ignoring %s from the agent", kind)
 
     def _default_window(self) -> Any:
-        from perftracker.window import ProfileWindow
+        from perftracker.window import ProfileWindow, WindowOptions
 
         out_dir = os.path.join(self.config.run_dir, "windows")
         os.makedirs(out_dir, exist_ok=True)
-        return ProfileWindow(self.runtime.identity, out_dir, runtime=self.runtime)
+        return ProfileWindow(self.runtime.identity, out_dir, options=WindowOptions(stacks=self.config.window_stacks),
+                             runtime=self.runtime)
 
     def _start_window(self, session: str, window_s: float) -> None:
         grace_s = max(30.0, 2.0 * window_s)

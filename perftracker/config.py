@@ -21,6 +21,9 @@ def _default_run_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"perftracker-{os.getuid()}")
 
 
+WINDOW_STACKS = ("sample", "tracer", "off")
+
+
 @dataclass(frozen=True)
 class Config:
     # --- switches -------------------------------------------------------------------------------
@@ -42,6 +45,9 @@ class Config:
 
     # --- profile window (DESIGN.md section 4) ---------------------------------------------------
     window_s: float = 20.0
+    # Python stacks in a window: "sample" (a 1 ms sampler thread, the default), "tracer" (torch's
+    # Python tracer: exact, much slower) or "off". See README "Known risk: stack sampling on 3.11".
+    window_stacks: str = "sample"
 
     # --- wiring (DESIGN.md section 7) ----------------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
@@ -49,6 +55,10 @@ class Config:
     localizer_url: str = ""  # empty: the embedded localizer of the node agent
     token: str = ""  # bearer token for the localizer
     autostart_agent: bool = True  # start a node agent on first import when none is running
+
+    def __post_init__(self) -> None:
+        if self.window_stacks not in WINDOW_STACKS:
+            raise ConfigError(f"PERFTRACKER_WINDOW_STACKS={self.window_stacks!r}: expected one of {', '.join(WINDOW_STACKS)}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:

@@ -29,7 +29,8 @@ def run_local_window(
     global _local
     with _local_lock:
         if _local is None or _local.out_dir != Path(out_dir) or _local._runtime is not runtime:
-            opts = options or WindowOptions(spawn_sampler=True)
+            config = getattr(runtime, "config", None)
+            opts = options or WindowOptions(spawn_sampler=True, stacks=getattr(config, "window_stacks", "sample"))
             _local = ProfileWindow(runtime.identity, out_dir, options=opts, runtime=runtime)
         win = _local
 

@@ -273,5 +273,8 @@ def test_config_fields_from_env() -> None:
     assert (o.mode, o.learn_sequences, o.changepoint_z) == ("paper", 4, 3.5)
     with pytest.raises(ConfigError, match="PERFTRACKER_BLOCKED_FACTOR"):
         Config.from_env({"PERFTRACKER_BLOCKED_FACTOR": "lots"})
+    assert Config.from_env({"PERFTRACKER_WINDOW_STACKS": "off"}).window_stacks == "off"
+    with pytest.raises(ConfigError, match="PERFTRACKER_WINDOW_STACKS='gdb'"):
+        Config.from_env({"PERFTRACKER_WINDOW_STACKS": "gdb"})
     with pytest.raises(ConfigError, match="PERFTRACKER_DETECTOR_MODE"):
         Detector(DetectorOptions(mode="magic"))

@@ -310,3 +310,32 @@ def test_local_window_sink_spawns_sampler(tmp_path: Path, clean_env: dict[str, s
         assert cpu is not None and cpu.t_ns[0] <= res.start_ns and cpu.t_ns[-1] >= res.end_ns
     finally:
         rt_mod.deactivate()
+
+
+@pytest.mark.parametrize("stacks", ["sample", "off"])
+def test_window_stacks_setting_reaches_the_window(tmp_path: Path, clean_env: dict[str, str], stacks: str) -> None:
+    """PERFTRACKER_WINDOW_STACKS=off: the window records no Python frames (no sampler thread)."""
+    from perftracker import runtime as rt_mod
+    from perftracker.config import Config
+    from perftracker.rawdata import EventKind
+
+    rt = rt_mod.activate(Config.from_env({"PERFTRACKER_WINDOW_STACKS": stacks}, autostart_agent=False))
+    try:
+        sink = window_local.LocalWindowSink(rt, tmp_path, window_s=0.5)
+        rt.set_sink(sink)
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        deadline = time.monotonic() + 40
+        triggered = False
+        while not sink.results and time.monotonic() < deadline:
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            _spin(5)
+            if not triggered and rt.iteration >= 3:
+                triggered = rt.trigger("manual")
+        assert sink.results and sink.results[0].error == "", sink.results
+        raw = RawWindow.load(sink.results[0].raw_path)
+        n_python = int((raw.col("kind") == EventKind.PYTHON).sum())
+        assert (n_python > 0) == (stacks == "sample"), n_python
+    finally:
+        rt_mod.deactivate()
