@@ -32,7 +32,7 @@ from agent.samplers.tcp import RESOURCE as TCP_RESOURCE
 from agent.timeline import Nesting, Segments, nest, self_segments, stack_ids, stack_names
 from agent.victims import add_reducer_waits, split_steady_and_varying
 from perftracker.errors import InputError, PerftrackerError
-from perftracker.model import Pattern, PatternSet
+from perftracker.model import LINK_KEY, Pattern, PatternSet
 from perftracker.rawdata import EventKind, RawWindow, SampleSet, UtilSeries
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,6 @@ def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries 
 # the training thread's waits for a core above everything that thread runs (see _sweep_priority)
 N_PRIORITIES = cat.N_LEVELS + 2
 CPU_WAIT_KEY = "CPU wait (runnable, no core)"
-LINK_KEY = "TCP retransmissions (host link)"
 
 
 @dataclass(frozen=True)

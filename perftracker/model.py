@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from perftracker.errors import SchemaError
-from perftracker.pattern_model import Category, Pattern, PatternSet, Triple, _pattern_from_row
+from perftracker.pattern_model import (
+    LINK_KEY,
+    Category,
+    Pattern,
+    PatternSet,
+    Triple,
+    _pattern_from_row,
+)
 from perftracker.report_model import Box, Finding, RankState, Report, TopFunction, compress_ranks
 from perftracker.schema import SCHEMA_VERSION, check_schema_version, optional, require
 
 __all__ = [
+    "LINK_KEY",
     "SCHEMA_VERSION",
     "Box",
     "Category",

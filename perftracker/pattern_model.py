@@ -84,6 +84,11 @@ class Pattern:
         return Triple(self.beta, self.mu, self.sigma)
 
 
+# The host link's health pattern (agent/samplers/tcp.py): μ is the share of TCP segments retransmitted,
+# not a utilization. The summarizer writes it; renderers label its μ by it.
+LINK_KEY = "TCP retransmissions (host link)"
+
+
 @dataclass(frozen=True)
 class PatternSet:
     """One worker's patterns for one session, plus its identity."""

@@ -79,6 +79,15 @@ def test_the_host_that_retransmits_is_named_and_healthy_links_are_quiet() -> Non
     report = localize(_sets([0.0002, 0.014, 0.0012, 0.0003]))
     assert [(f.ranks, f.kind, f.tests) for f in report.findings] == [((1,), "specific", ("expectation",))]
     assert "retransmitted 1.4% of the host's TCP segments (expected ≤ 0.5%" in report.findings[0].sentence
+    # the renderers label its μ as what it is
+    import io
+
+    from localizer.render import write
+
+    for fmt in ("text", "html"):
+        buf = io.StringIO()
+        write(report, fmt, buf)
+        assert "retransmitted share" in buf.getvalue() and "\u03bc utilization" not in buf.getvalue(), fmt
     clean = localize(_sets([0.0002, 0.001, 0.0012, 0.0003]))
     assert clean.findings == ()
     # the pattern's β is the collectives' time: it is not listed as a function of its own

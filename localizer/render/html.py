@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TextIO
 
-from localizer.render import short_frame
+from localizer.render import mu_names, short_frame
 from perftracker.model import Finding, RankState, Report, compress_ranks
 
 ABNORMAL = "#d62728"
@@ -139,7 +139,8 @@ def _pattern_table(f: Finding) -> str:
         '<th class="n">median rank</th><th class="n">expected</th></tr>'
     )
     rows = []
-    for dim, name in (("beta", "\u03b2 critical-path share"), ("mu", "\u03bc utilization"), ("sigma", "\u03c3 utilization std")):
+    mu_name, sigma_name = mu_names(f)
+    for dim, name in (("beta", "\u03b2 critical-path share"), ("mu", mu_name), ("sigma", sigma_name)):
         obs, med = getattr(f.observed, dim), getattr(f.median, dim)
         lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
         cls = "n bad" if obs < lo - 1e-12 or obs > hi + 1e-12 else "n"
@@ -247,7 +248,7 @@ def _scatter(f: Finding, width: int = 460, height: int = 340) -> str:
         parts.append(f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt_tick(t)}</text>')
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
     parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">\u03b2: share of the window on the critical path</text>')
-    parts.append(f'<text transform="translate(14 {mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">\u03bc: utilization</text>')
+    parts.append(f'<text transform="translate(14 {mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">{escape(mu_names(f)[0].replace(" ", ": ", 1))}</text>')
     # points: normal first, abnormal on top
     abnormal = set(f.ranks)
     normal_pts = [p for p in f.points if p[0] not in abnormal]

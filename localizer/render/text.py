@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from localizer.render import short_frame
+from localizer.render import mu_names, short_frame
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
 
 _STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "waiting": "yellow", "paused": "cyan", "ok": "green"}
@@ -97,12 +97,14 @@ def _pattern_table(f: Finding) -> Table:
     table.add_column(f"ranks {compress_ranks(f.ranks)}", justify="right")
     table.add_column("median rank", justify="right")
     table.add_column("expected", justify="right")
+    mu_name, sigma_name = mu_names(f)
+    labels = {**_DIM_LABELS, "mu": mu_name, "sigma": sigma_name}
     for dim in _DIMS:
         obs = getattr(f.observed, dim)
         lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
         med = getattr(f.median, dim)
         style = "bold red" if _outside(obs, lo, hi) else "bold"
-        table.add_row(_DIM_LABELS[dim], Text(_num(obs), style=style), _num(med), f"[{lo:g}, {hi:g}]")
+        table.add_row(labels[dim], Text(_num(obs), style=style), _num(med), f"[{lo:g}, {hi:g}]")
     return table
 
 
