@@ -61,3 +61,35 @@ def test_cpu_quota_throttles_and_is_removed() -> None:
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_cpu_quota_of_a_killed_rank_is_removed_and_stale_ones_are_cleaned() -> None:
+    """A rank killed just before teardown (still exiting) must not leave its cgroup behind, and an
+    empty harness cgroup left by a dead harness is removed by cleanup_stale()."""
+    from bench.faultkit.hosts import CGROUP_PREFIX, cleanup_stale_cgroups
+
+    try:
+        quota = CpuQuota(f"{CGROUP_PREFIX}test-killed", 0.2)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no cgroup cpu controller: {exc}")
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<20: pass"])
+    with quota as q:
+        q.add(busy.pid)
+        busy.kill()  # exiting while the cgroup is torn down
+    busy.wait()
+    assert not q.path.exists()
+    # an empty leftover (a harness that died before its teardown) goes; one in use stays
+    stale = q.path.parent / f"{CGROUP_PREFIX}test-stale"
+    used = CpuQuota(f"{CGROUP_PREFIX}test-used", 0.5)
+    stale.mkdir(exist_ok=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with used as u:
+            u.add(sleeper.pid)
+            removed = cleanup_stale_cgroups()
+            assert stale.name in removed and not stale.exists()
+            assert u.path.exists() and u.path.name not in removed
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not used.path.exists()

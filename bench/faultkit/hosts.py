@@ -20,6 +20,9 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
+
+from bench.faultkit.inject import CGROUP_V1_CPU, CGROUP_V2, remove_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +128,12 @@ def _owner_dead(tag: str) -> bool:
     return pid != os.getpid() and not os.path.exists(f"/proc/{pid}")
 
 
+CGROUP_PREFIX = "perftracker-fault-"
+
+
 def cleanup_stale() -> list[str]:
-    """Remove namespaces and bridges named like ours whose owning harness process is gone."""
+    """Remove namespaces and bridges named like ours whose owning harness process is gone, and
+    the harness's empty CPU-quota cgroups."""
     removed = []
     out = _ip("netns", "list", check=False).stdout
     for line in out.splitlines():
@@ -142,4 +149,24 @@ def cleanup_stale() -> list[str]:
             if name.startswith(f"{PREFIX}br") and _owner_dead(name[len(PREFIX) + 2:]):
                 _ip("link", "del", name, check=False)
                 removed.append(name)
+    removed += cleanup_stale_cgroups()
+    return removed
+
+
+def cleanup_stale_cgroups(roots: tuple[Path, ...] | None = None) -> list[str]:
+    """Remove the harness's CPU-quota cgroups (``perftracker-fault-*``) that no process uses any more:
+    an empty one belongs to no running scenario (a running one holds its ranks)."""
+    removed = []
+    for root in roots or (CGROUP_V1_CPU, CGROUP_V2):
+        try:
+            candidates = sorted(root.glob(f"{CGROUP_PREFIX}*"))
+        except OSError:
+            continue
+        for path in candidates:
+            try:
+                busy = bool((path / "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+            if not busy and remove_cgroup(path, attempts=1):
+                removed.append(path.name)
     return removed

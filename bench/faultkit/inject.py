@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -70,19 +71,33 @@ class CpuQuota:
     def __exit__(self, *exc: object) -> None:
         self.remove()
 
-    def remove(self) -> None:
-        if not self.path.exists():
-            return
-        parent = self.path.parent / "cgroup.procs"
+    def remove(self, attempts: int = 30, pause_s: float = 0.1) -> None:
+        """Move what is left to the parent and remove the cgroup. Processes that are exiting
+        cannot be moved but leave on their own, so the rmdir is retried for ``attempts`` × ``pause_s``
+        (a single try left cgroups behind after scenarios whose ranks were just killed)."""
+        remove_cgroup(self.path, attempts, pause_s)
+
+
+def remove_cgroup(path: Path, attempts: int = 30, pause_s: float = 0.1) -> bool:
+    """Empty a cgroup into its parent and rmdir it, retrying while processes exit. True if gone."""
+    parent = path.parent / "cgroup.procs"
+    last: OSError | None = None
+    for _ in range(max(attempts, 1)):
+        if not path.exists():
+            return True
         try:
-            for line in (self.path / "cgroup.procs").read_text().split():
+            for line in (path / "cgroup.procs").read_text().split():
                 try:
                     parent.write_text(line)
                 except OSError:
-                    pass
-            self.path.rmdir()
+                    pass  # exiting: it leaves by itself
+            path.rmdir()
+            return True
         except OSError as exc:
-            log.warning("could not remove cgroup %s: %s", self.path, exc)
+            last = exc
+            time.sleep(pause_s)
+    log.warning("could not remove cgroup %s: %s", path, last)
+    return False
 
 
 class RateLimit:

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from bench.faultkit.hosts import Host
+from bench.faultkit.hosts import CGROUP_PREFIX, Host
 from bench.faultkit.inject import Competitor, CpuQuota, RateLimit, send
 from bench.faultkit.scenario import IN_SCRIPT, Fault, Scenario
 from perftracker.errors import PerftrackerError
@@ -205,7 +205,7 @@ class JobRun:
         if pid is None:
             raise PerftrackerError(f"no pid known for rank {rank}")
         if f.kind == "cpu_quota":
-            q = self.stack.enter_context(CpuQuota(f"perftracker-fault-{self.job}-r{rank}", float(f.params["fraction"])))
+            q = self.stack.enter_context(CpuQuota(f"{CGROUP_PREFIX}{self.job}-r{rank}", float(f.params["fraction"])))
             q.add(pid)
         elif f.kind == "net_rate":
             if not self.hosts:
