@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perftracker.model import Box, Category, Triple, compress_ranks
+from perftracker.model import LINK_KEY, Box, Category, Triple, compress_ranks
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
 _SLEEP = re.compile(r"(?i)\bsleep\b|nanosleep")
@@ -157,12 +157,13 @@ def describe_finding(*, label: str, key: str, category: Category, resource: str,
         if observed.beta > expected.hi.beta or observed.beta < expected.lo.beta:
             clauses.append(f"holds {pct(observed.beta)} of the window "
                            f"(expected {_range_text(expected.lo.beta, expected.hi.beta)})")
-        if (observed.mu > expected.hi.mu or observed.mu < expected.lo.mu) and resource == "tcp_retrans":
-            clauses.append(f"retransmitted {pct(observed.mu)} of the host's TCP segments "
-                           f"(expected {_range_text(expected.lo.mu, expected.hi.mu)}; median rank {pct(median.mu)})")
-        elif observed.mu > expected.hi.mu or observed.mu < expected.lo.mu:
-            clauses.append(f"runs at {pct(observed.mu)} {res} utilization "
-                           f"(expected {_range_text(expected.lo.mu, expected.hi.mu)})")
+        if observed.mu > expected.hi.mu or observed.mu < expected.lo.mu:
+            mu_range = _range_text(expected.lo.mu, expected.hi.mu)
+            if key == LINK_KEY:
+                clauses.append(f"retransmitted {pct(observed.mu)} of the host's TCP segments "
+                               f"(expected {mu_range}; median rank {pct(median.mu)})")
+            else:
+                clauses.append(f"runs at {pct(observed.mu)} {res} utilization (expected {mu_range})")
         if observed.sigma > expected.hi.sigma or observed.sigma < expected.lo.sigma:
             clauses.append(f"varies by {pct(observed.sigma)} {res} utilization "
                            f"(expected {_range_text(expected.lo.sigma, expected.hi.sigma)})")

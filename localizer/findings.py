@@ -28,12 +28,11 @@ from localizer.arrays import FunctionInfo, PatternArrays
 from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
 from localizer.rule import Threshold
-from perftracker.model import Box, Finding, TopFunction, Triple
+from perftracker.model import LINK_KEY, Box, Finding, TopFunction, Triple
 
 if TYPE_CHECKING:
     from localizer.localize import LocalizeOptions
 
-LINK_RESOURCE = "tcp_retrans"  # agent.samplers.tcp.RESOURCE (the localizer imports nothing from agent)
 _RANDOM_MIN_WORKERS = 3
 _RANDOM_IQR_OVER_MEDIAN = 0.5
 _LESS = 0.9
@@ -189,8 +188,8 @@ def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: i
 def top_functions(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
                   cache: dict[int, Triple] | None = None) -> list[TopFunction]:
     """The n functions with the largest median β (shown when nothing is abnormal). The link-health
-    pattern (resource ``tcp_retrans``) is left out: its β is the collectives' time, not its own."""
-    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.resource != LINK_RESOURCE]
+    pattern (``LINK_KEY``) is left out: its β is the collectives' time, not its own."""
+    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.key != LINK_KEY]
     order = sorted(funcs, key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
     cache = {} if cache is None else cache
     out = []

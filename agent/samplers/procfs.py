@@ -182,18 +182,11 @@ class CpuCounter:
         else:
             _log_once(logging.INFO, "procfs sampler: cpu source schedstat (forced by cpu_source)")
 
-    def read(self) -> int:
-        """Cumulative run ns. OSError/ValueError/IndexError if the thread is gone (schedstat)."""
-        if self._perf_fd is not None:
-            return read_task_clock(self._perf_fd)
-        return self.read_schedstat()
-
-    def read_schedstat(self) -> int:
-        return int(_read(self._sched_fd).split()[0])
-
-    def read_with_wait(self) -> tuple[int, int]:
-        """(cumulative run ns, cumulative run_delay ns): the run time as ``read``, the wait for a
-        core from schedstat's second field (``agent.samplers.cpuwait``)."""
+    def read(self) -> tuple[int, int]:
+        """(cumulative run ns, cumulative run_delay ns). The run time comes from the perf counter
+        when it is open, else from schedstat's first field; the wait for a core always from
+        schedstat's second (``agent.samplers.cpuwait``), which also fails once the thread is gone
+        (OSError/ValueError/IndexError), as the perf counter outlives its thread."""
         fields = _read(self._sched_fd).split()
         if self._perf_fd is not None:
             return read_task_clock(self._perf_fd), int(fields[1])
@@ -264,9 +257,7 @@ class ProcfsSampler:
                 if bounds.done(t0):
                     break
                 try:
-                    # schedstat every tick: the wait for a core, and (the perf counter outlives its
-                    # thread) a check that the thread is still there
-                    run, wait = cpu.read_with_wait()
+                    run, wait = cpu.read()
                 except (OSError, ValueError, IndexError):
                     log.info("procfs sampler: thread %d gone, stopping", self.tid)
                     break
