@@ -20,8 +20,6 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
-
 from bench.faultkit.inject import CGROUP_V1_CPU, CGROUP_V2, remove_cgroup
 
 log = logging.getLogger(__name__)
@@ -153,11 +151,11 @@ def cleanup_stale() -> list[str]:
     return removed
 
 
-def cleanup_stale_cgroups(roots: tuple[Path, ...] | None = None) -> list[str]:
+def cleanup_stale_cgroups() -> list[str]:
     """Remove the harness's CPU-quota cgroups (``perftracker-fault-*``) that no process uses any more:
     an empty one belongs to no running scenario (a running one holds its ranks)."""
     removed = []
-    for root in roots or (CGROUP_V1_CPU, CGROUP_V2):
+    for root in (CGROUP_V1_CPU, CGROUP_V2):
         try:
             candidates = sorted(root.glob(f"{CGROUP_PREFIX}*"))
         except OSError:
