@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
+
 from bench.faultkit.inject import CGROUP_V1_CPU, CGROUP_V2, remove_cgroup
 
 log = logging.getLogger(__name__)
