@@ -56,6 +56,10 @@ _MEMORY_OP = (
     r"zeros_like|ones|ones_like|full|full_like|empty|empty_like|empty_strided|new_empty|new_empty_strided|"
     r"new_zeros|resize_|set_|_pin_memory|pin_memory|cat|index_copy_|masked_fill_)$|.*reducer::copy_bucket_to_grad$)"
 )
+# The autograd node of a Python ``torch.autograd.Function``: torch names its class ``<Function>Backward``
+# (torch/autograd/function.py, FunctionMeta), while the C++ nodes torch generates end in a digit
+# (``MmBackward0``). Its self time is the user's Python backward, so on a CPU window it is Python.
+_PY_AUTOGRAD_NODE = r"^(autograd::engine::evaluate_function: )?(?!UndefinedGradBackward$)[A-Za-z_]\w*Backward$"
 # Python frames that are a c10d wait: the thread is blocked in a collective.
 _COLLECTIVE_PY = r"(distributed_c10d\.py\(\d+\): (wait|barrier|all_reduce|all_gather|reduce_scatter|broadcast|all_to_all)|Work objects?>$|method 'wait' of 'torch\._C\._distributed_c10d)"
 
@@ -68,6 +72,7 @@ RULES: tuple[Rule, ...] = (
     _rule((_K.RUNTIME,), r"", SKIP, SKIP, "other CUDA runtime/driver calls: launch overhead of the enclosing frame"),
     _rule((_K.CPU_OP,), _COLLECTIVE_OP, HOST, COLLECTIVE, "c10d / gloo / nccl ops (on GPU the NCCL kernel carries it)"),
     _rule((_K.CPU_OP,), _MEMORY_OP, HOST, MEMORY, "copy / fill / alloc aten ops"),
+    _rule((_K.CPU_OP,), _PY_AUTOGRAD_NODE, HOST, PYTHON, "the node of a Python autograd.Function: its backward is Python"),
     _rule((_K.CPU_OP,), r"", HOST, COMPUTE, "every other op: aten compute, autograd nodes, reducer math"),
     _rule((_K.PYTHON,), _COLLECTIVE_PY, PYTHON, COLLECTIVE, "Python frames blocked in a c10d call"),
     _rule((_K.PYTHON,), r"", PYTHON, PYTHON, "Python functions (training thread, self time)"),

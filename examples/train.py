@@ -126,6 +126,7 @@ class Injector:
         self.iteration = 0
         self._gc_heap: list[object] = []
         self._iter_t: list[float] = []  # perf_counter at each iteration end, for compute:frac=
+        self.ran: dict[str, int] = {}  # "kind@where" -> times a fault ran (harness and test checks)
 
     def _active(self, f: Fault) -> bool:
         if self.iteration < f.start_iter:
@@ -136,16 +137,23 @@ class Injector:
     def at(self, where: str) -> None:
         for f in self.faults:
             if f.kind in ("sleep", "busy_python") and f.where() == where and self._active(f):
+                self._count(f, where)
                 if f.kind == "sleep":
                     time.sleep(f.num("ms", 5) / 1000)
                 else:
                     busy_python_hotspot(f.num("ms", 5) / 1000)
             elif f.kind == "compute" and f.where() == where and self._active(f):
+                self._count(f, where)
                 busy_compute(f, self._iter_t)
             elif f.kind == "copy" and where == "forward" and self._active(f):
+                self._count(f, where)
                 extra_copies(f)
             elif f.kind == "hang" and where == "forward" and self.iteration >= int(f.num("at_iter", 0)):
                 hang_forever()
+
+    def _count(self, f: Fault, where: str) -> None:
+        key = f"{f.kind}@{where}"
+        self.ran[key] = self.ran.get(key, 0) + 1
 
     def end_of_iteration(self) -> None:
         if len(self._iter_t) < 200 and any(f.kind == "compute" and self.iteration < f.start_iter for f in self.faults):
@@ -153,6 +161,7 @@ class Injector:
         for f in self.faults:
             if f.kind == "gc_stall" and self.iteration >= f.start_iter:
                 if self.rng.random() < f.num("probability", 0.1):
+                    self._count(f, "end")
                     self._gc_stall(f)
         self.iteration += 1
 
@@ -262,9 +271,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.injector.at("forward")
-        x = SlowBackward.apply(x, self.injector)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x = F.relu(layer(x))
+            if i == 0:
+                # after the first layer: the input batch needs no gradient, so a Function applied to
+                # it would never see a backward pass; here the 'backward' faults run mid-backward
+                x = SlowBackward.apply(x, self.injector)
         return self.head(x)
 
 
@@ -348,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         epoch += 1
     elapsed = time.perf_counter() - t0
     print_summary(rank, world, args.iters, elapsed)
+    if injector.faults:
+        ran = " ".join(f"{k}={v}" for k, v in sorted(injector.ran.items())) or "none"
+        print(f"[rank {rank}] faults ran: {ran}", flush=True)
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -39,7 +39,10 @@ class Config:
     blocked_factor: float = 5.0  # blocked when idle >= factor * mean iteration duration ...
     blocked_min_s: float = 5.0  # ... and at least this long
     hang_pause_s: float = 60.0  # a pause of all ranks in user code shorter than this is not a hang
-    trigger_cooldown_s: float = 120.0  # no second automatic trigger within this time
+    # automatic triggers: at most trigger_burst close together, one per trigger_cooldown_s over
+    # time; detections within window_s of a trigger are absorbed by its window (trigger_gate.py)
+    trigger_cooldown_s: float = 120.0
+    trigger_burst: int = 2
     changepoint_z: float = 5.0  # changepoint mode: noise standard errors a window must exceed
     changepoint_ref_iters: int = 300  # changepoint mode: reference window (iterations)
 
@@ -57,6 +60,8 @@ class Config:
     autostart_agent: bool = True  # start a node agent on first import when none is running
 
     def __post_init__(self) -> None:
+        if self.trigger_burst < 1:
+            raise ConfigError(f"PERFTRACKER_TRIGGER_BURST={self.trigger_burst}: expected at least 1")
         if self.window_stacks not in WINDOW_STACKS:
             raise ConfigError(f"PERFTRACKER_WINDOW_STACKS={self.window_stacks!r}: expected one of {', '.join(WINDOW_STACKS)}")
 

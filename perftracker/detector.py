@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.slowdown import SlowdownRule, make_rule
+from perftracker.trigger_gate import ADMIT, TriggerGate
 
 DATALOADER = 0
 STEP = 1
@@ -44,6 +45,8 @@ class DetectorOptions:
     blocked_factor: float = 5.0
     blocked_min_s: float = 5.0
     trigger_cooldown_s: float = 120.0
+    trigger_burst: int = 2
+    trigger_min_gap_s: float = 20.0  # the profile window's length: detections inside it are absorbed
     changepoint_z: float = 5.0
     changepoint_ref_iters: int = 300
 
@@ -58,6 +61,8 @@ class DetectorOptions:
             blocked_factor=config.blocked_factor,
             blocked_min_s=config.blocked_min_s,
             trigger_cooldown_s=config.trigger_cooldown_s,
+            trigger_burst=config.trigger_burst,
+            trigger_min_gap_s=config.window_s,
             changepoint_z=config.changepoint_z,
             changepoint_ref_iters=config.changepoint_ref_iters,
         )
@@ -84,9 +89,9 @@ class Detector:
         self.durations_ns: deque[int] = deque(maxlen=self._w)
         self._durations_sum = 0
         self._observe = self.rule.observe
-        self._cooldown_ns = o.trigger_cooldown_s * 1e9
+        self.gate = TriggerGate(o.trigger_cooldown_s, o.trigger_burst, o.trigger_min_gap_s)
         self.pending: dict[str, object] | None = None  # a slowdown trigger waiting to be collected
-        self._last_trigger_ns = -(1 << 62)
+        self.suppressed: dict[str, int] = {}  # detections the gate did not pass, by verdict
         # learning state
         self._cur: list[int] = []
         self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
@@ -140,9 +145,10 @@ class Detector:
             return
         detail = self._observe(duration_ns)
         if detail is not None:
-            if t_ns - self._last_trigger_ns < self._cooldown_ns:
+            verdict = self.gate.admit(t_ns)
+            if verdict != ADMIT:
+                self.suppressed[verdict] = self.suppressed.get(verdict, 0) + 1
                 return
-            self._last_trigger_ns = t_ns
             detail["iteration"] = self.iteration
             detail["mode"] = self.options.mode
             self.pending = detail

@@ -191,6 +191,7 @@ class Runtime:
             "recent_iteration_ms": [d / 1e6 for d in durations],
             "blocked_limit_s": det.blocked_limit_ns() / 1e9,
             "triggers": list(self.triggers),
+            "suppressed_triggers": dict(det.suppressed),
             "identity": self.identity.to_dict(),
             "error": self.error,
         }

@@ -20,6 +20,12 @@ CASES = [
     (K.RUNTIME, "cudaLaunchKernel", c.SKIP, c.SKIP),
     (K.CPU_OP, "aten::addmm", c.HOST, c.COMPUTE),
     (K.CPU_OP, "autograd::engine::evaluate_function: AddmmBackward0", c.HOST, c.COMPUTE),
+    (K.CPU_OP, "MmBackward0", c.HOST, c.COMPUTE),
+    (K.CPU_OP, "torch::autograd::AccumulateGrad", c.HOST, c.COMPUTE),
+    (K.CPU_OP, "UndefinedGradBackward", c.HOST, c.COMPUTE),
+    # a Python torch.autograd.Function's node (torch names it <Function>Backward): Python code
+    (K.CPU_OP, "SlowBackwardBackward", c.HOST, c.PYTHON),
+    (K.CPU_OP, "autograd::engine::evaluate_function: CheckpointFunctionBackward", c.HOST, c.PYTHON),
     (K.CPU_OP, "aten::copy_", c.HOST, c.MEMORY),
     (K.CPU_OP, "aten::empty_strided", c.HOST, c.MEMORY),
     (K.CPU_OP, "aten::fill_", c.HOST, c.MEMORY),

@@ -15,6 +15,7 @@ from perftracker.detector import STEP as O
 from perftracker.detector import Detector, DetectorOptions
 from perftracker.errors import ConfigError
 from perftracker.slowdown import ChangepointRule, PaperOptions, PaperRule
+from perftracker.trigger_gate import ABSORBED, ADMIT, OVER_BUDGET, TriggerGate
 
 MS = 1_000_000
 
@@ -214,8 +215,8 @@ def test_changepoint_catches_slow_drift() -> None:
     assert fired and 1000 < fired[0] < 3000
 
 
-def test_detector_trigger_detail_and_cooldown() -> None:
-    det = Detector(replace(DetectorOptions(), trigger_cooldown_s=120.0), FakeClock())
+def test_detector_trigger_detail_and_gate() -> None:
+    det = Detector(replace(DetectorOptions(), trigger_cooldown_s=120.0, trigger_min_gap_s=20.0), FakeClock())
     f = Feeder(det, (D, O))
     for _ in range(200):
         f.iteration(50 * MS)
@@ -225,10 +226,42 @@ def test_detector_trigger_detail_and_cooldown() -> None:
     it, detail = f.triggers[0]
     assert 200 <= it < 205
     assert detail["mode"] == "changepoint" and 1.05 < float(detail["ratio"]) <= 2.05  # type: ignore[arg-type]
-    # another doubling within 120 s of the first trigger: suppressed by the cooldown
-    for _ in range(300):
+    # another doubling 1-2 s later, while the first trigger's 20 s window still profiles: absorbed
+    for _ in range(10):
         f.iteration(200 * MS)
-    assert len(f.triggers) == 1
+    assert len(f.triggers) == 1 and det.suppressed.get("absorbed", 0) >= 1
+    # the job recovers; a new slowdown 60 s after the first trigger gets the burst's second token
+    for _ in range(500):
+        f.iteration(50 * MS)
+    for _ in range(400):
+        f.iteration(100 * MS)
+    assert len(f.triggers) == 2 and f.triggers[1][0] > 730
+    # and a third one soon after finds the bucket empty (one token per 120 s)
+    for _ in range(300):
+        f.iteration(50 * MS)
+    for _ in range(30):
+        f.iteration(100 * MS)
+    assert len(f.triggers) == 2 and det.suppressed.get("over budget", 0) >= 1
+
+
+def test_trigger_gate_token_bucket() -> None:
+    s = 1_000_000_000
+    gate = TriggerGate(cooldown_s=100.0, burst=2, min_gap_s=10.0)
+    assert gate.admit(0) == ADMIT
+    assert gate.admit(5 * s) == ABSORBED  # inside the first trigger's window
+    assert gate.admit(12 * s) == ADMIT  # the burst's second token
+    assert gate.admit(30 * s) == OVER_BUDGET
+    assert gate.tokens(30 * s) == pytest.approx(0.3)
+    assert gate.admit(112 * s) == ADMIT  # one token back after 100 s
+    assert gate.admit(130 * s) == OVER_BUDGET
+    # over a long run: at most one trigger per cooldown (plus the burst)
+    gate = TriggerGate(cooldown_s=100.0, burst=2, min_gap_s=10.0)
+    admitted = sum(gate.admit(t * s) == ADMIT for t in range(0, 10_000, 11))
+    assert admitted <= 10_000 / 100 + 2
+    off = TriggerGate(cooldown_s=0.0, burst=1, min_gap_s=10.0)
+    assert all(off.admit(t) == ADMIT for t in range(5))
+    with pytest.raises(ValueError, match="burst"):
+        TriggerGate(burst=0)
 
 
 def test_blocked_limit_is_factor_times_mean_or_min_seconds() -> None:

@@ -91,3 +91,26 @@ def test_injected_slowdown_triggers_the_detector(clean_env: dict[str, str]) -> N
     # runtime iteration i is the script's 0-based iteration i - 1; the first slow one is 151
     onset = [i for i in iterations if i >= 151]
     assert onset and onset[0] <= 170, (iterations, out.stdout)
+
+
+def test_every_injection_point_runs(clean_env: dict[str, str], tmp_path: Path) -> None:
+    """Each `where` of the in-script faults really executes (a fault that never runs would score
+    perftracker against a fault that is not there: the backward one once sat on the input batch,
+    which has no gradient, and never ran)."""
+    iters = 6
+    faults = [f"sleep:where={w},ms=1" for w in ("dataloader", "forward", "backward", "optimizer")]
+    faults += ["busy_python:where=backward,ms=1", "copy:mb=1", "gc_stall:probability=1,ms=1"]
+    cmd = [sys.executable, str(EXAMPLE_TRAIN), "--iters", str(iters), "--quiet", "--batch-size", "8"]
+    for f in faults:
+        cmd += ["--fault", f]
+    env = dict(clean_env, PERFTRACKER_AUTOSTART_AGENT="0")  # no node agent: no window is wanted here
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = re.search(r"faults ran: (.*)", out.stdout)
+    assert m, out.stdout
+    ran = dict(kv.split("=") for kv in m.group(1).split())
+    assert ran == {
+        "sleep@dataloader": str(iters), "sleep@forward": str(iters), "sleep@backward": str(iters),
+        "sleep@optimizer": str(iters), "busy_python@backward": str(iters), "copy@forward": str(iters),
+        "gc_stall@end": str(iters),
+    }
