@@ -71,6 +71,9 @@ class WindowRunner:
         self._standby_seq = 0
         self._summarizer = processing.SummarizerWorker(options.processing) if options.summarize_worker else None
         self._warn_once = WarnOnce(log)
+        # one window at a time per worker: a session opened while the previous one is still being
+        # profiled or processed waits for it (the process can run one profile window only)
+        self._worker_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     async def run_session(self, run: SessionRun, workers: Sequence[Any]) -> None:
         log.info("session %s (%s, %s): %d local worker(s), window %.1f s", run.session, run.kind, run.reason,
@@ -92,7 +95,15 @@ class WindowRunner:
                  f"; failed {run.failed}" if run.failed else "")
 
     async def collect(self, run: SessionRun, w: Any) -> None:
-        """Sample the worker over the window, wait for its raw events, summarize and upload."""
+        """Sample the worker over the window, wait for its raw events, summarize and upload; after
+        the worker's previous session, if one is still running."""
+        lock = self._worker_locks.setdefault((w.job, w.rank), asyncio.Lock())
+        if lock.locked():
+            log.info("session %s: rank %d waits for its previous session to finish", run.session, w.rank)
+        async with lock:
+            await self._collect(run, w)
+
+    async def _collect(self, run: SessionRun, w: Any) -> None:
         sampler = None
         samples_path: Path | None = None
         if self.options.samplers:

@@ -1,7 +1,9 @@
 """Sessions: the state machine from a trigger to a stored report.
 
-A trigger opens one session per job; triggers that arrive while that session is open join it. The
-expected workers are the job's registered ranks (plus every rank below the largest registered
+A trigger opens a session for its job; triggers that arrive while that session's window may still
+be running join it. A slowdown trigger that comes later (the window is over, the session still
+collecting uploads) opens the next session instead: the window may have missed that slowdown, and
+the agents run the job's sessions one after another. The expected workers are the job's registered ranks (plus every rank below the largest registered
 world size, so that a node whose agent never registered is named as missing). A session is *due*
 when every expected rank has uploaded (patterns or a hang snapshot) or is known dead, or when its
 deadline passes; it is then localized and ends ``done`` with a report whose ``ranks_missing``
@@ -65,6 +67,9 @@ class SessionOptions:
     busy_extend_s: float = 20.0
     max_collect_s: float = 600.0
     max_expected_ranks: int = 1_000_000
+    # a slowdown trigger joins the open session up to this long past its window's nominal end (the
+    # agents start the window a little after the session opens); later ones open the next session
+    join_slack_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ class SessionManager:
         now = self.clock.now_ns()
         with self._lock:
             open_ = self.store.sessions(job=job, states=(OPEN,))
-            if open_:
+            if open_ and self._joins(open_[-1], kind, now):
                 s = open_[-1]
                 self.store.update_session(s.session, joins=s.joins + 1)
                 log.info("trigger %r joined open session %s of job %s", reason, s.session, job)
@@ -208,6 +213,13 @@ class SessionManager:
             log.info("opened session %s for job %s (%s, %s, %d expected rank(s))", rec.session, job, kind,
                      reason, len(rec.expected))
             return rec, False
+
+    def _joins(self, s: SessionRecord, kind: str, now_ns: int) -> bool:
+        """Whether a trigger of ``kind`` at ``now_ns`` belongs to the open session ``s``."""
+        if kind == HANG or s.kind == HANG:
+            return True  # a death or a hang: one session gathers the snapshots
+        window_end_ns = s.opened_ns + int((s.window_s + self.options.join_slack_s) * 1e9)
+        return now_ns <= window_end_ns
 
     def next_trigger(self, job: str, after: str | None = None) -> Trigger | None:
         """The open session an agent that last saw ``after`` should act on, or None."""

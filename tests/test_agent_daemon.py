@@ -81,6 +81,46 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
     assert not os.path.exists(wire.socket_path(run_dir)), "a clean stop removes the socket"
 
 
+def test_a_session_opened_during_the_previous_one_runs_after_it(run_dir: Path, tmp_path: Path) -> None:
+    """A slowdown trigger after the open session's window opens the next session (localizer); the
+    agent starts that window only when the worker's previous session is done, then reports both."""
+    agent = AgentProc(run_dir, tmp_path / "runs", "--poll-timeout-s", "5")
+    try:
+        agent.wait_ready()
+        w = WireWorker(run_dir, 0, 1)
+        up = agent.uplink()
+        wait_until(lambda: "jobT" in up.jobs(), 10, what="job registration at the localizer")
+        s1, _ = up.create_trigger("jobT", "first", window_s=0.3)
+        start1 = w.recv(30)
+        while start1["type"] != "start_window":
+            start1 = w.recv(30)
+        assert start1["session"] == s1
+        time.sleep(2.6)  # past s1's window and the join slack; s1 still waits for this worker
+        s2, joined = up.create_trigger("jobT", "second", window_s=0.3)
+        assert not joined and s2 != s1
+        time.sleep(1.0)  # time enough for the agent to (wrongly) start s2's window at once
+        w.sock.settimeout(0.2)
+        early = []
+        try:
+            while True:
+                early.append(wire.recv_message(w.sock))
+        except wire.ConnectionClosed:  # the 0.2 s receive timeout: nothing more was sent
+            pass
+        assert not [m for m in early if m["type"] == "start_window"], early
+        w.answer_window(start1, run_dir / "windows")
+        start2 = w.recv(30)
+        while start2["type"] != "start_window":
+            start2 = w.recv(30)
+        assert start2["session"] == s2
+        w.answer_window(start2, run_dir / "windows")
+        for s in (s1, s2):
+            report = wait_until(lambda s=s: up.get_report(s), 40, step_s=0.3, what=f"report of {s}")
+            assert report.ranks_reported == (0,) and report.ranks_missing == ()
+        w.close()
+    finally:
+        agent.kill(signal.SIGTERM)
+
+
 def test_worker_whose_window_fails_is_named_missing(run_dir: Path, tmp_path: Path) -> None:
     agent = AgentProc(run_dir, tmp_path / "runs", "--no-samplers", "--collect-grace-s", "30",
                       "--poll-timeout-s", "5")

@@ -40,6 +40,29 @@ def test_trigger_opens_one_session_per_job_and_later_triggers_join(mgr: SessionM
     assert s.deadline_ns == T0 + int((2.0 + 10.0) * 1e9)
 
 
+def test_slowdown_trigger_after_the_window_opens_the_next_session(mgr: SessionManager) -> None:
+    """A slowdown detected after the open session's window ran is not folded into it (its window
+    may have missed it); agents pick the sessions up in order (next_trigger's ``after``)."""
+    clock = mgr.clock
+    assert isinstance(clock, FakeClock)
+    mgr.register(_reg("j", "a", [0, 1], 2))
+    s1, _ = mgr.trigger("j", "transient")
+    clock.advance_s(3.5)  # window 2 s + join slack 2 s: still joins
+    assert mgr.trigger("j", "same burst, late rank")[1]
+    clock.advance_s(1.0)  # past window + slack, s1 still collecting uploads
+    s2, joined = mgr.trigger("j", "onset")
+    assert not joined and s2.session != s1.session
+    assert mgr.trigger("j", "onset, another rank")[0].session == s2.session
+    t1 = mgr.next_trigger("j")
+    assert t1 is not None and t1.session == s1.session
+    t2 = mgr.next_trigger("j", after=s1.session)
+    assert t2 is not None and t2.session == s2.session and t2.reason == "onset"
+    # a hang still joins whatever is open: one session gathers the snapshots
+    clock.advance_s(30)
+    h, joined_h = mgr.trigger("j", "rank 1 died", kind="hang")
+    assert joined_h and h.session == s2.session and h.kind == "hang"
+
+
 def test_expected_ranks_include_unregistered_ranks_below_world_size(mgr: SessionManager) -> None:
     mgr.register(_reg("j", "a", [0, 1], 4))  # the other node's agent never registered
     s, _ = mgr.trigger("j", "x")
