@@ -98,6 +98,17 @@ def test_score_kind_must_agree_and_missing_is_recall_loss() -> None:
     assert score(s, None).recall == 0.0 and score(s, None).precision == 1.0
 
 
+def test_every_report_of_a_run_is_scored() -> None:
+    """A detector that fired on noise before the onset, then at it: both reports count."""
+    s = parse_scenario(BASE)
+    before, at_onset = _report(), _report(_finding(Category.COMPUTE, (2,)))
+    sc = score(s, [before, at_onset])
+    assert sc.tp == {(2, "compute")} and sc.recall == 1.0 and sc.precision == 1.0
+    sc = score(s, [_report(_finding(Category.PYTHON, (1,))), at_onset])
+    assert sc.fp == {(1, "python")} and sc.precision == pytest.approx(0.5)
+    assert score(s, []).recall == 0.0
+
+
 def test_clean_scenario_any_finding_is_false_positive() -> None:
     s = parse_scenario('name = "c"\nworkers = 4\n')
     assert score(s, _report()).precision == 1.0

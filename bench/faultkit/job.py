@@ -38,12 +38,14 @@ TRAIN = REPO / "examples" / "train.py"
 
 @dataclass
 class RunResult:
-    report: Report | None
+    report: Report | None  # the session at (or after) the fault's onset, else the last one
     report_s: float | None  # trigger -> stored report (minus the window for profile sessions)
     detection_delay_iters: int | None  # trigger iteration - fault onset (detector trigger only)
     trigger_iter: int | None
     summary: str
     iterations: dict[int, int]
+    reports: tuple[Report, ...] = ()  # every session's report, in order (all are scored)
+    sessions: tuple[str, ...] = ()  # "iteration N: reason" of each session, in order
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -242,14 +244,21 @@ class JobRun:
         return Report.from_dict(d)
 
     def execute(self, timeout_s: float) -> RunResult:
+        """Run the job until the report that answers the scenario is stored.
+
+        That is the first report of a session triggered at or after the fault's onset (a detector
+        may fire on host noise before it; that session is kept and scored too), or, with no onset,
+        the first report. Reports of every session seen are collected."""
         sc = self.sc
         self._start_workers()
         t_start = time.monotonic()
         pending = [(f, r) for f in sc.faults if f.kind not in IN_SCRIPT for r in f.ranks]
         applied_at: list[int] = []  # iterations at which out-of-process faults were applied
-        triggered_at: float | None = None
-        trigger_iter: int | None = None
-        report: Report | None = None
+        opened: dict[str, tuple[float, int]] = {}  # session -> (monotonic time seen, trigger iteration)
+        reasons: dict[str, str] = {}
+        reports: dict[str, Report] = {}
+        answer: str | None = None  # the session whose report answers the scenario
+        cli_iter: int | None = None
         progress: dict[int, int] = {}
         last_log = 0.0
         while time.monotonic() - t_start < timeout_s:
@@ -265,42 +274,57 @@ class JobRun:
                     # polled every 0.1 s: the fault lands a few iterations after `at`; the
                     # detection delay counts from where it really began
                     applied_at.append(max(at, progress.get(r, at)))
-            if sc.trigger == "cli" and triggered_at is None and it_max >= sc.trigger_at_iter:
+            if sc.trigger == "cli" and cli_iter is None and it_max >= sc.trigger_at_iter:
                 subprocess.run(
                     [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,
                      "--token", self.token, "--window-s", str(sc.window_s), "--no-wait"],
                     env=self.env, check=True, capture_output=True,
                 )
-                triggered_at, trigger_iter = time.monotonic(), it_max
+                cli_iter = it_max
                 log.info("CLI trigger at iteration %d", it_max)
+            onset = self._onset(applied_at)
             for s in self._sessions():
                 sid = str(s.get("session") or s.get("id"))
-                if triggered_at is None:
-                    triggered_at = time.monotonic()
+                if sid not in opened:
                     m = re.search(r"iteration (\d+)", str(s.get("reason", "")))
-                    trigger_iter = int(m.group(1)) if m else it_max
+                    it = int(m.group(1)) if m else (cli_iter if cli_iter is not None else it_max)
+                    opened[sid] = (time.monotonic(), it)
+                    reasons[sid] = f"iteration {it}: {s.get('reason')}"
                     log.info("session %s opened: %s", sid, s.get("reason"))
-                report = self._report(sid)
-                if report is not None:
-                    break
-            if report is not None:
+                if sid not in reports and (rep := self._report(sid)) is not None:
+                    reports[sid] = rep
+                    if answer is None and (onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
+                        answer = sid
+            if answer is not None:
                 break
             if time.monotonic() - last_log > 10:
                 last_log = time.monotonic()
                 log.info("%s: iterations %s", sc.name, progress)
             if alive and all(it >= self.iterations - 1 for it in alive) and not pending:
                 break
+        if answer is None and reports:
+            answer = list(reports)[-1]  # no session after the onset: show the last one
+        report = reports.get(answer) if answer else None
         report_s = None
-        if report is not None and triggered_at is not None:
-            report_s = time.monotonic() - triggered_at - (sc.window_s if report.kind != "hang" else 0.0)
-        onset = sc.onset_iter
-        if applied_at:  # out-of-process faults count from where they were applied
-            in_script = [int(f.params.get("at_iter", f.start_iter)) for f in sc.faults if f.kind in IN_SCRIPT]
-            onset = min(in_script + applied_at)
+        trigger_iter = None
+        if report is not None and answer is not None:
+            t_open, trigger_iter = opened[answer]
+            report_s = time.monotonic() - t_open - (sc.window_s if report.kind != "hang" else 0.0)
+        onset = self._onset(applied_at)
         delay = None
-        if sc.trigger == "detector" and trigger_iter is not None and onset is not None:
-            delay = max(0, trigger_iter - onset)
+        if sc.trigger == "detector" and onset is not None:
+            after = [it for _, it in opened.values() if it >= onset]
+            delay = min(after) - onset if after else None
         summary = report.summary if report is not None else "no report"
         if report is not None and not report.summary and report.findings:
             summary = report.findings[0].sentence
-        return RunResult(report, report_s, delay, trigger_iter, summary, progress)
+        return RunResult(report, report_s, delay, trigger_iter, summary, progress, tuple(reports.values()),
+                         tuple(reasons[sid] for sid in opened))
+
+    def _onset(self, applied_at: list[int]) -> int | None:
+        """The fault's first iteration: out-of-process faults count from where they were applied."""
+        onset = self.sc.onset_iter
+        if applied_at:
+            in_script = [int(f.params.get("at_iter", f.start_iter)) for f in self.sc.faults if f.kind in IN_SCRIPT]
+            onset = min(in_script + applied_at)
+        return onset

@@ -8,10 +8,15 @@ names as culprit or silent is a finding of category "hang". Precision and recall
 - it is neutral if it matches no [[expect]] but an [[allow]];
 - otherwise it is a false positive.
 - recall = expected (rank, category) pairs found / expected pairs.
+
+A run can produce several reports (a detector that fired on host noise before the fault began,
+then again at the onset); a user reads them all, so their findings are scored together: a false
+finding in any of them counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.faultkit.scenario import Match, Scenario
@@ -66,8 +71,9 @@ def _matches(m: Match, flag: Flag) -> bool:
     return not (m.name and m.name.lower() not in flag.name.lower())
 
 
-def score(scenario: Scenario, report: Report | None) -> Score:
-    flags = flags_of(report)
+def score(scenario: Scenario, report: Report | Sequence[Report] | None) -> Score:
+    reports = report if isinstance(report, Sequence) else [report]
+    flags = [fl for r in reports for fl in flags_of(r)]
     expected = {
         (r, m.category)
         for m in scenario.expect
