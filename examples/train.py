@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     progress = Path(args.progress_dir) / f"rank{rank}.iter" if args.progress_dir else None
     if progress is not None:
         progress.parent.mkdir(parents=True, exist_ok=True)
+    # with --progress-dir: every iteration's end time too (rank<R>.times, "<iteration> <monotonic ns>"),
+    # so that a harness can study the iteration-time series the detector saw
+    times = open(progress.with_suffix(".times"), "a", buffering=1) if progress is not None else None  # noqa: SIM115
     it, epoch = 0, 0
     t0 = time.perf_counter()
     while it < args.iters:
@@ -352,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 tmp = progress.with_suffix(".tmp")
                 tmp.write_text(f"{it} {os.getpid()}\n")
                 os.replace(tmp, progress)
+            if times is not None:
+                times.write(f"{it} {time.monotonic_ns()}\n")
             if not args.quiet and rank == 0 and (it + 1) % 50 == 0:
                 print(f"[rank 0] iteration {it + 1}/{args.iters} loss {loss.item():.4f}", flush=True)
             it += 1
@@ -359,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
         epoch += 1
     elapsed = time.perf_counter() - t0
+    if times is not None:
+        times.close()
     print_summary(rank, world, args.iters, elapsed)
     if injector.faults:
         ran = " ".join(f"{k}={v}" for k, v in sorted(injector.ran.items())) or "none"

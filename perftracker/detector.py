@@ -14,19 +14,27 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
 - **Re-detection.** M consecutive unmatched events (no boundary in between) send the detector back
   to learning. History survives if the same sequence is learned again.
 - **Slowdown.** Each clean iteration duration goes to a ``SlowdownRule`` (``perftracker.slowdown``).
+- **Own perturbation.** While a profile window runs and is written, and for ``settle_iters``
+  iterations after (``set_profiling``), a detection may be perftracker's own doing (profiler
+  overhead, its stop, the writer) or a slowdown that began meanwhile. It is held, and passed on
+  after the settle only if the job is still slower than the detection's baseline by at least half
+  the detected excess.
+- **Trigger gate.** Detections become triggers through a token bucket
+  (``perftracker.trigger_gate``).
 - **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
   iteration, blocked_min_s). It only reads attributes, so another thread may call it.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.slowdown import SlowdownRule, make_rule
-from perftracker.trigger_gate import ADMIT, TriggerGate
+from perftracker.trigger_gate import ABSORBED, ADMIT, TriggerGate
 
 DATALOADER = 0
 STEP = 1
@@ -49,6 +57,7 @@ class DetectorOptions:
     trigger_min_gap_s: float = 20.0  # the profile window's length: detections inside it are absorbed
     changepoint_z: float = 5.0
     changepoint_ref_iters: int = 300
+    settle_iters: int = 15  # after a profile window is written: iterations before detections count again
 
     @classmethod
     def from_config(cls, config: Config) -> DetectorOptions:
@@ -92,6 +101,9 @@ class Detector:
         self.gate = TriggerGate(o.trigger_cooldown_s, o.trigger_burst, o.trigger_min_gap_s)
         self.pending: dict[str, object] | None = None  # a slowdown trigger waiting to be collected
         self.suppressed: dict[str, int] = {}  # detections the gate did not pass, by verdict
+        self._profiling = False  # a profile window is armed, running or being written
+        self._settle_left = 0  # iterations left in the settle after a window
+        self._held: dict[str, object] | None = None  # a detection made while profiling or settling
         # learning state
         self._cur: list[int] = []
         self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
@@ -144,14 +156,65 @@ class Detector:
         if self.phase != "tracking":
             return
         detail = self._observe(duration_ns)
+        if self._profiling or self._settle_left > 0:
+            self._hold(detail, t_ns)
+            return
         if detail is not None:
-            verdict = self.gate.admit(t_ns)
-            if verdict != ADMIT:
-                self.suppressed[verdict] = self.suppressed.get(verdict, 0) + 1
-                return
-            detail["iteration"] = self.iteration
-            detail["mode"] = self.options.mode
-            self.pending = detail
+            self._pass(detail, t_ns)
+
+    def _pass(self, detail: dict[str, object], t_ns: int) -> None:
+        verdict = self.gate.admit(t_ns)
+        if verdict != ADMIT:
+            self.suppressed[verdict] = self.suppressed.get(verdict, 0) + 1
+            return
+        detail["iteration"] = self.iteration
+        detail["mode"] = self.options.mode
+        self.pending = detail
+
+    # ----------------------------------------------------------------------------------------
+    # profile windows: perftracker's own perturbation
+    # ----------------------------------------------------------------------------------------
+    def set_profiling(self, active: bool) -> None:
+        """A profile window is armed (True), or written and gone (False). Any thread."""
+        if active:
+            self._profiling = True
+            self._settle_left = 0
+        else:
+            self._settle_left = max(self.options.settle_iters, 1)
+            self._profiling = False
+
+    def _hold(self, detail: dict[str, object] | None, t_ns: int) -> None:
+        if detail is not None:
+            if self.gate.absorbs(t_ns):  # the last trigger's own window is looking at it
+                self.suppressed[ABSORBED] = self.suppressed.get(ABSORBED, 0) + 1
+            elif self._held is None:
+                detail["held_from_iteration"] = self.iteration  # the first: its baseline is the lowest
+                self._held = detail
+        if self._profiling:
+            return
+        self._settle_left -= 1
+        if self._settle_left > 0:
+            return
+        held, self._held = self._held, None
+        if held is None:
+            return
+        if self._still_slow(held):
+            self._pass(held, t_ns)
+        else:
+            self.suppressed["profiling"] = self.suppressed.get("profiling", 0) + 1
+
+    def _still_slow(self, detail: dict[str, object]) -> bool:
+        """The median of the last settle iterations is above the midpoint (in log time) between the
+        detection's baseline and its slow level: the slowdown outlived the window."""
+        base = detail.get("baseline_ms", detail.get("shortest_ms"))
+        slow = detail.get("recent_ms", detail.get("mean_ms"))
+        if not isinstance(base, (int, float)) or not isinstance(slow, (int, float)) or not 0 < base < slow:
+            return False
+        recent = sorted(list(self.durations_ns)[-min(self.options.settle_iters, 9):])
+        if not recent:
+            return False
+        median_ms = recent[len(recent) // 2] / 1e6
+        return median_ms > 0 and math.log(median_ms) > 0.5 * (math.log(base) + math.log(slow))
 
     @property
     def mean_iteration_ns(self) -> float:

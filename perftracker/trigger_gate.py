@@ -43,7 +43,7 @@ class TriggerGate:
         if self.cooldown_s <= 0:
             self._last_ns = t_ns
             return ADMIT
-        if self._last_ns is not None and t_ns - self._last_ns < min(self.min_gap_s, self.cooldown_s) * 1e9:
+        if self.absorbs(t_ns):
             return ABSORBED
         self._refill(t_ns)
         if self._tokens < 1.0:
@@ -51,6 +51,11 @@ class TriggerGate:
         self._tokens -= 1.0
         self._last_ns = t_ns
         return ADMIT
+
+    def absorbs(self, t_ns: int) -> bool:
+        """Whether a detection at ``t_ns`` falls in the window of the last trigger (no token spent)."""
+        return (self.cooldown_s > 0 and self._last_ns is not None
+                and t_ns - self._last_ns < min(self.min_gap_s, self.cooldown_s) * 1e9)
 
     def tokens(self, t_ns: int) -> float:
         """Triggers available now (for status)."""

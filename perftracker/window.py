@@ -108,6 +108,7 @@ class ProfileWindow(WindowWriter, WindowExit):
             self._cur = cur
             self._state = _ARMED
         self._hook()
+        self._profiling(True)
         if self.options.spawn_sampler:
             try:
                 cur.sampler = SamplerProcess.spawn(self._pid(), self._training_tid(), window_s,
@@ -318,6 +319,7 @@ class ProfileWindow(WindowWriter, WindowExit):
             with self._lock:
                 if self._cur is cur:
                     self._cur, self._state = None, _IDLE
+            self._profiling(False)
         log.info("perftracker: window %s: training resumed; profiler stopped and its data dropped (%.2f s)",
                  cur.session, time.monotonic() - t0)
 
@@ -325,6 +327,7 @@ class ProfileWindow(WindowWriter, WindowExit):
         with self._lock:
             self._cur = None
             self._state = _IDLE
+        self._profiling(False)
         self._notify(cur, res)
 
     def _notify(self, cur: _Active, res: WindowResult) -> None:
@@ -334,6 +337,15 @@ class ProfileWindow(WindowWriter, WindowExit):
             log.exception("perftracker: on_done callback for window %s raised", cur.session)
 
     # ---------------------------------------------------------------- helpers
+    def _profiling(self, active: bool) -> None:
+        """Tell the detector that its iteration times are (or stop being) perturbed by this window."""
+        detector = getattr(self._runtime, "detector", None)
+        if detector is not None:
+            try:
+                detector.set_profiling(active)
+            except Exception:  # noqa: BLE001 - never into the training loop
+                log.debug("perftracker: detector.set_profiling failed", exc_info=True)
+
     def _hook(self) -> None:
         if self._hooked:
             return

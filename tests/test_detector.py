@@ -244,6 +244,62 @@ def test_detector_trigger_detail_and_gate() -> None:
     assert len(f.triggers) == 2 and det.suppressed.get("over budget", 0) >= 1
 
 
+def _jitter(rng: np.random.Generator, n: int, ms: float) -> list[int]:
+    return [int(v) for v in ms * MS * np.exp(rng.normal(0, 0.02, n))]
+
+
+def test_the_windows_own_perturbation_does_not_trigger() -> None:
+    """Profiler overhead during a window, its stop and the writer slow the job; none of it fires."""
+    rng = np.random.default_rng(1)
+    det = Detector(opts(), FakeClock())
+    f = Feeder(det, (D, O))
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    det.set_profiling(True)  # a CLI trigger's window
+    for d in _jitter(rng, 100, 65) + [200 * MS] * 4 + _jitter(rng, 20, 70):  # overhead, stop, writer
+        f.iteration(d)
+    det.set_profiling(False)
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    assert f.triggers == [] and det.suppressed.get("profiling", 0) >= 1
+
+
+def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
+    rng = np.random.default_rng(2)
+    det = Detector(opts(), FakeClock())
+    f = Feeder(det, (D, O))
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    det.set_profiling(True)
+    for d in _jitter(rng, 50, 55) + _jitter(rng, 40, 72):  # the fault begins near the window's end
+        f.iteration(d)
+    det.set_profiling(False)
+    for d in _jitter(rng, 100, 70):
+        f.iteration(d)
+    assert len(f.triggers) == 1, det.suppressed
+    it, detail = f.triggers[0]
+    settle = det.options.settle_iters
+    assert it == 390 + settle - 1 and detail["held_from_iteration"] < 391  # right after the settle
+
+
+def test_a_sustained_slowdown_is_not_reported_again_after_its_window() -> None:
+    rng = np.random.default_rng(3)
+    det = Detector(opts(trigger_cooldown_s=120.0, trigger_min_gap_s=20.0), FakeClock())
+    f = Feeder(det, (D, O))
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    for d in _jitter(rng, 10, 75):
+        f.iteration(d)
+    assert len(f.triggers) == 1
+    det.set_profiling(True)  # the trigger's window: the slow level plus profiler overhead
+    for d in _jitter(rng, 100, 92) + [250 * MS] * 3:
+        f.iteration(d)
+    det.set_profiling(False)
+    for d in _jitter(rng, 300, 75):
+        f.iteration(d)
+    assert len(f.triggers) == 1 and det.suppressed.get("absorbed", 0) >= 1
+
+
 def test_trigger_gate_token_bucket() -> None:
     s = 1_000_000_000
     gate = TriggerGate(cooldown_s=100.0, burst=2, min_gap_s=10.0)

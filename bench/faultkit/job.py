@@ -138,6 +138,8 @@ class JobRun:
         if self.progress_dir != self.run_dir:
             import shutil
 
+            for f in self.progress_dir.glob("*.times"):  # iteration end times: kept with the run
+                shutil.copy(f, self.run_dir / f.name)
             shutil.rmtree(self.progress_dir, ignore_errors=True)
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
