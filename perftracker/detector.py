@@ -16,9 +16,10 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
 - **Slowdown.** Each clean iteration duration goes to a ``SlowdownRule`` (``perftracker.slowdown``).
 - **Own perturbation.** While a profile window runs and is written, and for ``settle_iters``
   iterations after (``set_profiling``), a detection may be perftracker's own doing (profiler
-  overhead, its stop, the writer) or a slowdown that began meanwhile. It is held, and passed on
-  after the settle only if the job is still slower than the detection's baseline by at least half
-  the detected excess.
+  overhead, its stop, the writer), the slowdown the window is profiling, or one that began
+  meanwhile. A slowdown that began before the window's middle was profiled: dropped. A later one
+  is held, and passed on after the settle only if the job is still slower than the detection's
+  baseline by at least half the detected excess.
 - **Trigger gate.** Detections become triggers through a token bucket
   (``perftracker.trigger_gate``).
 - **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.slowdown import SlowdownRule, make_rule
-from perftracker.trigger_gate import ABSORBED, ADMIT, TriggerGate
+from perftracker.trigger_gate import ADMIT, TriggerGate
 
 DATALOADER = 0
 STEP = 1
@@ -104,6 +105,7 @@ class Detector:
         self._profiling = False  # a profile window is armed, running or being written
         self._settle_left = 0  # iterations left in the settle after a window
         self._held: dict[str, object] | None = None  # a detection made while profiling or settling
+        self._profiled_until = 0  # slowdowns that began before this iteration were profiled (window middle)
         # learning state
         self._cur: list[int] = []
         self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
@@ -177,6 +179,10 @@ class Detector:
     def set_profiling(self, active: bool) -> None:
         """A profile window is armed (True), or written and gone (False). Any thread."""
         if active:
+            if not self._profiling:
+                mean_ns = self.mean_iteration_ns
+                window_iters = self.options.trigger_min_gap_s * 1e9 / mean_ns if mean_ns > 0 else 0.0
+                self._profiled_until = self.iteration + int(window_iters / 2)
             self._profiling = True
             self._settle_left = 0
         else:
@@ -185,10 +191,13 @@ class Detector:
 
     def _hold(self, detail: dict[str, object] | None, t_ns: int) -> None:
         if detail is not None:
-            if self.gate.absorbs(t_ns):  # the last trigger's own window is looking at it
-                self.suppressed[ABSORBED] = self.suppressed.get(ABSORBED, 0) + 1
+            runs = detail.get("iterations")
+            began = self.iteration - (runs if isinstance(runs, int) else 0)
+            if began < self._profiled_until:  # the window saw at least half of it
+                self.suppressed["profiled"] = self.suppressed.get("profiled", 0) + 1
             elif self._held is None:
                 detail["held_from_iteration"] = self.iteration  # the first: its baseline is the lowest
+                detail["began_iteration"] = began
                 self._held = detail
         if self._profiling:
             return

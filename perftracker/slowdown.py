@@ -85,6 +85,7 @@ class PaperRule:
                 "shortest_ms": shortest_ns / 1e6,
                 "ratio": mean_ns / shortest_ns,
                 "window_iters": self._w,
+                "iterations": self._w,
             }
             self.reset()
             return detail
@@ -208,6 +209,7 @@ class ChangepointRule:
                     "baseline_ms": math.exp(anchor) / 1e6,
                     "recent_ms": math.exp(block_median) / 1e6,
                     "noise": noise,
+                    "iterations": len(block),
                 }
         return None
 
@@ -266,6 +268,7 @@ class ChangepointRule:
                     "baseline_ms": math.exp(self._level) / 1e6,
                     "recent_ms": math.exp(trimmed) / 1e6,
                     "noise": self._noise,
+                    "iterations": k,
                 }
                 self._rebase(k)
                 return detail

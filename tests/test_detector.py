@@ -251,7 +251,7 @@ def _jitter(rng: np.random.Generator, n: int, ms: float) -> list[int]:
 def test_the_windows_own_perturbation_does_not_trigger() -> None:
     """Profiler overhead during a window, its stop and the writer slow the job; none of it fires."""
     rng = np.random.default_rng(1)
-    det = Detector(opts(), FakeClock())
+    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())  # a 5 s window: 100 iterations
     f = Feeder(det, (D, O))
     for d in _jitter(rng, 300, 50):
         f.iteration(d)
@@ -266,12 +266,12 @@ def test_the_windows_own_perturbation_does_not_trigger() -> None:
 
 def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
     rng = np.random.default_rng(2)
-    det = Detector(opts(), FakeClock())
+    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())  # a 5 s window: 100 iterations
     f = Feeder(det, (D, O))
     for d in _jitter(rng, 300, 50):
         f.iteration(d)
     det.set_profiling(True)
-    for d in _jitter(rng, 50, 55) + _jitter(rng, 40, 72):  # the fault begins near the window's end
+    for d in _jitter(rng, 65, 55) + _jitter(rng, 35, 72):  # the fault begins after the window's middle
         f.iteration(d)
     det.set_profiling(False)
     for d in _jitter(rng, 100, 70):
@@ -279,7 +279,24 @@ def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
     assert len(f.triggers) == 1, det.suppressed
     it, detail = f.triggers[0]
     settle = det.options.settle_iters
-    assert it == 390 + settle - 1 and detail["held_from_iteration"] < 391  # right after the settle
+    assert it == 400 + settle - 1 and detail["held_from_iteration"] < 401  # right after the settle
+    assert int(detail["began_iteration"]) >= 350  # type: ignore[call-overload]
+
+
+def test_a_slowdown_that_begins_early_in_a_window_was_profiled_by_it() -> None:
+    """Another rank's trigger armed this rank's window at the onset: the window profiled it."""
+    rng = np.random.default_rng(4)
+    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())
+    f = Feeder(det, (D, O))
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    det.set_profiling(True)
+    for d in _jitter(rng, 100, 72):
+        f.iteration(d)
+    det.set_profiling(False)
+    for d in _jitter(rng, 300, 70):
+        f.iteration(d)
+    assert f.triggers == [] and det.suppressed.get("profiled", 0) >= 1
 
 
 def test_a_sustained_slowdown_is_not_reported_again_after_its_window() -> None:
@@ -297,7 +314,7 @@ def test_a_sustained_slowdown_is_not_reported_again_after_its_window() -> None:
     det.set_profiling(False)
     for d in _jitter(rng, 300, 75):
         f.iteration(d)
-    assert len(f.triggers) == 1 and det.suppressed.get("absorbed", 0) >= 1
+    assert len(f.triggers) == 1 and det.suppressed.get("profiled", 0) >= 1
 
 
 def test_trigger_gate_token_bucket() -> None:
