@@ -15,7 +15,7 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
   to learning. History survives if the same sequence is learned again.
 - **Slowdown.** Each clean iteration duration goes to a ``SlowdownRule`` (``perftracker.slowdown``).
 - **Own perturbation.** While a profile window runs and is written, and for ``settle_iters``
-  iterations after (``set_profiling``), a detection may be perftracker's own doing (profiler
+  iterations and ``window_s`` after (``set_profiling``), a detection may be perftracker's own doing (profiler
   overhead, its stop, the writer), the slowdown the window is profiling, or one that began
   meanwhile. A slowdown that began before the window's middle was profiled: dropped. A later one
   is held, and passed on after the settle only if the job is still slower than the detection's
@@ -58,7 +58,8 @@ class DetectorOptions:
     trigger_min_gap_s: float = 20.0  # the profile window's length: detections inside it are absorbed
     changepoint_z: float = 5.0
     changepoint_ref_iters: int = 300
-    settle_iters: int = 15  # after a profile window is written: iterations before detections count again
+    settle_iters: int = 15  # after a profile window is written: iterations (and window_s) before
+    # detections count again
 
     @classmethod
     def from_config(cls, config: Config) -> DetectorOptions:
@@ -104,6 +105,7 @@ class Detector:
         self.suppressed: dict[str, int] = {}  # detections the gate did not pass, by verdict
         self._profiling = False  # a profile window is armed, running or being written
         self._settle_left = 0  # iterations left in the settle after a window
+        self._settle_until_ns = 0  # ... and it lasts until this event time at least
         self._held: dict[str, object] | None = None  # a detection made while profiling or settling
         self._profiled_until = 0  # slowdowns that began before this iteration were profiled (window middle)
         # learning state
@@ -187,6 +189,9 @@ class Detector:
             self._settle_left = 0
         else:
             self._settle_left = max(self.options.settle_iters, 1)
+            # as long again as the window: the other ranks' windows end and are written a little
+            # later, and in a synchronous job their cost is this rank's too (seen in the fault bench)
+            self._settle_until_ns = max(self.last_t_ns, 0) + int(self.options.trigger_min_gap_s * 1e9)
             self._profiling = False
 
     def _hold(self, detail: dict[str, object] | None, t_ns: int) -> None:
@@ -203,6 +208,9 @@ class Detector:
             return
         self._settle_left -= 1
         if self._settle_left > 0:
+            return
+        if t_ns < self._settle_until_ns:
+            self._settle_left = 1
             return
         held, self._held = self._held, None
         if held is None:

@@ -278,8 +278,8 @@ def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
         f.iteration(d)
     assert len(f.triggers) == 1, det.suppressed
     it, detail = f.triggers[0]
-    settle = det.options.settle_iters
-    assert it == 400 + settle - 1 and detail["held_from_iteration"] < 401  # right after the settle
+    # right after the settle: 15 iterations and the window's length again (5 s at 70 ms: ~72)
+    assert 400 + 68 <= it <= 400 + 76 and detail["held_from_iteration"] < 401
     assert int(detail["began_iteration"]) >= 350  # type: ignore[call-overload]
 
 
