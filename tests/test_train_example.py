@@ -58,7 +58,9 @@ def test_torchrun_two_workers_learn_sequence(clean_env: dict[str, str], free_por
         "--quiet", "--checkpoint-every", "30", "--checkpoint-pause-s", "0.2",
         "--fault", "busy_python:where=forward,ms=2", "--fault-ranks", "1", "--progress-dir", str(tmp_path),
     ]
-    out = subprocess.run(cmd, env=clean_env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    # no node agent: this test is about sequence learning (an autostarted one would idle for 300 s)
+    env = dict(clean_env, PERFTRACKER_AUTOSTART_AGENT="0")
+    out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     summaries = _summaries(out.stdout)
     assert sorted(summaries) == [0, 1], out.stdout
