@@ -14,12 +14,12 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
 - **Re-detection.** M consecutive unmatched events (no boundary in between) send the detector back
   to learning. History survives if the same sequence is learned again.
 - **Slowdown.** Each clean iteration duration goes to a ``SlowdownRule`` (``perftracker.slowdown``).
-- **Own perturbation.** While a profile window runs and is written, and for ``settle_iters``
-  iterations and ``window_s`` after (``set_profiling``), a detection may be perftracker's own doing (profiler
-  overhead, its stop, the writer), the slowdown the window is profiling, or one that began
-  meanwhile. A slowdown that began before the window's middle was profiled: dropped. A later one
-  is held, and passed on after the settle only if the job is still slower than the detection's
-  baseline by at least half the detected excess.
+- **Own perturbation.** While a profile window runs and is written, and for a settle after it
+  (``settle_iters`` iterations and ``window_s``; see ``set_profiling``), a detection may be
+  perftracker's own doing (profiler overhead, its stop, the writer), the slowdown the window is
+  profiling, or one that began meanwhile. A slowdown that began before the window's middle was
+  profiled: dropped. A later one is held, and passed on after the settle only if the job is still
+  slower than the detection's baseline by at least half the detected excess.
 - **Trigger gate.** Detections become triggers through a token bucket
   (``perftracker.trigger_gate``).
 - **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
@@ -58,8 +58,7 @@ class DetectorOptions:
     trigger_min_gap_s: float = 20.0  # the profile window's length: detections inside it are absorbed
     changepoint_z: float = 5.0
     changepoint_ref_iters: int = 300
-    settle_iters: int = 15  # after a profile window is written: iterations (and window_s) before
-    # detections count again
+    settle_iters: int = 15  # after a window is written: iterations (and window_s) before detections count
 
     @classmethod
     def from_config(cls, config: Config) -> DetectorOptions:
@@ -108,6 +107,7 @@ class Detector:
         self._settle_until_ns = 0  # ... and it lasts until this event time at least
         self._held: dict[str, object] | None = None  # a detection made while profiling or settling
         self._profiled_until = 0  # slowdowns that began before this iteration were profiled (window middle)
+        self._window_s = o.trigger_min_gap_s  # the latest window's length
         # learning state
         self._cur: list[int] = []
         self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
@@ -178,12 +178,15 @@ class Detector:
     # ----------------------------------------------------------------------------------------
     # profile windows: perftracker's own perturbation
     # ----------------------------------------------------------------------------------------
-    def set_profiling(self, active: bool) -> None:
-        """A profile window is armed (True), or written and gone (False). Any thread."""
+    def set_profiling(self, active: bool, window_s: float | None = None) -> None:
+        """A profile window of ``window_s`` (default: the configured one) is armed (True), or written
+        and gone (False). Any thread."""
+        if window_s is not None and window_s > 0:
+            self._window_s = float(window_s)
         if active:
             if not self._profiling:
                 mean_ns = self.mean_iteration_ns
-                window_iters = self.options.trigger_min_gap_s * 1e9 / mean_ns if mean_ns > 0 else 0.0
+                window_iters = self._window_s * 1e9 / mean_ns if mean_ns > 0 else 0.0
                 self._profiled_until = self.iteration + int(window_iters / 2)
             self._profiling = True
             self._settle_left = 0
@@ -191,7 +194,7 @@ class Detector:
             self._settle_left = max(self.options.settle_iters, 1)
             # as long again as the window: the other ranks' windows end and are written a little
             # later, and in a synchronous job their cost is this rank's too (seen in the fault bench)
-            self._settle_until_ns = max(self.last_t_ns, 0) + int(self.options.trigger_min_gap_s * 1e9)
+            self._settle_until_ns = max(self.last_t_ns, 0) + int(self._window_s * 1e9)
             self._profiling = False
 
     def _hold(self, detail: dict[str, object] | None, t_ns: int) -> None:

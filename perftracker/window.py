@@ -108,7 +108,7 @@ class ProfileWindow(WindowWriter, WindowExit):
             self._cur = cur
             self._state = _ARMED
         self._hook()
-        self._profiling(True)
+        self._profiling(True, window_s)
         if self.options.spawn_sampler:
             try:
                 cur.sampler = SamplerProcess.spawn(self._pid(), self._training_tid(), window_s,
@@ -337,12 +337,12 @@ class ProfileWindow(WindowWriter, WindowExit):
             log.exception("perftracker: on_done callback for window %s raised", cur.session)
 
     # ---------------------------------------------------------------- helpers
-    def _profiling(self, active: bool) -> None:
+    def _profiling(self, active: bool, window_s: float | None = None) -> None:
         """Tell the detector that its iteration times are (or stop being) perturbed by this window."""
         detector = getattr(self._runtime, "detector", None)
         if detector is not None:
             try:
-                detector.set_profiling(active)
+                detector.set_profiling(active, window_s)
             except Exception:  # noqa: BLE001 - never into the training loop
                 log.debug("perftracker: detector.set_profiling failed", exc_info=True)
 

@@ -317,6 +317,22 @@ def test_a_sustained_slowdown_is_not_reported_again_after_its_window() -> None:
     assert len(f.triggers) == 1 and det.suppressed.get("profiled", 0) >= 1
 
 
+def test_the_windows_own_length_sets_what_it_profiled() -> None:
+    """A window asked for 2 s (not the configured 20 s) profiled 2 s: a slowdown 1.5 s in is new."""
+    rng = np.random.default_rng(5)
+    det = Detector(opts(trigger_min_gap_s=20.0), FakeClock())
+    f = Feeder(det, (D, O))
+    for d in _jitter(rng, 300, 50):
+        f.iteration(d)
+    det.set_profiling(True, window_s=2.0)  # 40 iterations; its middle is 20 iterations in
+    for d in _jitter(rng, 30, 50) + _jitter(rng, 20, 75):
+        f.iteration(d)
+    det.set_profiling(False)
+    for d in _jitter(rng, 200, 75):
+        f.iteration(d)
+    assert len(f.triggers) == 1, det.suppressed
+
+
 def test_trigger_gate_token_bucket() -> None:
     s = 1_000_000_000
     gate = TriggerGate(cooldown_s=100.0, burst=2, min_gap_s=10.0)
