@@ -312,6 +312,11 @@ class SessionManager:
             if snap.session:
                 s = self._open_session_for(snap.session, snap.job, snap.rank)
             else:
+                seen = self._reported_hang_of(snap)
+                if seen is not None:  # this rank's stop is in a stored hang report already
+                    log.info("hang snapshot of rank %d (job %s, iteration %d) belongs to reported hang session "
+                             "%s; no new session", snap.rank, snap.job, snap.last_iteration, seen)
+                    return self.view(seen)
                 s, _ = self.trigger(snap.job, f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s", kind=HANG)
                 self._open_session_for(s.session, snap.job, snap.rank)
             if s.kind != HANG:  # a hang during a slowdown session: no window will complete
@@ -321,6 +326,20 @@ class SessionManager:
             self._paused.discard(s.session)
             self._uploaded_of(s.session).add(snap.rank)
             return self.view(s.session)
+
+    def _reported_hang_of(self, snap: HangSnapshot) -> str | None:
+        """The unresolved hang session whose report already has this rank stopped at this iteration.
+
+        Every rank's detector reports the same hang, a few hundred ms apart; when the session the
+        first one opened is complete and reported before a slower rank's own report arrives, that
+        report is the same hang, not a new one (seen in the fault bench: two hang sessions)."""
+        for session, job in self._unresolved_hangs.items():
+            if job != snap.job:
+                continue
+            if any(h.rank == snap.rank and h.last_iteration == snap.last_iteration
+                   for h in self.store.hang_snapshots(session)):
+                return session
+        return None
 
     # ---------------------------------------------------------------- closing
     def dead_ranks(self, s: SessionRecord) -> set[int]:

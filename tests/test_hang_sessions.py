@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,23 @@ def test_a_stopped_rank_completes_the_session_at_once_and_is_named(mgr: SessionM
     s2 = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait", it=80,
                                         taken_ns=T0 + 10**10))
     assert s2.session != s.session and s2.state == "open"
+
+
+def test_a_late_report_of_a_reported_hang_opens_no_second_session(mgr: SessionManager) -> None:
+    """Each rank's detector reports the same hang a few hundred ms apart; once the first session is
+    reported, a slower rank's own report of the same stop (same last iteration) joins nothing new."""
+    s = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    for r in (1, 2):
+        mgr.accept_hang_snapshot(dataclasses.replace(
+            _snap(r, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"), session=s.session))
+    mgr.localize_now(s.session)
+    assert mgr.store.get_report(s.session) is not None
+    late = mgr.accept_hang_snapshot(_snap(2, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    assert late.session == s.session
+    assert [x.session for x in mgr.store.sessions(job="j")] == [s.session]
+    # a rank stopped at another iteration is another hang: a new session
+    other = mgr.accept_hang_snapshot(_snap(2, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait", it=90))
+    assert other.session != s.session
 
 
 def test_an_all_rank_pause_stores_no_report_and_closes_when_the_job_resumes(mgr: SessionManager) -> None:
