@@ -192,6 +192,7 @@ class Runtime:
             "blocked_limit_s": det.blocked_limit_ns() / 1e9,
             "triggers": list(self.triggers),
             "suppressed_triggers": dict(det.suppressed),
+            "trigger_tokens": det.gate.tokens(max(det.last_t_ns, 0)),
             "identity": self.identity.to_dict(),
             "error": self.error,
         }

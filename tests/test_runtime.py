@@ -111,6 +111,8 @@ def test_manual_trigger_and_status() -> None:
     assert st["phase"] == "tracking" and st["sequence"] == ["dataloader.next", "optimizer.step"]
     assert st["recent_mean_ms"] == pytest.approx(40.0) and st["recent_min_ms"] == pytest.approx(40.0)
     assert rt.recent_iteration_ms()[-1] == pytest.approx(40.0)
+    # a manual trigger spends no automatic-trigger token; nothing was held back
+    assert st["suppressed_triggers"] == {} and st["trigger_tokens"] == rt.config.trigger_burst
     rt.active = False
     assert not rt.trigger("ignored")
 
