@@ -259,6 +259,7 @@ class JobRun:
         opened: dict[str, tuple[float, int]] = {}  # session -> (monotonic time seen, trigger iteration)
         reasons: dict[str, str] = {}
         reports: dict[str, Report] = {}
+        stored_at: dict[str, float] = {}  # session -> monotonic time its report was first seen
         answer: str | None = None  # the session whose report answers the scenario
         cli_iter: int | None = None
         progress: dict[int, int] = {}
@@ -294,7 +295,7 @@ class JobRun:
                     reasons[sid] = f"iteration {it}: {s.get('reason')}"
                     log.info("session %s opened: %s", sid, s.get("reason"))
                 if sid not in reports and (rep := self._report(sid)) is not None:
-                    reports[sid] = rep
+                    reports[sid], stored_at[sid] = rep, time.monotonic()
                     if answer is None and (onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
                         answer = sid
             if answer is not None:
@@ -311,7 +312,7 @@ class JobRun:
         trigger_iter = None
         if report is not None and answer is not None:
             t_open, trigger_iter = opened[answer]
-            report_s = time.monotonic() - t_open - (sc.window_s if report.kind != "hang" else 0.0)
+            report_s = stored_at[answer] - t_open - (sc.window_s if report.kind != "hang" else 0.0)
         onset = self._onset(applied_at)
         delay = None
         if sc.trigger == "detector" and onset is not None:
