@@ -20,6 +20,11 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
   profiling, or one that began meanwhile. A slowdown that began before the window's middle was
   profiled: dropped. A later one is held, and passed on after the settle only if the job is still
   slower than the detection's baseline by at least half the detected excess.
+- **Post-window check.** After the settle that follows a window this rank's trigger opened, the
+  job is compared once more with the level before that trigger. Still slower: a ``post-window``
+  trigger (through the gate). The window's own iterations carry the profiler's overhead, which
+  can hide a fault of the same size that begins right after it; this check does not depend on
+  them. It also means a sustained slowdown is profiled twice: once at its onset, once to confirm.
 - **Trigger gate.** Detections become triggers through a token bucket
   (``perftracker.trigger_gate``).
 - **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
@@ -39,6 +44,8 @@ from perftracker.trigger_gate import ADMIT, TriggerGate
 
 DATALOADER = 0
 STEP = 1
+POST_WINDOW = "post-window"  # the test name of a post-window check's trigger
+_MEDIAN_SE = 1.2533  # standard error of a median, in units of sigma / sqrt(n), for a normal
 KIND_NAMES = ("dataloader.next", "optimizer.step")
 MAX_PERIOD_SEGMENTS = 3
 MAX_SEGMENT_EVENTS = 4096
@@ -108,6 +115,11 @@ class Detector:
         self._held: dict[str, object] | None = None  # a detection made while profiling or settling
         self._profiled_until = 0  # slowdowns that began before this iteration were profiled (window middle)
         self._window_s = o.trigger_min_gap_s  # the latest window's length
+        # the post-window check: (trigger time ns, baseline ms, noise) of this rank's last trigger,
+        # then attached to the window it opened, checked at the end of that window's settle
+        self._confirm: tuple[int, float, float] | None = None
+        self._confirm_window: tuple[int, float, float] | None = None
+        self._settled = 0  # iterations seen since the window was written
         # learning state
         self._cur: list[int] = []
         self._segments: deque[tuple[int, ...]] = deque(maxlen=o.learn_sequences * MAX_PERIOD_SEGMENTS)
@@ -174,6 +186,12 @@ class Detector:
         detail["iteration"] = self.iteration
         detail["mode"] = self.options.mode
         self.pending = detail
+        base = detail.get("baseline_ms", detail.get("shortest_ms"))
+        noise = detail.get("noise", 0.0)
+        if detail.get("test") != POST_WINDOW and isinstance(base, (int, float)) and base > 0:
+            self._confirm = (t_ns, float(base), float(noise) if isinstance(noise, (int, float)) else 0.0)
+        else:
+            self._confirm = None
 
     # ----------------------------------------------------------------------------------------
     # profile windows: perftracker's own perturbation
@@ -188,9 +206,14 @@ class Detector:
                 mean_ns = self.mean_iteration_ns
                 window_iters = self._window_s * 1e9 / mean_ns if mean_ns > 0 else 0.0
                 self._profiled_until = self.iteration + int(window_iters / 2)
+                confirm, self._confirm = self._confirm, None
+                # this rank's trigger opened this window if it came just before it
+                fresh = confirm is not None and self.last_t_ns - confirm[0] < self._window_s * 1e9
+                self._confirm_window = confirm if fresh else None
             self._profiling = True
             self._settle_left = 0
         else:
+            self._settled = 0
             self._settle_left = max(self.options.settle_iters, 1)
             # as long again as the window: the other ranks' windows end and are written a little
             # later, and in a synchronous job their cost is this rank's too (seen in the fault bench)
@@ -209,6 +232,7 @@ class Detector:
                 self._held = detail
         if self._profiling:
             return
+        self._settled += 1
         self._settle_left -= 1
         if self._settle_left > 0:
             return
@@ -216,12 +240,31 @@ class Detector:
             self._settle_left = 1
             return
         held, self._held = self._held, None
-        if held is None:
-            return
-        if self._still_slow(held):
-            self._pass(held, t_ns)
-        else:
+        confirm, self._confirm_window = self._confirm_window, None
+        if held is not None:
+            if self._still_slow(held):
+                self._pass(held, t_ns)
+                return
             self.suppressed["profiling"] = self.suppressed.get("profiling", 0) + 1
+        if confirm is not None:
+            detail = self._post_window(confirm[1], confirm[2])
+            if detail is not None:
+                self._pass(detail, t_ns)
+
+    def _post_window(self, base_ms: float, noise: float) -> dict[str, object] | None:
+        """The post-window check: the median of the iterations since the window was written (up to
+        W) against the level before the trigger, by more than the threshold and three standard
+        errors of that median. A detail mapping if still slower, else None."""
+        n = min(self._settled, len(self.durations_ns))
+        if n < 5:
+            return None
+        recent = sorted(list(self.durations_ns)[-n:])
+        median_ms = recent[n // 2] / 1e6
+        bound = max(math.log1p(self.options.slowdown_threshold), 3 * _MEDIAN_SE * noise / math.sqrt(n))
+        if median_ms <= 0 or math.log(median_ms / base_ms) <= bound:
+            return None
+        return {"rule": self.options.mode, "test": POST_WINDOW, "ratio": median_ms / base_ms, "baseline_ms": base_ms,
+                "recent_ms": median_ms, "noise": noise, "iterations": n}
 
     def _still_slow(self, detail: dict[str, object]) -> bool:
         """The median of the last settle iterations is above the midpoint (in log time) between the
