@@ -258,8 +258,7 @@ class Detector:
         n = min(self._settled, len(self.durations_ns))
         if n < 5:
             return None
-        recent = sorted(list(self.durations_ns)[-n:])
-        median_ms = recent[n // 2] / 1e6
+        median_ms = self._recent_median_ms(n)
         bound = max(math.log1p(self.options.slowdown_threshold), 3 * _MEDIAN_SE * noise / math.sqrt(n))
         if median_ms <= 0 or math.log(median_ms / base_ms) <= bound:
             return None
@@ -273,11 +272,13 @@ class Detector:
         slow = detail.get("recent_ms", detail.get("mean_ms"))
         if not isinstance(base, (int, float)) or not isinstance(slow, (int, float)) or not 0 < base < slow:
             return False
-        recent = sorted(list(self.durations_ns)[-min(self.options.settle_iters, 9):])
-        if not recent:
-            return False
-        median_ms = recent[len(recent) // 2] / 1e6
+        median_ms = self._recent_median_ms(min(self.options.settle_iters, 9))
         return median_ms > 0 and math.log(median_ms) > 0.5 * (math.log(base) + math.log(slow))
+
+    def _recent_median_ms(self, n: int) -> float:
+        """Median of the last ``n`` iteration durations (fewer if fewer are kept), in ms; 0 if none."""
+        recent = sorted(list(self.durations_ns)[-n:]) if n > 0 else []
+        return recent[len(recent) // 2] / 1e6 if recent else 0.0
 
     @property
     def mean_iteration_ns(self) -> float:

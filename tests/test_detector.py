@@ -248,34 +248,40 @@ def _jitter(rng: np.random.Generator, n: int, ms: float) -> list[int]:
     return [int(v) for v in ms * MS * np.exp(rng.normal(0, 0.02, n))]
 
 
+def _steady(seed: int, **kw: object) -> tuple[np.random.Generator, Detector, Feeder]:
+    """A detector (5 s windows unless given) fed 300 steady 50 ms iterations."""
+    rng = np.random.default_rng(seed)
+    det = Detector(opts(**{"trigger_min_gap_s": 5.0, **kw}), FakeClock())
+    f = Feeder(det, (D, O))
+    _feed(f, _jitter(rng, 300, 50))
+    return rng, det, f
+
+
+def _feed(f: Feeder, durations: list[int]) -> None:
+    for d in durations:
+        f.iteration(d)
+
+
+def _window(det: Detector, f: Feeder, durations: list[int], window_s: float | None = None) -> None:
+    """A profile window over ``durations``: armed before them, written after them."""
+    det.set_profiling(True, window_s)
+    _feed(f, durations)
+    det.set_profiling(False)
+
+
 def test_the_windows_own_perturbation_does_not_trigger() -> None:
     """Profiler overhead during a window, its stop and the writer slow the job; none of it fires."""
-    rng = np.random.default_rng(1)
-    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())  # a 5 s window: 100 iterations
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    det.set_profiling(True)  # a CLI trigger's window
-    for d in _jitter(rng, 100, 65) + [200 * MS] * 4 + _jitter(rng, 20, 70):  # overhead, stop, writer
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
+    rng, det, f = _steady(1)  # a 5 s window: 100 iterations
+    # a CLI trigger's window: overhead, stop, writer
+    _window(det, f, _jitter(rng, 100, 65) + [200 * MS] * 4 + _jitter(rng, 20, 70))
+    _feed(f, _jitter(rng, 300, 50))
     assert f.triggers == [] and det.suppressed.get("profiling", 0) >= 1
 
 
 def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
-    rng = np.random.default_rng(2)
-    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())  # a 5 s window: 100 iterations
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    det.set_profiling(True)
-    for d in _jitter(rng, 65, 55) + _jitter(rng, 35, 72):  # the fault begins after the window's middle
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 100, 70):
-        f.iteration(d)
+    rng, det, f = _steady(2)  # a 5 s window: 100 iterations
+    _window(det, f, _jitter(rng, 65, 55) + _jitter(rng, 35, 72))  # the fault begins after the window's middle
+    _feed(f, _jitter(rng, 100, 70))
     assert len(f.triggers) == 1, det.suppressed
     it, detail = f.triggers[0]
     # right after the settle: 15 iterations and the window's length again (5 s at 70 ms: ~72)
@@ -285,17 +291,9 @@ def test_a_slowdown_that_begins_during_a_window_triggers_after_it() -> None:
 
 def test_a_slowdown_that_begins_early_in_a_window_was_profiled_by_it() -> None:
     """Another rank's trigger armed this rank's window at the onset: the window profiled it."""
-    rng = np.random.default_rng(4)
-    det = Detector(opts(trigger_min_gap_s=5.0), FakeClock())
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    det.set_profiling(True)
-    for d in _jitter(rng, 100, 72):
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 300, 70):
-        f.iteration(d)
+    rng, det, f = _steady(4)
+    _window(det, f, _jitter(rng, 100, 72))
+    _feed(f, _jitter(rng, 300, 70))
     assert f.triggers == [] and det.suppressed.get("profiled", 0) >= 1
 
 
@@ -303,21 +301,12 @@ def test_a_sustained_slowdown_is_confirmed_once_after_its_window() -> None:
     """Its window's own detections are dropped; after the settle the post-window check sees the job
     still slower than before the trigger and triggers once more; the confirmation's window does not
     lead to a third."""
-    rng = np.random.default_rng(3)
-    det = Detector(opts(trigger_cooldown_s=120.0, trigger_min_gap_s=5.0), FakeClock())
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    for d in _jitter(rng, 10, 75):
-        f.iteration(d)
+    rng, det, f = _steady(3, trigger_cooldown_s=120.0)
+    _feed(f, _jitter(rng, 10, 75))
     assert len(f.triggers) == 1
     for _ in range(2):  # the trigger's window, then the confirmation's
-        det.set_profiling(True)  # the slow level plus profiler overhead, then the stop
-        for d in _jitter(rng, 60, 92) + [250 * MS] * 3:
-            f.iteration(d)
-        det.set_profiling(False)
-        for d in _jitter(rng, 150, 75):
-            f.iteration(d)
+        _window(det, f, _jitter(rng, 60, 92) + [250 * MS] * 3)  # the slow level plus overhead, the stop
+        _feed(f, _jitter(rng, 150, 75))
     assert len(f.triggers) == 2 and det.suppressed.get("profiled", 0) >= 1
     confirm = f.triggers[1][1]
     assert confirm["test"] == "post-window" and 1.4 < float(confirm["ratio"]) < 1.6  # type: ignore[arg-type]
@@ -327,54 +316,29 @@ def test_a_fault_right_after_a_noise_triggers_window_is_caught() -> None:
     """Host noise fires; during its window the profiler adds 25%; a fault of the same +25% begins
     as the window ends. The rule's reference took in the window's iterations and sees no change;
     the post-window check, against the level before the noise, does."""
-    rng = np.random.default_rng(6)
-    det = Detector(opts(trigger_cooldown_s=120.0, trigger_min_gap_s=5.0), FakeClock())
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    for d in [100 * MS] * 6:  # a burst of noise
-        f.iteration(d)
+    rng, det, f = _steady(6, trigger_cooldown_s=120.0)
+    _feed(f, [100 * MS] * 6)  # a burst of noise
     assert len(f.triggers) == 1
-    det.set_profiling(True)
-    for d in _jitter(rng, 90, 62.5) + [250 * MS] * 3:
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 200, 62.5):  # the fault, from the window's end on
-        f.iteration(d)
+    _window(det, f, _jitter(rng, 90, 62.5) + [250 * MS] * 3)
+    _feed(f, _jitter(rng, 200, 62.5))  # the fault, from the window's end on
     assert len(f.triggers) == 2, det.suppressed
     assert f.triggers[1][1]["test"] == "post-window"
 
 
 def test_no_post_window_trigger_when_the_job_recovered() -> None:
-    rng = np.random.default_rng(7)
-    det = Detector(opts(trigger_cooldown_s=120.0, trigger_min_gap_s=5.0), FakeClock())
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    for d in [100 * MS] * 6:
-        f.iteration(d)
-    det.set_profiling(True)
-    for d in _jitter(rng, 90, 62.5) + [250 * MS] * 3:
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
+    rng, det, f = _steady(7, trigger_cooldown_s=120.0)
+    _feed(f, [100 * MS] * 6)
+    _window(det, f, _jitter(rng, 90, 62.5) + [250 * MS] * 3)
+    _feed(f, _jitter(rng, 300, 50))
     assert len(f.triggers) == 1, det.suppressed
 
 
 def test_the_windows_own_length_sets_what_it_profiled() -> None:
     """A window asked for 2 s (not the configured 20 s) profiled 2 s: a slowdown 1.5 s in is new."""
-    rng = np.random.default_rng(5)
-    det = Detector(opts(trigger_min_gap_s=20.0), FakeClock())
-    f = Feeder(det, (D, O))
-    for d in _jitter(rng, 300, 50):
-        f.iteration(d)
-    det.set_profiling(True, window_s=2.0)  # 40 iterations; its middle is 20 iterations in
-    for d in _jitter(rng, 30, 50) + _jitter(rng, 20, 75):
-        f.iteration(d)
-    det.set_profiling(False)
-    for d in _jitter(rng, 200, 75):
-        f.iteration(d)
+    rng, det, f = _steady(5, trigger_min_gap_s=20.0)
+    # 40 iterations; its middle is 20 iterations in
+    _window(det, f, _jitter(rng, 30, 50) + _jitter(rng, 20, 75), window_s=2.0)
+    _feed(f, _jitter(rng, 200, 75))
     assert len(f.triggers) == 1, det.suppressed
 
 
