@@ -6,7 +6,7 @@ the trace's own clock (``WindowMeta.clock == "trace"``). GPU rows carry the devi
 stream as ``tid``.
 
 The rank comes from ``distributedInfo``; when that is missing, from the caller's ``rank`` or the
-file name (``rank3``, ``worker3``, ``rank_3`` ...), and the choice is logged.
+file name (``rank3``, ``worker3``, ``rank_3`` ...: ``rank_from_filename``), and the choice is logged.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ _KIND_OF_CAT: dict[str, EventKind] = {
     "gpu_user_annotation": EventKind.ANNOTATION,
 }
 _GC_NAME = "Python GC"
-_RANK_IN_NAME = re.compile(r"(?:rank|worker|proc|node)[_\-.]?(\d+)", re.IGNORECASE)
+# tried in order: "rank3" wins over "worker3", either over "proc3" and any other number in the name
+_RANK_IN_NAME = tuple(re.compile(rf"(?<![a-z]){word}[_\-.]?(\d+)", re.IGNORECASE) for word in ("rank", "worker", "proc"))
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,14 @@ class RankInfo:
 
 
 def rank_from_filename(path: str | Path) -> int | None:
-    m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    """The rank a file name states: ``rank(\\d+)``, else ``worker(\\d+)``, else ``proc(\\d+)``
+    (``_``, ``-`` or ``.`` may separate them), before any other number; None when none."""
+    name = Path(path).name
+    for pattern in _RANK_IN_NAME:
+        m = pattern.search(name)
+        if m:
+            return int(m.group(1))
+    return None
 
 
 @contextlib.contextmanager
@@ -110,7 +117,7 @@ def resolve_rank(doc: dict[str, Any], path: str | Path, rank: int | None = None,
     from_name = rank_from_filename(path)
     if from_name is None:
         raise TraceError(f"{path}: no distributedInfo.rank in the trace and no rank in the file name "
-                         "(name files like rank3.json, or pass the rank)")
+                         "(name files like rank3.json, or pass --rank R to `perftracker analyze` for a single trace)")
     log.warning("%s: no distributedInfo rank used; rank %d taken from the file name", path, from_name)
     return RankInfo(from_name, world, "file name")
 

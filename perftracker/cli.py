@@ -8,11 +8,15 @@ Modules are imported lazily, so `perftracker --help` stays fast and a command's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from perftracker import __version__
+from perftracker.commands import output
 from perftracker.errors import PerftrackerError
 
 # command name -> module under perftracker.commands, in the order --help lists them
@@ -47,6 +51,11 @@ def _load(name: str):  # type: ignore[no-untyped-def]
     return importlib.import_module(f"perftracker.commands.{COMMANDS[name]}")
 
 
+def add_verbose(parser: argparse.ArgumentParser, dest: str) -> None:
+    parser.add_argument("-v", "--verbose", dest=dest, action="count", default=0,
+                        help="more log output (-vv for debug); anywhere on the command line")
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perftracker",
@@ -56,7 +65,8 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             "worker profiles a short window and the localizer names the abnormal functions and ranks."
         ),
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_verbose(parser, "verbose")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the command actually being run is imported; the rest get a summary line.
     wanted = next((a for a in argv if a in COMMANDS), None)
@@ -69,6 +79,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             p = sub.add_parser(name, help=getattr(mod, "HELP", _SUMMARIES[name]), description=getattr(mod, "DESCRIPTION", None),
                                formatter_class=argparse.RawDescriptionHelpFormatter)
             mod.add_arguments(p)
+            add_verbose(p, "verbose_sub")  # -v after the command too; counts add up
             p.set_defaults(_run=mod.run)
         else:
             sub.add_parser(name, help=_SUMMARIES[name], add_help=False)
@@ -80,17 +91,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser(argv)
         args = parser.parse_args(argv)
+        args.verbose += getattr(args, "verbose_sub", 0)
         level = logging.WARNING - 10 * min(args.verbose, 2) + (0 if args.verbose else 10)
         logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+        log.debug("perftracker %s (python %s): %s", __version__, sys.version.split()[0], " ".join(argv))
         if not getattr(args, "_run", None):
             parser.print_help()
             return 2
         return int(args._run(args) or 0)
     except PerftrackerError as exc:
-        sys.stderr.write(f"perftracker: error: {exc}\n")
+        output.error(str(exc))
+        return 1
+    except OSError as exc:  # an I/O failure no command turned into a PerftrackerError: still one line
+        if isinstance(exc, BrokenPipeError):  # `perftracker ... | head`
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        where = f"{exc.filename}: " if exc.filename else ""
+        output.error(f"{where}{exc.strerror or exc}")
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            log.exception("I/O error")
         return 1
     except KeyboardInterrupt:
-        sys.stderr.write("perftracker: interrupted\n")
+        output.message("interrupted")
         return 130
 
 

@@ -41,15 +41,64 @@ def test_dlrm_patterns_and_html(dlrm_dir: Path, tmp_path: Path) -> None:
     assert "<html" in html.read_text().lower()
 
 
-def test_bad_file_is_one_line_error(dlrm_dir: Path, tmp_path: Path) -> None:
-    for f in sorted(dlrm_dir.glob("*.json.gz"))[:2]:
+def test_bad_and_unrelated_files_are_skipped_with_a_warning_and_strict_fails(dlrm_dir: Path, tmp_path: Path) -> None:
+    """One truncated trace and a stray config.json among good traces: a report over the good ones,
+    one warning line per skipped file, the truncated file's rank in ranks_missing; --strict fails."""
+    for f in sorted(dlrm_dir.glob("*.json.gz"))[:2]:  # ranks 0 and 1
         shutil.copy(f, tmp_path / f.name)
-    bad = tmp_path / "worker9.json.gz"
+    bad = tmp_path / "worker3_step_12.pt.trace.json.gz"
     bad.write_bytes(gzip.compress(b'{"traceEvents": [')[:-4])
-    r = analyze(str(tmp_path))
-    assert r.returncode == 1
+    (tmp_path / "config.json").write_text('{"lr": 0.1}')
+    out = tmp_path / "report.json"
+    r = analyze(str(tmp_path), "--format", "json", "-o", str(out), "-j", "2")
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("perftracker: warning: [")]
+    assert len(warnings) == 2, r.stderr
+    assert any(str(bad) in w and "rank 3 missing" in w and "truncated" in w for w in warnings), warnings
+    assert any("config.json" in w and "not a Kineto trace" in w for w in warnings), warnings
+    report = Report.from_dict(json.loads(out.read_text()))
+    assert report.ranks_reported == (0, 1) and 3 in report.ranks_missing
+    r = analyze(str(tmp_path), "--strict", "-j", "2")
+    assert r.returncode == 1 and not r.stdout
     err = [line for line in r.stderr.splitlines() if line.startswith("perftracker: error")]
-    assert len(err) == 1 and str(bad) in err[0]
+    assert len(err) == 1 and "--strict" in err[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_recursive_trace_handler_layout_and_single_trace_rank(dlrm_dir: Path, tmp_path: Path) -> None:
+    """tensorboard_trace_handler writes <dir>/<run>/<worker>.<ts>.pt.trace.json.gz: found below the
+    directory. A single trace without distributedInfo needs --rank, and the error says so."""
+    src = sorted(dlrm_dir.glob("*.json.gz"))
+    for i, f in enumerate(src[:2]):
+        sub = tmp_path / "tb" / f"run{i}"
+        sub.mkdir(parents=True)
+        shutil.copy(f, sub / f.name)
+    (tmp_path / "tb" / "run0" / "notes.json").write_text("{}")  # not *.pt.trace.json below the top: ignored
+    r = analyze(str(tmp_path / "tb"), "--patterns", "--format", "json", "-j", "2")
+    assert r.returncode == 0, r.stderr
+    assert [d["rank"] for d in json.loads(r.stdout)] == [0, 1] and "warning" not in r.stderr
+    doc = json.load(gzip.open(src[0]))
+    del doc["distributedInfo"]
+    single = tmp_path / "trace.json"
+    single.write_text(json.dumps(doc))
+    r = analyze(str(single))
+    assert r.returncode == 1 and "--rank R" in r.stderr, r.stderr
+    r = analyze(str(single), "--rank", "5", "--patterns", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert [d["rank"] for d in json.loads(r.stdout)] == [5]
+    r = analyze(str(tmp_path / "tb"), "--rank", "0")
+    assert r.returncode == 1 and "--rank names the rank of one trace file" in r.stderr
+
+
+def test_rank_from_file_name_prefers_rank_and_worker() -> None:
+    from agent.kineto import rank_from_filename
+
+    assert rank_from_filename("node1_rank3.json") == 3
+    assert rank_from_filename("host2_worker5.1694128201545.pt.trace.json.gz") == 5
+    assert rank_from_filename("node3-worker_2.json") == 2
+    assert rank_from_filename("rank4_worker1.json") == 4
+    assert rank_from_filename("node1_step12.json") is None
+    assert rank_from_filename("frank3.json") is None
 
 
 def test_ranks_from_file_names_and_duplicates(dlrm_dir: Path, tmp_path: Path) -> None:

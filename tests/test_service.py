@@ -236,7 +236,7 @@ def test_cli_trigger_waits_for_report_and_sessions_lists_it(localizer: Localizer
     no_token = subprocess.run([*cli, "sessions", "--url", localizer.url], capture_output=True, text=True,
                               timeout=60, env={**env, "PERFTRACKER_TOKEN": "wrong"}, cwd=tmp_path)
     assert no_token.returncode == 1 and "401" in no_token.stderr
-    from_store = subprocess.run([*cli, "sessions", "--store", str(localizer.store), "--json", "--job", "job-cli"],
+    from_store = subprocess.run([*cli, "sessions", "--store", str(localizer.store), "--format", "json", "--job", "job-cli"],
                                 capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert [s["session"] for s in json.loads(from_store.stdout)] == [session]
 

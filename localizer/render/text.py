@@ -1,7 +1,8 @@
 """Terminal renderer (rich): header, findings grouped by function, hang table, top functions.
 
 Writes a Report as it is; computes nothing beyond layout (grouping rows for display, compressing
-rank lists into ranges). Colors only when ``color`` is true or the file is a terminal.
+rank lists into ranges). Colors only when ``color`` is true or the file is a terminal (and
+``NO_COLOR`` is unset); the width is the terminal's, 80 columns when not a terminal.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ _DIMS = ("beta", "mu", "sigma")
 _DIM_LABELS = {"beta": "\u03b2 critical share", "mu": "\u03bc utilization", "sigma": "\u03c3 util. std"}
 
 
-def render(report: Report, file: TextIO, *, color: bool | None = None, width: int = 110) -> None:
-    """Write ``report`` to ``file`` as rich terminal text."""
-    console = Console(
+def render(report: Report, file: TextIO, *, color: bool | None = None, width: int | None = None,
+           console: Console | None = None) -> None:
+    """Write ``report`` to ``file`` as rich terminal text, or print it on ``console`` (the CLI's: its
+    terminal's width and colour rules). ``width`` None: the terminal's, else 80."""
+    console = console or Console(
         file=file,
         width=width,
         force_terminal=color,
-        no_color=color is False,
+        no_color=True if color is False else None,  # None: rich honours NO_COLOR
         highlight=False,
         emoji=False,
         soft_wrap=False,

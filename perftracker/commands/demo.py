@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perftracker.commands import output
 from perftracker.errors import ConfigError, PerftrackerError
 
 HELP = "run examples/train.py on 4 CPU workers with a slow rank and print the diagnosis"
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from localizer.render import text as render_text
 
-        render_text.render(report, sys.stdout)
+        render_text.render(report, sys.stdout, console=output.console())
     ok, why = verdict(report, args.slow_rank)
     report_file = agent.runs_dir / "reports" / f"{sid}.json"
     sys.stdout.write(

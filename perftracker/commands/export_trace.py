@@ -2,7 +2,8 @@
 critical path as its own track.
 
 Input: the ``RawWindow`` the profile window saved (``<run_dir>/windows/<session>-rank<R>.raw.npz``;
-the agent keeps it only when started with ``--keep-files``), or any raw window file via ``--raw``.
+the agent keeps it only when started with ``--keep-files``), any raw window file via ``--raw``, or a
+Kineto trace (``.json``/``.json.gz``, read by ``agent.kineto.read_kineto_trace``) via ``--raw``.
 Output: Chrome trace-event JSON (``traceEvents`` of complete "X" events, in microseconds from the
 window start), which ui.perfetto.dev and chrome://tracing open.
 
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from perftracker.commands import output
 from perftracker.errors import PerftrackerError
 from perftracker.rawdata import EventKind, RawWindow
 
@@ -33,11 +34,14 @@ DESCRIPTION = """Write one rank's profile window as a Chrome/Perfetto trace (ope
 
 The raw window is looked up under the run directory (--run-dir, default $PERFTRACKER_RUN_DIR),
 in windows/<session>-rank<R>.raw.npz. The node agent deletes raw windows after uploading the
-patterns unless it runs with --keep-files; --raw FILE names a raw window file directly.
+patterns unless it runs with --keep-files; --raw FILE names a raw window file directly, or a
+Kineto trace (.json or .json.gz, as torch.profiler exports it; its rank from distributedInfo,
+the file name or --rank).
 
 examples:
   perftracker export-trace s-20261122-125301-7f3a --rank 3 -o rank3.trace.json
-  perftracker export-trace any --raw /tmp/perftracker-0/windows/s1-rank3.raw.npz -o rank3.json
+  perftracker export-trace --raw /tmp/perftracker-0/windows/s1-rank3.raw.npz -o rank3.json
+  perftracker export-trace --raw worker3.pt.trace.json.gz -o rank3.json
 """
 
 CRITICAL_PID = 1 << 30  # a pid no real process has in the trace
@@ -46,29 +50,39 @@ _KIND_NAMES = {k.value: k.name.lower() for k in EventKind}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", help="session id (ignored with --raw)")
-    parser.add_argument("--rank", type=int, default=None, help="rank whose window to export (required without --raw)")
+    parser.add_argument("session", nargs="?", default=None, help="session id (not needed with --raw)")
+    parser.add_argument("--rank", type=int, default=None,
+                        help="rank whose window to export (required without --raw; with a Kineto trace that "
+                             "has no distributedInfo, its rank)")
     parser.add_argument("-o", "--output", metavar="FILE", required=True, help="trace JSON file to write")
     parser.add_argument("--run-dir", default=None, help="run directory holding windows/ (default $PERFTRACKER_RUN_DIR)")
-    parser.add_argument("--raw", metavar="FILE", default=None, help="a raw window file (.raw.npz) to export")
+    parser.add_argument("--raw", "--trace", metavar="FILE", default=None,
+                        help="a raw window file (.raw.npz) or a Kineto trace (.json, .json.gz) to export")
 
 
 def run(args: argparse.Namespace) -> int:
+    output.check_writable(args.output)
+    if not args.raw and args.session is None:
+        raise PerftrackerError("give a SESSION and --rank R, or --raw FILE")
     path = Path(args.raw) if args.raw else find_raw_window(args.session, args.rank, args.run_dir)
-    raw = RawWindow.load(path)
+    raw = load_window(path, args.rank)
     trace = build_trace(raw)
-    out = Path(args.output)
-    try:
-        with open(out, "w", encoding="utf-8") as fh:
-            json.dump(trace, fh, separators=(",", ":"))
-    except OSError as exc:
-        raise PerftrackerError(f"-o {out}: cannot write ({exc.strerror})") from None
+    out = output.write_file(args.output, lambda fh: json.dump(trace, fh, separators=(",", ":")))
     n_crit = sum(1 for e in trace["traceEvents"] if e.get("pid") == CRITICAL_PID and e.get("ph") == "X")
-    sys.stderr.write(
-        f"wrote {out}: rank {raw.meta.rank}, session {raw.meta.session}, {len(raw)} events, "
-        f"{n_crit} critical-path slices; open it in ui.perfetto.dev\n"
-    )
+    output.message(f"wrote {out}: rank {raw.meta.rank}, session {raw.meta.session}, {len(raw)} events, "
+                   f"{n_crit} critical-path slices; open it in ui.perfetto.dev")
     return 0
+
+
+def load_window(path: Path, rank: int | None = None) -> RawWindow:
+    """A raw window file, or a Kineto trace (.json, .json.gz) read as one."""
+    if path.name.endswith((".json", ".json.gz")):
+        from agent.kineto import read_kineto_trace
+
+        return read_kineto_trace(path, rank=rank, session="kineto")
+    if not path.is_file():
+        raise PerftrackerError(f"--raw {path}: no such file")
+    return RawWindow.load(path)
 
 
 def find_raw_window(session: str, rank: int | None, run_dir: str | None) -> Path:

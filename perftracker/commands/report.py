@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from perftracker.commands import output
 from perftracker.errors import PerftrackerError, SchemaError, TransportError
 from perftracker.model import Report
 
@@ -47,17 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output:
+        output.check_writable(args.output)
     report = load_report(args)
     from localizer.render import write
 
     if args.output:
-        out = Path(args.output)
-        try:
-            with open(out, "w", encoding="utf-8") as fh:
-                write(report, args.format, fh)
-        except OSError as exc:
-            raise PerftrackerError(f"-o {out}: cannot write ({exc.strerror})") from None
-        sys.stderr.write(f"wrote {args.format} report of session {report.session} to {out}\n")
+        out = output.write_file(args.output, lambda fh: write(report, args.format, fh))
+        output.message(f"wrote {args.format} report of session {report.session} to {out}")
+    elif args.format == "text":
+        write(report, "text", sys.stdout, console=output.console())
     else:
         write(report, args.format, sys.stdout)
     return 0

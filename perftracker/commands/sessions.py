@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from perftracker.commands.trigger import DEFAULT_RUNS_DIR, add_connection_arguments, connect, say
+from perftracker.commands import output
+from perftracker.commands.trigger import DEFAULT_RUNS_DIR, add_connection_arguments, connect
 from perftracker.errors import ConfigError, TransportError
 
 HELP = "list profiling sessions"
@@ -18,10 +18,18 @@ DESCRIPTION = """List sessions: state, uploads, missing ranks and report path. R
 nothing runs) the sqlite store itself."""
 
 
+class _DeprecatedJson(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        output.warning("--json is deprecated; use --format json")
+        namespace.format = "json"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=None, help="only this job")
     p.add_argument("--store", default=None, help="read this sqlite store instead of a running localizer")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--json", action=_DeprecatedJson, nargs=0, help=argparse.SUPPRESS)  # before --format existed
     p.add_argument("--limit", type=int, default=50, help="newest N sessions (default %(default)s)")
     add_connection_arguments(p)
 
@@ -55,18 +63,36 @@ def load_sessions(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> int:
     rows = load_sessions(args)[-args.limit:]
-    if args.json:
-        say(json.dumps(rows, indent=2))
+    if args.format == "json":
+        output.print_json(rows)
         return 0
     if not rows:
-        say("no sessions")
+        output.print_text("no sessions")
         return 0
-    head = f"{'SESSION':24} {'JOB':16} {'KIND':8} {'STATE':10} {'RANKS':>9} {'OPENED':19} MISSING / REASON"
-    say(head)
+    con = output.console()
+    if con is None:
+        for s in rows:
+            output.print_text("  ".join(_row(s)))
+        return 0
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("session", "job", "kind", "state", "ranks", "opened", "missing / reason"):
+        table.add_column(name, justify="right" if name == "ranks" else "left",
+                         overflow="fold", no_wrap=name in ("session", "opened"))
     for s in rows:
-        opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["opened_ns"] / 1e9))
-        ranks = f"{len(s['uploaded'])}/{len(s['expected'])}"
-        missing = f"missing {s['missing']}" if s["missing"] and s["state"] != "open" else ""
-        note = s["error"] or missing or s["reason"]
-        say(f"{s['session']:24} {s['job'][:16]:16} {s['kind']:8} {s['state']:10} {ranks:>9} {opened:19} {note}")
+        table.add_row(*_row(s), style=_STATE_STYLE.get(s["state"], ""))
+    con.print(table)
     return 0
+
+
+_STATE_STYLE = {"failed": "red", "open": "cyan", "localizing": "cyan"}
+
+
+def _row(s: dict[str, Any]) -> list[str]:
+    opened = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["opened_ns"] / 1e9))
+    ranks = f"{len(s['uploaded'])}/{len(s['expected'])}"
+    missing = f"missing {s['missing']}" if s["missing"] and s["state"] != "open" else ""
+    note = s["error"] or missing or s["reason"]
+    return [s["session"], s["job"], s["kind"], s["state"], ranks, opened, note]
