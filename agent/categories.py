@@ -1,6 +1,6 @@
 """The one category rule table: which events are critical-path functions, and of which category.
 
-DESIGN.md section 5 fixes four categories, in priority order compute > memory > collective >
+docs/design.md section 5 fixes four categories, in priority order compute > memory > collective >
 python, and gives each a GPU-trace meaning and a CPU-only meaning. ``RULES`` below is that table;
 the first rule whose kinds and name pattern match decides. A rule names a *role* for a GPU window
 (the window has kernels) and for a CPU-only window:
@@ -9,7 +9,7 @@ the first rule whose kinds and name pattern match decides. A rule names a *role*
 - ``HOST``: host-side CPU work on a GPU window. It is transparent (counted as self time of the
   enclosing Python function) when the window has Python events on the training thread, and it
   becomes a python-category frame of its own when there are none (traces recorded without
-  ``with_stack``, such as shared/data/dlrm_kineto);
+  ``with_stack``, such as the dlrm reference traces);
 - ``SKIP``: not a function (annotations, CUDA runtime calls, flows); its time goes to whatever
   encloses it.
 

@@ -2,7 +2,7 @@
 
 Input: disjoint-per-owner *segments* (an event's self time) each with a priority level
 (0 compute, 1 memory, 2 collective, 3 python). A moment belongs to the critical path of the
-highest-priority level active at that moment (DESIGN.md section 5). When several segments of that
+highest-priority level active at that moment (docs/design.md section 5). When several segments of that
 level are active at once (two kernels on two streams, compute ops on two threads), they share the
 moment equally, so that the critical shares of a window never sum past its length.
 """

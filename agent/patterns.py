@@ -1,6 +1,6 @@
 """Behavior patterns: Algorithm 1 (critical execution duration) and (β, μ, σ) per function.
 
-DESIGN.md section 5, exactly:
+docs/design.md section 5, exactly:
 - β_f = Σ_e c_e / T, with c_e an execution's nanoseconds on the critical path;
 - μ_f = Σ_e d'_e·u_e / Σ_e d'_e and σ_f = Σ_e d'_e·s_e / Σ_e d'_e, where d'_e is the critical
   execution duration (Algorithm 1) over the utilization samples inside execution e, u_e their mean
@@ -36,7 +36,7 @@ import numpy as np
 
 from perftracker.rawdata import UtilSeries
 
-DEFAULT_MAX_ZERO_RUN = 3  # c, in samples; see README "decisions"
+DEFAULT_MAX_ZERO_RUN = 3  # c, in samples; see docs/decisions.md
 
 
 @dataclass(frozen=True)

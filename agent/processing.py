@@ -2,7 +2,7 @@
 
 Both run as separate processes so that the agent's event loop (and the training processes) never
 wait on them. The summarizer is pinned to one core and runs at the lowest priority (nice 19), as
-DESIGN.md §1 asks: ``python -m agent.summarize RAW --samples FILE --out PATTERNS``.
+docs/design.md §1 asks: ``python -m agent.summarize RAW --samples FILE --out PATTERNS``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Summarize one worker's raw window into its PatternSet (DESIGN.md section 5).
+"""Summarize one worker's raw window into its PatternSet (docs/design.md section 5).
 
 Pipeline, all numpy over whole columns:
   categorize (agent.categories) -> recognise DDP reducer waits (agent.victims)

@@ -1,4 +1,4 @@
-"""One profiling session on this node: samplers, START_WINDOW, summarizer, upload (DESIGN.md §1 steps 3-4).
+"""One profiling session on this node: samplers, START_WINDOW, summarizer, upload (docs/design.md §1 steps 3-4).
 
 For each local worker of the job, in parallel:
 

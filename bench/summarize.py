@@ -3,7 +3,7 @@
 1. Events per second on one core for a 20 s window of the CPU example job: examples/train.py runs
    in one process under torch.profiler (Python stacks, GC events) for --window-s seconds; the
    window is read into a RawWindow once, then ``summarize_window`` is timed on one pinned core.
-2. On shared/data/dlrm_kineto (8 real ranks): HolisticTraceAnalysis (``pip install
+2. On the dlrm reference traces (8 real ranks; PERFTRACKER_DLRM_DIR, see docs/development.md): HolisticTraceAnalysis (``pip install
    holistictraceanalysis``, the ``bench`` extra) trace load + temporal breakdown against ours
    (Kineto read + summarize, all 8 ranks), both pinned to the same single core, interleaved.
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DLRM = REPO.parent / "shared" / "data" / "dlrm_kineto"
+DLRM = Path(os.environ.get("PERFTRACKER_DLRM_DIR") or REPO.parent / "shared" / "data" / "dlrm_kineto")
 
 
 def log(msg: str) -> None:

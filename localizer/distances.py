@@ -1,4 +1,4 @@
-"""The two distances of the method, as pure vectorized numpy (DESIGN.md section 6).
+"""The two distances of the method, as pure vectorized numpy (docs/design.md section 6).
 
 Arrays hold one function's patterns for all workers as shape (3, N): rows β, μ, σ.
 

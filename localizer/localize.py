@@ -1,4 +1,4 @@
-"""localize(): all workers' patterns of a session -> a Report (DESIGN.md section 6).
+"""localize(): all workers' patterns of a session -> a Report (docs/design.md section 6).
 
 Per function f: the expected box R_f, D_exp (outside the box), P̂ = P / max, D_diff against one
 seeded sample S of workers, the MAD threshold, and the rule. The abnormal workers of a function

@@ -30,7 +30,7 @@ class Config:
     disable: bool = False  # PERFTRACKER_DISABLE=1 opts out entirely
     log_level: str = "WARNING"
 
-    # --- detection (DESIGN.md section 3) --------------------------------------------------------
+    # --- detection (docs/design.md section 3) ---------------------------------------------------
     detector_mode: str = "changepoint"  # "paper" | "changepoint"; default chosen by bench/detector.py
     learn_sequences: int = 10  # N: identical consecutive sequences before the sequence is learned
     slowdown_window_iters: int = 50  # W: iterations in the slowdown mean
@@ -46,13 +46,13 @@ class Config:
     changepoint_z: float = 5.0  # changepoint mode: noise standard errors a window must exceed
     changepoint_ref_iters: int = 300  # changepoint mode: reference window (iterations)
 
-    # --- profile window (DESIGN.md section 4) ---------------------------------------------------
+    # --- profile window (docs/design.md section 4) ----------------------------------------------
     window_s: float = 20.0
     # Python stacks in a window: "sample" (a 1 ms sampler thread, the default), "tracer" (torch's
-    # Python tracer: exact, much slower) or "off". See README "Known risk: stack sampling on 3.11".
+    # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
 
-    # --- wiring (DESIGN.md section 7) ----------------------------------------------------------
+    # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
     job_id: str = ""  # empty: derived from TORCHELASTIC_RUN_ID or the script name
     localizer_url: str = ""  # empty: the embedded localizer of the node agent

@@ -1,4 +1,4 @@
-"""The iteration detector (DESIGN.md section 3). Pure: a clock is injected and it does no I/O.
+"""The iteration detector (docs/design.md section 3). Pure: a clock is injected and it does no I/O.
 
 Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader iterator's
 ``__next__`` was entered) or ``STEP`` (an ``Optimizer.step`` returned).

@@ -6,7 +6,7 @@ training thread's frame from ``sys._current_frames()``, the source text of the c
 raises and never touches the training thread's state.
 
 The collective recognition below is grounded in stacks seen on torch 2.13 with gloo (see
-README "Hang diagnosis"):
+docs/hangs.md):
 
 - a rank that waits in DDP's gradient allreduce shows no ``torch/distributed`` frame at all: its
   innermost frame is ``torch/autograd/graph.py:_engine_run_backward`` (the C++ engine waits on

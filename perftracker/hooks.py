@@ -1,4 +1,4 @@
-"""The torch hooks (DESIGN.md section 3): DataLoader iterator ``__next__`` and global optimizer steps.
+"""The torch hooks (docs/design.md section 3): DataLoader iterator ``__next__`` and global optimizer steps.
 
 - ``_BaseDataLoaderIter.__next__`` is wrapped once; the wrapper carries the original function in
   ``__perftracker_original__`` so a second install is a no-op and ``uninstall`` puts the very same

@@ -1,4 +1,4 @@
-"""Slowdown rules over a stream of iteration durations (DESIGN.md section 3). Pure: no clock, no I/O.
+"""Slowdown rules over a stream of iteration durations (docs/design.md section 3). Pure: no clock, no I/O.
 
 Two rules share one small interface (``observe(duration_ns) -> detail | None`` and ``reset()``):
 

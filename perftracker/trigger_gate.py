@@ -1,4 +1,4 @@
-"""Which slowdown detections become automatic triggers (DESIGN.md section 3). Pure: times come in.
+"""Which slowdown detections become automatic triggers (docs/design.md section 3). Pure: times come in.
 
 Every automatic trigger costs the job one profile window, so detections are rate-limited. The old
 rule (no second trigger within ``cooldown_s``) lost real slowdowns: a short burst of whole-job

@@ -1,7 +1,7 @@
 """The profile window: profile the training thread from one iteration boundary to the first
 boundary after ``window_s``, then hand over a ``RawWindow`` file without stalling training.
 
-Timeline (DESIGN.md section 4):
+Timeline (docs/design.md section 4):
 
 1. ``arm(session, window_s, on_done)`` from any thread. It hooks the window to the runtime's
    boundary listener and, if configured, spawns the sampler process (``python -m agent.samplers``).

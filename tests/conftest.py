@@ -15,8 +15,10 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-DLRM_DIR = SHARED / "data" / "dlrm_kineto"
+# The dlrm reference traces (8 real GPU ranks, facebookresearch/param's
+# et_replay/tests/inputs/dlrm_kineto.tar.gz): PERFTRACKER_DLRM_DIR, else where CI lays them out,
+# shared/data/dlrm_kineto beside the checkout.
+DLRM_DIR = Path(os.environ.get("PERFTRACKER_DLRM_DIR") or REPO.parent / "shared" / "data" / "dlrm_kineto")
 EXAMPLE_TRAIN = REPO / "examples" / "train.py"
 
 # Isolation of the whole suite (set in pytest_configure, before any test module imports perftracker):
@@ -98,7 +100,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture
 def dlrm_dir() -> Path:
     if not DLRM_DIR.is_dir():
-        pytest.fail(f"reference traces missing: {DLRM_DIR} (CI clones main with ../shared beside it)")
+        pytest.fail(f"dlrm reference traces missing: {DLRM_DIR} (set PERFTRACKER_DLRM_DIR; CI clones main "
+                    "with shared/data/dlrm_kineto beside it)")
     return DLRM_DIR
 
 

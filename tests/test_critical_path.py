@@ -1,4 +1,4 @@
-"""Critical path on hand-built timelines: exact β per function (DESIGN.md section 5)."""
+"""Critical path on hand-built timelines: exact β per function (docs/design.md section 5)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,6 @@ def test_quick_fault_suite() -> None:
         assert name in table, table
     assert 0.0 <= result["precision"] <= 1.0 and 0.0 <= result["recall"] <= 1.0
     # Accuracy is measured, not asserted here: on a 2-core machine the 4 workers share 2 cores and the
-    # figures move with the load (README, fault benchmark). The harness must still score every run.
+    # figures move with the load (docs/fault-benchmark.md). The harness must still score every run.
     print(table)
     print(proc.stdout.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""(β, μ, σ) with Algorithm 1, exactly as DESIGN.md section 5, on hand-built windows and samples."""
+"""(β, μ, σ) with Algorithm 1, exactly as docs/design.md section 5, on hand-built windows and samples."""
 
 from __future__ import annotations
 

@@ -369,7 +369,7 @@ def _run_side_by_side(tmp_path: Path, variants: dict[str, tuple[list[str], objec
 
 
 # Tolerances, per busy or sleep phase of 40 ms, against the thread's own time.thread_time_ns
-# (the README's window section quotes these). perf is exact up to the samples that straddle an
+# (docs/profile-window.md quotes these). perf is exact up to the samples that straddle an
 # edge. schedstat knows when the kernel charged run time only to within a sample period, so its
 # rebuilt staircase can move up to half a period (0.5 ms) of run time across an edge: one 1 ms
 # sample just before a busy call can read ~0.5 ("sleep_inside": the mean of the samples fully

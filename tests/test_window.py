@@ -136,11 +136,11 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
         beta, n = share(func)
         expected = truth(func)
         assert expected > 0.05
-        # 20% held in every earlier run; on an idle 2-core host late in the third session inner()
+        # 20% held in every earlier run; on an idle 2-core host inner()
         # (10 ms of its ~52 ms iteration) read +33-45% in 8 of 12 isolated runs (0.26-0.27 against
-        # 0.19-0.20; outer() and other() stayed within 10%), with the previous submission's code too.
-        # Cause not found (not the matmul's OpenMP threads: one thread changed nothing). README:
-        # "Known limits".
+        # 0.19-0.20; outer() and other() stayed within 10%), with older code too.
+        # Cause not found (not the matmul's OpenMP threads: one thread changed nothing). docs/profile-window.md:
+        # "Known limit: sampled Python durations".
         tol = 0.5 if func == "inner" else 0.2
         assert abs(beta - expected) < tol * expected + 0.02, (func, beta, expected)
         assert n >= res.iterations - 2  # one execution per call (calls are > 1 ms apart)

@@ -4,7 +4,7 @@ finalizes only 2 s after the last profiler stop.
 
 Why: a training script may exit the moment ``on_done`` has run. A daemon thread still in torch's
 C++ code at finalization is ended by pthread_exit on its way back to the GIL, which aborts the
-process. The abort that failed the first submission's CI ("terminate called without an active
+process. The abort that once failed CI ("terminate called without an active
 exception", SIGABRT, a 2-rank torchrun job) turned out to be torch's own: with torch 2.13 a gloo DDP
 process that exits within 0.5 s of ``_disable_profiler()`` aborts in about 1 run in 3 even when
 start and stop run on the main thread and no other thread exists (perftracker/profiler.py).
