@@ -41,6 +41,9 @@ class PatternArrays:
     gpu: bool = False
     world_size: int = 0  # 0: unknown
     iteration_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    offline: bool = False  # every worker's patterns come from a trace file (no hardware samples)
+    worker_window_s: np.ndarray | None = None  # (N,) each worker's own window; None: all window_s
+    stage: np.ndarray | None = None  # (N,) pipeline stage ("pp" coordinate) or -1; None: unknown
 
     @property
     def n_workers(self) -> int:
@@ -108,7 +111,17 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         functions=tuple(infos), values=values, window_s=window_s, gpu=any(s.gpu for s in sets),
         world_size=max(s.world_size for s in sets),
         iteration_ms={s.rank: tuple(s.iteration_ms) for s in sets if s.iteration_ms},
+        offline=all(s.source != "online" for s in sets),
+        worker_window_s=np.array([max(0.0, (s.window_end_ns - s.window_start_ns) / 1e9) for s in sets]),
+        stage=_stages(sets),
     )
+
+
+def _stages(sets: Sequence[PatternSet]) -> np.ndarray | None:
+    """Each worker's pipeline stage from its parallel coordinates ("pp"), or None when none has one."""
+    if not any("pp" in s.coords for s in sets):
+        return None
+    return np.array([int(s.coords.get("pp", -1)) for s in sets], dtype=np.int64)
 
 
 def _check_range(values: np.ndarray, ranks: Sequence[int] | np.ndarray, infos: Sequence[FunctionInfo]) -> None:

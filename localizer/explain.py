@@ -6,7 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perftracker.model import LINK_KEY, Box, Category, Triple, compress_ranks
+from localizer.host import HOST_KEY
+from perftracker.model import LINK_KEY, Box, Category, Triple, Wait, compress_ranks
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
 _SLEEP = re.compile(r"(?i)\bsleep\b|nanosleep")
@@ -133,7 +134,8 @@ def describe_finding(*, label: str, key: str, category: Category, resource: str,
                      ranks: Sequence[int], n_workers: int, observed: Triple, median: Triple,
                      expected: Box, tests: Sequence[str], hint: str = "", gpu: bool = False,
                      beta_spread: tuple[float, float] = (0.0, 0.0),
-                     consequences: Sequence[Consequence] = ()) -> str:
+                     consequences: Sequence[Consequence] = (), waits: Sequence[Wait] = (),
+                     parts: Sequence[tuple[str, float]] = ()) -> str:
     """One sentence: who, what, how it differs (from the expected range and/or the other ranks), likely cause."""
     who = describe_ranks(ranks, n_workers)
     what = describe_function(label, key, category, gpu)
@@ -153,6 +155,10 @@ def describe_finding(*, label: str, key: str, category: Category, resource: str,
                 f"window, varying from worker to worker — a random per-worker pattern ({cause})")
 
     clauses: list[str] = []
+    if key == HOST_KEY and kind != "random":
+        return _host_sentence(who, observed, median, expected, tests, cause, parts, kind)
+    if tests == ("waits",):
+        return _late_sentence(who, what, category, observed, median, cause, waits, len(ranks), n_workers)
     if "expectation" in tests:
         if observed.beta > expected.hi.beta or observed.beta < expected.lo.beta:
             clauses.append(f"holds {pct(observed.beta)} of the window "
@@ -189,10 +195,46 @@ def describe_finding(*, label: str, key: str, category: Category, resource: str,
                                 for c in clauses[1:])
     text = f"{who}: {what} {body} — {cause}"
     pronoun, obj = ("it", "it") if len(ranks) == 1 else ("they", "them")
+    if parts:
+        text += "; " + ", ".join(f"{frame_text(label)} {pct(b)}" for label, b in parts)
     for c in consequences:
         text += (f"; {pronoun} {'holds' if pronoun == 'it' else 'hold'} {c.label} only {c.beta_ratio:.2g}× as "
                  f"long as other ranks (the other ranks wait for {obj} there)")
-    return text
+    return text + waits_text(waits, obj, n_workers)
+
+
+def _host_sentence(who: str, observed: Triple, median: Triple, expected: Box, tests: Sequence[str], cause: str,
+                   parts: Sequence[tuple[str, float]], kind: str) -> str:
+    """"all ranks: the GPU waits for the host 54% of the window (expected ≤ 10%) — …; top host functions: …"."""
+    if "expectation" in tests:
+        how = f"{pct(observed.beta)} of the window (expected {_range_text(expected.lo.beta, expected.hi.beta)})"
+    else:
+        ratio = _ratio(observed.beta, median.beta)
+        how = (f"{pct(observed.beta)} of the window" + (f", {ratio:.1f}× as long as on other ranks" if ratio else ""))
+    top = ", ".join(f"{frame_text(label)} {pct(b)}" for label, b in parts)
+    return f"{who}: the GPU waits for the host {how} — {cause}" + (f"; top host functions: {top}" if top else "")
+
+
+def waits_text(waits: Sequence[Wait], obj: str, n_workers: int) -> str:
+    """"; ranks 0-1,3 wait for it 12% of the window in AllReduce" for each collective."""
+    return "".join(f"; {describe_ranks(list(w.ranks), n_workers)} {'waits' if len(w.ranks) == 1 else 'wait'} "
+                   f"for {obj} {pct(w.share)} of the window in {w.function}" for w in waits)
+
+
+def _late_sentence(who: str, what: str, category: Category, observed: Triple, median: Triple, cause: str,
+                   waits: Sequence[Wait], n_ranks: int, n_workers: int) -> str:
+    """A finding made from wait evidence alone: the ranks arrive last, and what they spend more on."""
+    obj = "it" if n_ranks == 1 else "them"
+    verb = "arrives" if n_ranks == 1 else "arrive"
+    coll = waits[0].function if waits else "the collectives"
+    if category is Category.COLLECTIVE:  # no function of theirs explains it: the cause is outside
+        return (f"{who} {verb} last at {coll}; the cause is not among the profiled functions (it starts "
+                f"late, e.g. from work before the window or outside the traced threads)"
+                + waits_text(waits, obj, n_workers))
+    more = f"{pct(observed.beta)} of the window against {pct(median.beta)} on the ranks that wait for {obj}"
+    pronoun = "it" if n_ranks == 1 else "they"
+    return f"{who}: {what} holds {more}, and {pronoun} {verb} last at {coll} — {cause}" + waits_text(
+        waits, obj, n_workers)
 
 
 def describe_report(n_findings: int, first_sentence: str, n_workers: int,

@@ -27,8 +27,11 @@ import numpy as np
 from localizer.arrays import FunctionInfo, PatternArrays
 from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
+from localizer.host import HOST_KEY, top_host_functions
 from localizer.rule import Threshold
-from perftracker.model import LINK_KEY, Box, Finding, TopFunction, Triple
+from localizer.waits import WaitOptions, cause_of_lateness, late_groups
+from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
+from perftracker.schema import rounded
 
 if TYPE_CHECKING:
     from localizer.localize import LocalizeOptions
@@ -50,6 +53,7 @@ class FunctionVerdict:
     by_expectation: np.ndarray | None
     by_differential: np.ndarray | None
     threshold: Threshold | None
+    waits_for_peers: bool = False  # the function is time spent waiting for late peers (expect.py)
 
 
 @dataclass(eq=False)
@@ -64,6 +68,8 @@ class _Draft:
     spread: tuple[float, float]
     consequences: list[Consequence]
     folded: bool = False
+    waits: dict[str, Wait] | None = None  # collective label -> the peers that wait for these ranks there
+    parts: tuple[tuple[str, float], ...] = ()
 
 
 def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: LocalizeOptions
@@ -92,6 +98,10 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         for idx, tests in groups:
             drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
     _fold_consequences(drafts, arr)
+    _fold_waits(drafts, arr, verdicts, medians, opts.waits)
+    for d in drafts:
+        if d.verdict.info.key == HOST_KEY:
+            d.parts = top_host_functions(arr, d.idx)
     kept = [d for d in drafts if not d.folded]
     kept.sort(key=lambda d: (-_impact(d), d.verdict.info.key, int(d.idx[0])))
     max_points = opts.max_points
@@ -132,24 +142,105 @@ def _fold_consequences(drafts: list[_Draft], arr: PatternArrays) -> None:
                 break
 
 
-def _impact(d: _Draft) -> float:
-    """How much critical-path share is at stake: above the expected range, or above the median worker."""
+def _is_wait(info: FunctionInfo) -> bool:
+    return info.category is Category.COLLECTIVE and info.key != LINK_KEY
+
+
+def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
+                medians: dict[int, Triple], opts: WaitOptions) -> None:
+    """Waits are consequences (DESIGN.md section 6): find the late workers of each collective, give
+    their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
+    when they have none), and fold every collective finding of the waiting workers into it."""
+    beta = arr.values[:, 0, :]
+    waits = [f for f, v in enumerate(verdicts) if _is_wait(v.info) and not v.waits_for_peers]
+    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key != LINK_KEY]
+    groups = sorted(late_groups(beta, waits, arr.stage, opts), key=lambda g: -g.wait_share)
+    waiting = np.zeros(arr.n_workers, dtype=bool)
+    for lg in groups:
+        waiting[lg.waiting] = True
+    culprits = [d for d in drafts if not d.folded and d.kind != "common" and d.observed.beta >= d.median.beta
+                and d.verdict.info.key != LINK_KEY
+                and not (_is_wait(d.verdict.info) and 2 * int(waiting[d.idx].sum()) >= d.idx.size)]
+    owners: list[tuple[np.ndarray, _Draft]] = []
+    for lg in groups:
+        label = verdicts[lg.f].info.label
+        owner = _owner(culprits, lg.late)
+        if owner is None:
+            cause = cause_of_lateness(beta, causes, lg.late, lg.waiting, arr.worker_window_s, opts)
+            f = lg.f if cause is None else cause[0]
+            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",),
+                           _median_triple(arr, verdicts, f, medians), arr.n_workers, 1.0)
+            owner.kind = "specific"
+            owner.median = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
+            drafts.append(owner)
+            culprits.append(owner)
+        _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
+        owners.append((lg.waiting, owner))
+    for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
+        if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
+            continue
+        median_g = float(np.median(beta[v.f]))
+        for c in [o for w, o in owners if 2 * np.intersect1d(w, v.idx).size >= v.idx.size] + \
+                sorted(culprits, key=lambda d: -_impact(d)):
+            if c is v:
+                continue
+            if np.intersect1d(c.idx, v.idx).size * 2 > v.idx.size:
+                if v.observed.beta < v.median.beta and v.median.beta > 0:  # the culprit's own early exit
+                    c.consequences.append(Consequence(v.verdict.info.label, v.observed.beta / v.median.beta))
+                    v.folded = True
+                    break
+                continue
+            late_share = float(np.median(beta[v.f, c.idx]))
+            if late_share <= median_g and late_share + 0.5 * opts.wait_min <= v.observed.beta:
+                ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, c.idx)]).tolist())
+                _add_wait(c, Wait(v.verdict.info.label, ranks, v.observed.beta - late_share))
+                v.folded = True
+                break
+
+
+def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:
+    """The culprit finding that covers at least half of the late workers (the costliest such)."""
+    covering = [d for d in culprits if np.intersect1d(d.idx, late).size * 2 >= late.size]
+    return max(covering, key=_impact, default=None)
+
+
+def _add_wait(d: _Draft, w: Wait) -> None:
+    w = Wait(w.function, w.ranks, rounded(w.share))
+    if d.waits is None:
+        d.waits = {}
+    old = d.waits.get(w.function)
+    if old is None or w.share > old.share:
+        d.waits[w.function] = w if old is None else Wait(w.function, tuple(sorted(set(old.ranks) | set(w.ranks))),
+                                                         w.share)
+
+
+def _own_impact(d: _Draft) -> float:
     over_box = d.observed.beta - d.verdict.box.hi.beta if "expectation" in d.tests else 0.0
-    return max(over_box, abs(d.observed.beta - d.median.beta), 0.0) + 1e-3 * d.observed.beta
+    return max(over_box, abs(d.observed.beta - d.median.beta), 0.0)
+
+
+def _impact(d: _Draft) -> float:
+    """The finding's cost to the step, as a share of the window: its own excess on the critical path
+    (above the expected range, or off the median worker) plus the waits it induces in its peers."""
+    induced = sum(w.share for w in d.waits.values()) if d.waits else 0.0
+    return _own_impact(d) + induced + 1e-3 * d.observed.beta
 
 
 def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
     info = d.verdict.info
     ranks = np.sort(arr.ranks[d.idx])
+    waits = tuple(sorted(d.waits.values(), key=lambda w: -w.share)) if d.waits else ()
     sentence = describe_finding(
         label=info.label, key=info.key, category=info.category, resource=info.resource, kind=d.kind,
         ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
         expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
-        consequences=d.consequences)
+        consequences=d.consequences, waits=waits, parts=d.parts)
+    impact = rounded(_impact(d))
     return Finding(
         key=info.key, label=info.label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
         tests=d.tests, observed=d.observed, median=d.median, expected=d.verdict.box, sentence=sentence,
-        points=_points(arr, d.f, d.idx, max_points))
+        points=_points(arr, d.f, d.idx, max_points), impact=impact, impact_s=rounded(impact * float(arr.window_s)),
+        waits=waits, parts=d.parts)
 
 
 def _points(arr: PatternArrays, f: int, idx: np.ndarray, max_points: int) -> tuple[tuple[int, float, float], ...]:

@@ -10,6 +10,7 @@ become a finding; ``findings.py`` groups, labels and explains them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -29,7 +30,9 @@ from localizer.distances import (
 )
 from localizer.expect import OPEN_BOX, Expectations, load_expectations
 from localizer.findings import FunctionVerdict, build_findings
+from localizer.host import with_host_total
 from localizer.rule import apply_rule, differential_threshold
+from localizer.waits import WaitOptions
 from perftracker.model import PatternSet, Report
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class LocalizeOptions:
     method: str = "grid"  # "grid" (exact, fast) | "blocks" (the definition, full matrix)
     trigger_reason: str = ""
     created_ns: int | None = None  # None: now
+    waits: WaitOptions = WaitOptions()  # who waits for whom (localizer/waits.py)
 
 
 def localize(pattern_sets: Sequence[PatternSet], options: LocalizeOptions | None = None) -> Report:
@@ -80,8 +84,11 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
     validate_arrays(arr)
     expectations = resolve_expectations(opts, arr.gpu)
     sample = sample_workers(arr.n_workers, opts.sample_size, opts.seed)
+    arr, host = with_host_total(arr)
     verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts)
                 for f, info in enumerate(arr.functions)]
+    if host:
+        verdicts = judge_host_ops_together(verdicts, host, arr)
     report = build_report(arr, verdicts, expectations, opts)
     log.info("localized %s/%s: %d workers x %d functions, %d finding(s) in %.2f s", arr.job, arr.session,
              arr.n_workers, len(arr.functions), len(report.findings), time.perf_counter() - t0)
@@ -96,7 +103,8 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     beta = values[0]
     median_beta = exact_median(beta)
     if not (beta > opts.beta_min).any():  # the rule's first term fails everywhere: nothing to compute
-        return FunctionVerdict(info, box, hint, median_beta, None, None, None)
+        return FunctionVerdict(info, box, hint, median_beta, None, None, None,
+                               rule is not None and rule.waits_for_peers)
     lo = np.array(box.lo.as_tuple())
     hi = np.array(box.hi.as_tuple())
     outside = outside_expectation(values, lo, hi)
@@ -112,7 +120,22 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
         by_diff &= beta < median_beta
     if by_diff.any():  # ε-unique, and materially off the median worker in some dimension
         by_diff &= material_shift(values, floor)
-    return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold)
+    return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold,
+                           rule is not None and rule.waits_for_peers)
+
+
+def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], arr: PatternArrays
+                            ) -> list[FunctionVerdict]:
+    """Host ops of a GPU window are judged by their sum (``localizer.host``): one alone is outside
+    expectation only when it alone exceeds the sum's expected share; the differential test stands."""
+    total = verdicts[-1]
+    bound = total.box.hi.beta
+    out = list(verdicts)
+    for f in host:
+        v = verdicts[f]
+        if v.by_expectation is not None:
+            out[f] = dataclasses.replace(v, by_expectation=v.by_expectation & (arr.values[f, 0] > bound))
+    return out
 
 
 def material_shift(values: np.ndarray, floor: np.ndarray) -> np.ndarray:
@@ -150,7 +173,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
     keep_iter = {r for f in findings for r in f.ranks[:8]}
     keep_iter.update(sorted(arr.iteration_ms)[:8])
     return Report(
-        job=arr.job, session=arr.session, kind="slowdown",
+        job=arr.job, session=arr.session, kind="offline" if arr.offline else "slowdown",
         created_ns=time.time_ns() if opts.created_ns is None else opts.created_ns,
         trigger_reason=opts.trigger_reason, window_s=float(arr.window_s),
         ranks_reported=tuple(ranks_reported.tolist()), ranks_missing=missing,

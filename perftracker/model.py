@@ -24,7 +24,7 @@ from perftracker.pattern_model import (
     Triple,
     _pattern_from_row,
 )
-from perftracker.report_model import Box, Finding, RankState, Report, TopFunction, compress_ranks
+from perftracker.report_model import Box, Finding, RankState, Report, TopFunction, Wait, compress_ranks
 from perftracker.schema import SCHEMA_VERSION, check_schema_version, optional, require
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "RankState",
     "Report",
     "TopFunction",
+    "Wait",
     "Triple",
     "_pattern_from_row",
     "check_schema_version",

@@ -29,6 +29,25 @@ class Box:
 
 
 @dataclass(frozen=True)
+class Wait:
+    """Peers that wait for a finding's ranks: in which collective, and how much of the window."""
+
+    function: str  # the collective's label
+    ranks: tuple[int, ...]  # the waiting ranks
+    share: float  # median share of the window the waiting ranks spend waiting for the culprit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "ranks": list(self.ranks), "share": rounded(self.share)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Wait:
+        where = "Wait"
+        return cls(function=require(d, "function", str, where),
+                   ranks=tuple(int(r) for r in require(d, "ranks", list, where)),
+                   share=float(require(d, "share", float, where)))
+
+
+@dataclass(frozen=True)
 class Finding:
     """One abnormal function and the workers on which it is abnormal."""
 
@@ -43,6 +62,10 @@ class Finding:
     expected: Box
     sentence: str
     points: tuple[tuple[int, float, float], ...] = ()  # (rank, β, μ) of all (or sampled) workers, for plots
+    impact: float = 0.0  # estimated cost to the step, as a share of the window (own excess + induced waits)
+    impact_s: float = 0.0  # the same in seconds of the window
+    waits: tuple[Wait, ...] = ()  # peers that wait for these ranks (folded victims)
+    parts: tuple[tuple[str, float], ...] = ()  # (label, median β) of the functions a grouped finding holds
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +80,10 @@ class Finding:
             "expected": self.expected.to_dict(),
             "sentence": self.sentence,
             "points": [list(p) for p in self.points],
+            "impact": rounded(self.impact),
+            "impact_s": rounded(self.impact_s),
+            "waits": [w.to_dict() for w in self.waits],
+            "parts": [[label, rounded(b)] for label, b in self.parts],
         }
 
     @classmethod
@@ -74,6 +101,10 @@ class Finding:
             expected=Box.from_dict(require(d, "expected", dict, where)),
             sentence=require(d, "sentence", str, where),
             points=tuple((int(p[0]), float(p[1]), float(p[2])) for p in optional(d, "points", list, where, [])),
+            impact=float(optional(d, "impact", float, where, 0.0)),
+            impact_s=float(optional(d, "impact_s", float, where, 0.0)),
+            waits=tuple(Wait.from_dict(w) for w in optional(d, "waits", list, where, [])),
+            parts=tuple((str(p[0]), float(p[1])) for p in optional(d, "parts", list, where, [])),
         )
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from localizer.render import mu_names, short_frame
+from localizer.render.facts import has_samples, impact_text, step_times_text
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
 
 _STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "waiting": "yellow", "paused": "cyan", "ok": "green"}
@@ -41,13 +42,14 @@ def render(report: Report, file: TextIO, *, color: bool | None = None, width: in
     console.print(_header(report))
     if report.kind == "hang" or report.hang_states:
         console.print(_hang_table(report.hang_states))
+    samples = has_samples(report)
     if report.findings:
         for key, group in _group_by_function(report.findings):
-            console.print(_function_panel(key, group))
+            console.print(_function_panel(key, group, samples))
     elif report.kind != "hang":
         console.print(Text("No abnormal functions.", style="bold green"))
         if report.top_functions:
-            console.print(_top_table(report))
+            console.print(_top_table(report, samples))
 
 
 def _fmt_time(ns: int) -> str:
@@ -73,6 +75,9 @@ def _header(report: Report) -> Panel:
     grid.add_row("ranks reported", _ranks_text(report.ranks_reported))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
     grid.add_row("ranks missing", missing)
+    steps = step_times_text(report)
+    if steps:
+        grid.add_row("step time", steps)
     parts: list[object] = [grid]
     if report.summary:
         parts = [Text(report.summary, style="bold"), Text(""), grid]
@@ -94,7 +99,7 @@ def _outside(x: float, lo: float, hi: float) -> bool:
     return x < lo - 1e-12 or x > hi + 1e-12
 
 
-def _pattern_table(f: Finding) -> Table:
+def _pattern_table(f: Finding, samples: bool = True) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("")
     table.add_column(f"ranks {compress_ranks(f.ranks)}", justify="right")
@@ -102,7 +107,7 @@ def _pattern_table(f: Finding) -> Table:
     table.add_column("expected", justify="right")
     mu_name, sigma_name = mu_names(f)
     labels = {**_DIM_LABELS, "mu": mu_name, "sigma": sigma_name}
-    for dim in _DIMS:
+    for dim in _DIMS if samples else _DIMS[:1]:
         obs = getattr(f.observed, dim)
         lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
         med = getattr(f.median, dim)
@@ -111,7 +116,7 @@ def _pattern_table(f: Finding) -> Table:
     return table
 
 
-def _function_panel(key: str, group: list[Finding]) -> Panel:
+def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Panel:
     first = group[0]
     body: list[object] = []
     if first.key != first.label:
@@ -125,8 +130,11 @@ def _function_panel(key: str, group: list[Finding]) -> Panel:
         meta.append(f.kind, style="cyan")
         meta.append("   ranks ", style="dim")
         meta.append(_ranks_text(f.ranks), style="bold red")
+        if f.impact > 0:
+            meta.append("   impact ", style="dim")
+            meta.append(impact_text(f), style="cyan")
         body.append(meta)
-        body.append(_pattern_table(f))
+        body.append(_pattern_table(f, samples))
     title = Text()
     title.append(first.category.value, style="magenta")
     title.append("  ")
@@ -168,13 +176,14 @@ def _hang_table(states: Iterable[RankState]) -> Table:
     return table
 
 
-def _top_table(report: Report) -> Table:
+def _top_table(report: Report, samples: bool = True) -> Table:
     table = Table(title="top critical-path functions (median rank)", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("function")
     table.add_column("category")
-    for dim in _DIMS:
+    dims = _DIMS if samples else _DIMS[:1]
+    for dim in dims:
         table.add_column(_DIM_LABELS[dim].split()[0], justify="right")
     for t in report.top_functions:
         m: Triple = t.median
-        table.add_row(short_frame(t.label or t.key), t.category.value, _num(m.beta), _num(m.mu), _num(m.sigma))
+        table.add_row(short_frame(t.label or t.key), t.category.value, *(_num(getattr(m, d)) for d in dims))
     return table

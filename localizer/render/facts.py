@@ -1,0 +1,40 @@
+"""Small facts every renderer shows the same way: derived from a Report, no analysis, no I/O."""
+
+from __future__ import annotations
+
+import statistics
+
+from perftracker.model import Finding, Report, compress_ranks
+
+_MAX_RANKS_SHOWN = 16
+
+
+def has_samples(report: Report) -> bool:
+    """Whether the window had utilization samples: an offline trace has none, so μ and σ are all 0
+    and a renderer leaves them out rather than show zeros as if they were measured."""
+    if report.kind != "offline":
+        return True
+    triples = [f.observed for f in report.findings] + [f.median for f in report.findings]
+    triples += [t.median for t in report.top_functions]
+    return any(t.mu > 0 or t.sigma > 0 for t in triples)
+
+
+def impact_text(f: Finding) -> str:
+    """"12% of the window (0.6 s)": the finding's estimated cost to the step."""
+    seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
+    return f"{100 * f.impact:.0f}% of the window ({seconds})"
+
+
+def step_times_text(report: Report) -> str:
+    """"0: 14.5 ms, 1: 19.9 ms, …": each rank's median step time, for reports whose ranks' windows
+    are their own steps (offline traces); "" otherwise or when no rank has one."""
+    if report.kind != "offline" or not report.iteration_ms:
+        return ""
+    ranks = sorted(r for r, v in report.iteration_ms.items() if v)
+    if not ranks:
+        return ""
+    shown = ranks[:_MAX_RANKS_SHOWN]
+    text = ", ".join(f"{r}: {statistics.median(report.iteration_ms[r]):.1f} ms" for r in shown)
+    if len(ranks) > len(shown):
+        text += f", … ({compress_ranks(ranks)})"
+    return text

@@ -1,0 +1,125 @@
+"""Who waits for whom: the wait evidence of a synchronous job, as pure functions over β arrays.
+
+In a synchronous job every member of a collective (or P2P transfer) leaves it together, when the
+last member has arrived and the transfer is done. A member that arrives early spends the time until
+the last one arrives inside the collective (on a GPU: an NCCL kernel that spins; on CPU DDP: the
+reducer's wait). So, within one group, the ranks that hold a collective *least* arrive last: they are
+the candidates for the cause, and the excess of every other member over them is time spent waiting
+for them: a consequence, never a finding of its own (DESIGN.md section 6, "Culprits and victims").
+
+``late_groups`` finds, per collective function and per group of like workers (the same pipeline
+stage where it is known), a small set of late workers that every other member waits for:
+
+- N ≥ 3: some worker lies below the group's median β by more than δ = ``max(wait_min, k·MADn)``
+  (a low outlier against the spread of the waiting majority); the late cluster is every worker
+  below the median by more than δ/2; it is a minority of the group (at most ``late_fraction``) and
+  the waiters' median exceeds the late workers' median by at least ``wait_min`` (a typical, not
+  only an extreme, late worker);
+- N = 2: the one that holds the collective less is late when the other holds it at least
+  ``wait_min`` of the window and ``pair_ratio`` of its own share longer (two ranks can be compared
+  only with each other, so the bar is a clear, relative difference).
+
+``wait_min`` (default 5% of the window) is the materiality of a wait: jitter of a clean job moves the
+collective shares by a few percent from rank to rank, a slowdown worth a report (≥ 10% of the step)
+makes every waiting peer wait for that much. ``cause_of_lateness`` names the late workers' function
+that costs them the most time over the waiting workers, in absolute time per window (offline windows
+differ in length from rank to rank: a waiting rank's window includes its wait).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_MADN = 1.482602218505602  # MAD → σ for normal data (statsmodels' normalization)
+
+
+@dataclass(frozen=True)
+class WaitOptions:
+    wait_min: float = 0.05  # share of the window: a smaller wait is not material
+    k: float = 4.0  # late = below the median by more than k · MADn (N ≥ 3)
+    late_fraction: float = 0.4  # the late workers are at most this share of the group
+    pair_ratio: float = 0.25  # N = 2: the waiter's excess is at least this share of its collective time
+    cause_min: float = 0.01  # a late worker's cause holds at least this much more of the window
+
+
+@dataclass(frozen=True)
+class LateGroup:
+    """Within one group of workers running collective f: who arrives last and who waits."""
+
+    f: int
+    late: np.ndarray  # worker columns, sorted
+    waiting: np.ndarray  # worker columns, sorted
+    wait_share: float  # median share of the window the waiting workers wait for the late ones
+
+
+def groups_of(n_workers: int, stage: np.ndarray | None) -> list[np.ndarray]:
+    """Like workers: one group per pipeline stage where stages are known, else all workers."""
+    if stage is None:
+        return [np.arange(n_workers)]
+    return [np.flatnonzero(stage == s) for s in np.unique(stage)]
+
+
+def late_workers(beta: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float]:
+    """(late mask, the waiters' median excess over the late) for one group's collective shares."""
+    b = np.asarray(beta, dtype=np.float64)
+    none = np.zeros(b.size, dtype=bool), 0.0
+    if b.size < 2 or float(b.max()) <= 0.0:
+        return none
+    if b.size == 2:
+        lo, hi = int(np.argmin(b)), int(np.argmax(b))
+        excess = float(b[hi] - b[lo])
+        if lo == hi or excess < opts.wait_min or excess < opts.pair_ratio * float(b[hi]):
+            return none
+        late = np.zeros(2, dtype=bool)
+        late[lo] = True
+        return late, excess
+    med = float(np.median(b))
+    madn = _MADN * float(np.median(np.abs(b - med)))
+    delta = max(opts.wait_min, opts.k * madn)
+    if not (b < med - delta).any():
+        return none
+    late = b < med - delta / 2  # the whole late cluster, not only its most extreme members
+    if late.sum() > opts.late_fraction * b.size:
+        return none
+    share = float(np.median(b[~late]) - np.median(b[late]))
+    return (late, share) if share >= opts.wait_min else none
+
+
+def late_groups(values_beta: np.ndarray, functions: list[int], stage: np.ndarray | None,
+                opts: WaitOptions) -> list[LateGroup]:
+    """Every (collective function, group) with a late minority. values_beta: (F, N) β."""
+    out: list[LateGroup] = []
+    for members in groups_of(values_beta.shape[1], stage):
+        for f in functions:
+            b = values_beta[f, members]
+            runs = b > 0.0
+            if runs.sum() < 2:
+                continue
+            cols = members[runs]
+            late, share = late_workers(b[runs], opts)
+            if late.any():
+                out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
+    return out
+
+
+def cause_of_lateness(values_beta: np.ndarray, candidates: list[int], late: np.ndarray, waiting: np.ndarray,
+                      window_s: np.ndarray | None, opts: WaitOptions) -> tuple[int, float] | None:
+    """The candidate function the late workers spend the most extra time in, over the waiting ones:
+    (function index, excess as a share of the late workers' window), or None when none is material.
+
+    Compared in absolute time (β · each worker's window) so that a waiter's longer window (its wait)
+    does not shrink its shares; the excess is then expressed in the late workers' window."""
+    if not candidates:
+        return None
+    b = values_beta[candidates]
+    if window_s is not None:
+        w = np.where(np.asarray(window_s) > 0, window_s, 1.0)
+        t_late = float(np.median(w[late]))
+        b = b * (w / t_late)[None, :]
+    excess = np.median(b[:, late], axis=1) - np.median(b[:, waiting], axis=1)
+    i = int(np.argmax(excess))
+    if float(excess[i]) < opts.cause_min:
+        return None
+    return candidates[i], float(excess[i])
