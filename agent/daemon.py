@@ -8,7 +8,7 @@
   START_WINDOW to the job's workers, runs the samplers process per worker over the window, then the
   summarizer in a separate process (one core, nice 19), and uploads each PatternSet. For a hang
   session it asks the workers for hang snapshots.
-- Serves Prometheus text metrics (agent.metrics) over HTTP when a metrics port is given.
+- Serves Prometheus metrics and a liveness endpoint (agent.metrics) over HTTP when a metrics port is given.
 
 The localizer-facing loops (registration, heartbeats, triggers, snapshots, the long poll) are in
 agent.upstream; the per-rank registry in agent.workers; session windows in agent.windows.
@@ -75,7 +75,7 @@ class AgentDaemon:
         self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream.call)
         self._last_connected = time.monotonic()
         self._warn_once = WarnOnce(log)
-        self._metrics_runner: Any = None
+        self._metrics_server: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -131,8 +131,8 @@ class AgentDaemon:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
         for name in (wire.SOCKET_NAME, AGENT_INFO):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self.options.run_dir, name))
@@ -219,7 +219,7 @@ class AgentDaemon:
 
     def _update_worker_metrics(self, job: str) -> None:
         n = sum(1 for w in self.workers.values() if w.job == job and w.connected)
-        self.metrics.set("perftracker_workers", n, job=job)
+        self.metrics.workers(job, n)
 
     def job_workers(self, job: str, connected: bool = True) -> list[Worker]:
         return select_job(self.workers.values(), job, connected)
@@ -230,18 +230,14 @@ class AgentDaemon:
             w.iteration = msg["iteration"]
             w.phase = msg["phase"]
             w.last_event_age_s = float(msg.get("idle_s") or 0.0)
-            self.metrics.set("perftracker_iterations", w.iteration, job=w.job, rank=w.rank)
-            self.metrics.remove("perftracker_detector_phase", job=w.job, rank=w.rank)
-            if w.phase:
-                self.metrics.set("perftracker_detector_phase", 1, job=w.job, rank=w.rank, phase=w.phase)
+            self.metrics.heartbeat(w.job, w.rank, w.iteration, w.phase or "")
         elif kind == MessageType.ITER_STATS.value:
             w.iteration = msg["iteration"]
             w.iteration_ms = float(msg.get("mean_ms") or 0.0)
             w.min_ms = float(msg.get("min_ms") or 0.0)
-            self.metrics.set("perftracker_iteration_ms", w.iteration_ms, job=w.job, rank=w.rank)
-            self.metrics.set("perftracker_iteration_min_ms", w.min_ms, job=w.job, rank=w.rank)
+            self.metrics.iteration_times(w.job, w.rank, w.iteration, msg.get("recent_ms") or ())
         elif kind == MessageType.TRIGGER.value:
-            self.metrics.inc("perftracker_triggers_total", job=w.job)
+            self.metrics.trigger(w.job)
             window_s = msg.get("window_s")
             window_s = float(window_s) if isinstance(window_s, (int, float)) and 0.1 <= window_s <= 600 else None
             self._spawn(self.upstream.forward_trigger(w, msg["reason"], msg["detail"], window_s), "trigger")
@@ -306,7 +302,7 @@ class AgentDaemon:
     def start_session(self, job: str, session: str, window_s: float, reason: str, kind: str = "slowdown") -> SessionRun:
         run = SessionRun(session, job, window_s, reason, kind)
         self.sessions[session] = run
-        self.metrics.inc("perftracker_sessions_total", state="started")
+        self.metrics.session("started")
         self._spawn(self.windows.run_session(run, self.job_workers(job)), f"session-{session}")
         return run
 
@@ -330,8 +326,15 @@ class AgentDaemon:
                 return
 
     async def _start_metrics(self) -> None:
-        from agent.metrics import serve
+        from agent.metrics import MetricsServer
 
-        self._metrics_runner, self.metrics_url = await serve(self.metrics, self.options.metrics_host,
-                                                             int(self.options.metrics_port or 0))
+        self._metrics_server = MetricsServer(self.metrics, self.options.metrics_host, int(self.options.metrics_port or 0))
+        self.metrics_url = self._metrics_server.url
+        self._spawn(self._tick_loop(), "metrics-tick")
+
+    async def _tick_loop(self) -> None:
+        """Tell the metrics server's /healthz (the liveness probe) that this event loop runs."""
+        while True:
+            self.metrics.tick()
+            await asyncio.sleep(1.0)
 

@@ -1,112 +1,192 @@
-"""Prometheus text-format metrics of the node agent (exposition format 0.0.4).
+"""Prometheus metrics of the node agent (prometheus_client, one registry per agent).
 
-A tiny registry: gauges and counters keyed by label tuples, rendered by ``render()``. The agent's
-HTTP endpoint serves ``render()`` at ``/metrics``. What it exports:
+What it exports (names follow the Prometheus conventions: base units, ``_total`` counters):
 
-- ``perftracker_workers{job}``: connected training processes;
-- ``perftracker_iteration_ms{job,rank}``: recent mean iteration time, and
-  ``perftracker_iteration_min_ms{job,rank}`` the recent shortest;
-- ``perftracker_iterations{job,rank}``: completed iterations;
-- ``perftracker_detector_phase{job,rank,phase}``: 1 for the rank's current detector phase;
-- ``perftracker_sessions_total{state}``: sessions seen by this agent (started, uploaded, failed);
-- ``perftracker_triggers_total{job}``, ``perftracker_uploads_total{kind,result}``;
-- ``perftracker_summarize_seconds_sum`` / ``_count``.
+- ``perftracker_workers{job}``: connected training processes (gauge);
+- ``perftracker_iteration_duration_seconds{job,rank}``: training iteration times (histogram; each
+  iteration observed once, from the workers' ITER_STATS messages);
+- ``perftracker_iterations_total{job,rank}``: completed iterations;
+- ``perftracker_detector_phase{job,rank,phase}``: 1 for the detector phase each rank is in;
+- ``perftracker_sessions_total{state}``: sessions handled by this agent (started, uploaded, failed);
+- ``perftracker_triggers_total{job}``: triggers received from workers and forwarded;
+- ``perftracker_uploads_total{kind,result}``: uploads to the localizer;
+- ``perftracker_summarize_duration_seconds``: wall time to summarize one window (histogram).
+
+``serve()`` answers ``/metrics`` (the text exposition format) and ``/healthz`` (200 while the agent's
+event loop ticked within ``stale_after_s``, else 503: the sidecar's liveness probe) on a small
+threaded HTTP server. prometheus_client is in the ``agent`` extra; without it the agent runs with
+these methods as no-ops and refuses ``--metrics-port`` (``ConfigError``).
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-_HELP: dict[str, tuple[str, str]] = {
-    "perftracker_workers": ("gauge", "Training processes connected to this agent."),
-    "perftracker_iteration_ms": ("gauge", "Recent mean iteration time per rank, milliseconds."),
-    "perftracker_iteration_min_ms": ("gauge", "Recent shortest iteration time per rank, milliseconds."),
-    "perftracker_iterations": ("gauge", "Completed training iterations per rank."),
-    "perftracker_detector_phase": ("gauge", "1 for the detector phase each rank is in."),
-    "perftracker_sessions_total": ("counter", "Profiling sessions handled by this agent, by outcome."),
-    "perftracker_triggers_total": ("counter", "Triggers received from workers and forwarded."),
-    "perftracker_uploads_total": ("counter", "Uploads to the localizer, by kind and result."),
-    "perftracker_summarize_seconds_sum": ("counter", "Total wall time spent summarizing windows."),
-    "perftracker_summarize_seconds_count": ("counter", "Windows summarized."),
-}
+from perftracker.errors import ConfigError
+
+ITERATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+SUMMARIZE_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+def available() -> bool:
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class Metrics:
-    """Thread-safe gauges and counters; label sets are plain dicts."""
+    """The agent's collectors and the bookkeeping that turns worker messages into them."""
 
     def __init__(self) -> None:
-        self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {name: {} for name in _HELP}
+        self.enabled = available()
         self._lock = threading.Lock()
+        self._iterations: dict[tuple[str, int], int] = {}  # last iteration counted
+        self._observed: dict[tuple[str, int], int] = {}  # last iteration whose duration was observed
+        self._phase: dict[tuple[str, int], str] = {}
+        self._tick = time.monotonic()
+        if not self.enabled:
+            return
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    @staticmethod
-    def _key(labels: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
-        return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self._workers = Gauge("perftracker_workers", "Training processes connected to this agent.", ["job"], registry=r)
+        self._iteration_s = Histogram("perftracker_iteration_duration_seconds", "Training iteration time per rank.",
+                                      ["job", "rank"], buckets=ITERATION_BUCKETS_S, registry=r)
+        self._iterations_total = Counter("perftracker_iterations", "Completed training iterations per rank.",
+                                         ["job", "rank"], registry=r)
+        self._detector_phase = Gauge("perftracker_detector_phase", "1 for the detector phase each rank is in.",
+                                     ["job", "rank", "phase"], registry=r)
+        self._sessions = Counter("perftracker_sessions", "Profiling sessions handled by this agent, by outcome.",
+                                 ["state"], registry=r)
+        self._triggers = Counter("perftracker_triggers", "Triggers received from workers and forwarded.", ["job"],
+                                 registry=r)
+        self._uploads = Counter("perftracker_uploads", "Uploads to the localizer, by kind and result.",
+                                ["kind", "result"], registry=r)
+        self._summarize_s = Histogram("perftracker_summarize_duration_seconds", "Wall time to summarize one window.",
+                                      buckets=SUMMARIZE_BUCKETS_S, registry=r)
 
-    def set(self, name: str, value: float, **labels: object) -> None:
+    # ---------------------------------------------------------------- updates (any thread)
+    def workers(self, job: str, n: int) -> None:
+        if self.enabled:
+            self._workers.labels(job).set(n)
+
+    def heartbeat(self, job: str, rank: int, iteration: int, phase: str) -> None:
+        """A worker's iteration count and detector phase."""
+        if not self.enabled:
+            return
+        key = (job, rank)
         with self._lock:
-            self._values[name][self._key(labels)] = float(value)
+            last = self._iterations.get(key)
+            self._iterations[key] = iteration
+            old_phase = self._phase.get(key)
+            self._phase[key] = phase
+        # a restarted worker counts from 0 again: its iterations are new ones
+        new = iteration if last is None or iteration < last else iteration - last
+        if new > 0:
+            self._iterations_total.labels(job, str(rank)).inc(new)
+        if old_phase != phase:
+            if old_phase:
+                self._detector_phase.remove(job, str(rank), old_phase)
+            if phase:
+                self._detector_phase.labels(job, str(rank), phase).set(1)
 
-    def inc(self, name: str, amount: float = 1.0, **labels: object) -> None:
+    def iteration_times(self, job: str, rank: int, iteration: int, recent_ms: Iterable[float]) -> int:
+        """Observe the iterations of ``recent_ms`` (the durations up to ``iteration``) not observed
+        before; returns how many were new."""
+        if not self.enabled:
+            return 0
+        recent = [float(x) for x in recent_ms]
+        key = (job, rank)
         with self._lock:
-            series = self._values[name]
-            key = self._key(labels)
-            series[key] = series.get(key, 0.0) + amount
+            last = self._observed.get(key)
+            self._observed[key] = iteration
+        new = len(recent) if last is None or iteration < last else min(len(recent), iteration - last)
+        if new <= 0:
+            return 0
+        hist = self._iteration_s.labels(job, str(rank))
+        for ms in recent[-new:]:
+            if ms >= 0 and ms == ms and ms != float("inf"):
+                hist.observe(ms / 1e3)
+        return new
 
-    def get(self, name: str, **labels: object) -> float | None:
-        with self._lock:
-            return self._values[name].get(self._key(labels))
+    def trigger(self, job: str) -> None:
+        if self.enabled:
+            self._triggers.labels(job).inc()
 
-    def remove(self, name: str, **match: object) -> None:
-        """Drop every series of ``name`` whose labels include ``match``."""
-        want = set(self._key(match))
-        with self._lock:
-            for key in [k for k in self._values[name] if want <= set(k)]:
-                del self._values[name][key]
+    def session(self, state: str) -> None:
+        if self.enabled:
+            self._sessions.labels(state).inc()
 
-    def render(self) -> str:
-        lines: list[str] = []
-        with self._lock:
-            for name, (kind, help_text) in _HELP.items():
-                series = self._values[name]
-                lines.append(f"# HELP {name} {help_text}")
-                lines.append(f"# TYPE {name} {kind}")
-                for key, value in sorted(series.items()):
-                    labels = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
-                    lines.append(f"{name}{{{labels}}} {_fmt(value)}" if labels else f"{name} {_fmt(value)}")
-        return "\n".join(lines) + "\n"
+    def upload(self, kind: str, ok: bool) -> None:
+        if self.enabled:
+            self._uploads.labels(kind, "ok" if ok else "error").inc()
+
+    def summarized(self, seconds: float) -> None:
+        if self.enabled:
+            self._summarize_s.observe(max(0.0, seconds))
+
+    def tick(self) -> None:
+        """The agent's event loop is alive (``/healthz``)."""
+        self._tick = time.monotonic()
+
+    # ---------------------------------------------------------------- exposition
+    def render(self) -> bytes:
+        """The text exposition format (what ``/metrics`` serves)."""
+        if not self.enabled:
+            return b""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    def healthy(self, stale_after_s: float) -> bool:
+        return time.monotonic() - self._tick <= stale_after_s
 
 
-async def serve(metrics: Metrics, host: str, port: int) -> tuple[Any, str]:
-    """Serve ``metrics.render()`` at ``http://host:port/metrics`` (aiohttp; port 0: any free one).
-    Returns (the aiohttp runner to ``cleanup()``, the URL)."""
-    from aiohttp import web
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
 
-    async def handler(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
 
-    app = web.Application()
-    app.router.add_get("/metrics", handler)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = getattr(site, "_server", None)
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, f"http://{host}:{bound}/metrics"
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` of one Metrics, served on a daemon thread."""
+
+    def __init__(self, metrics: Metrics, host: str, port: int, stale_after_s: float = 30.0) -> None:
+        if not metrics.enabled:
+            raise ConfigError("--metrics-port needs prometheus_client: pip install 'perftracker[agent]'")
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path == "/healthz":
+                ok = metrics.healthy(stale_after_s)
+                start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"ok\n" if ok else b"the agent's event loop is stalled\n"]
+            if path in ("/metrics", "/"):
+                start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
+                                          ("X-Content-Type-Options", "nosniff")])
+                return [metrics.render()]
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: /metrics, /healthz\n"]
+
+        self._httpd = make_server(host, port, app, _Server, handler_class=_QuietHandler)
+        self.port = int(self._httpd.server_port)
+        self.url = f"http://{host}:{self.port}/metrics"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

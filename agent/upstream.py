@@ -150,10 +150,10 @@ class Upstream:
         try:
             snap = HangSnapshot.from_dict(snapshot)
             await self.call("upload_hang_snapshot", snap)
-            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="ok")
+            self.metrics.upload("hang_snapshot", ok=True)
             log.info("uploaded a hang snapshot of rank %d (job %s)", w.rank, w.job)
         except PerftrackerError as exc:
-            self.metrics.inc("perftracker_uploads_total", kind="hang_snapshot", result="error")
+            self.metrics.upload("hang_snapshot", ok=False)
             log.warning("hang snapshot of rank %d not uploaded: %s", w.rank, exc)
 
     # ------------------------------------------------------------------ sessions

@@ -90,7 +90,7 @@ class WindowRunner:
             if isinstance(res, BaseException):
                 run.failed[w.rank] = repr(res)
                 log.error("session %s: rank %d: %r", run.session, w.rank, res)
-        self.metrics.inc("perftracker_sessions_total", state="uploaded" if not run.failed else "failed")
+        self.metrics.session("uploaded" if not run.failed else "failed")
         log.info("session %s: uploaded ranks %s%s", run.session, sorted(run.uploaded),
                  f"; failed {run.failed}" if run.failed else "")
 
@@ -216,14 +216,13 @@ class WindowRunner:
         t0 = time.monotonic()
         async with self._summarize_lock:
             ps = await processing.summarize(raw, samples, out, self.options.processing, self._summarizer)
-        self.metrics.inc("perftracker_summarize_seconds_sum", time.monotonic() - t0)
-        self.metrics.inc("perftracker_summarize_seconds_count")
+        self.metrics.summarized(time.monotonic() - t0)
         try:
             await self.call("upload_patterns", ps)
         except PerftrackerError as exc:
-            self.metrics.inc("perftracker_uploads_total", kind="patterns", result="error")
+            self.metrics.upload("patterns", ok=False)
             raise processing.ProcessingError(f"upload of rank {w.rank}'s patterns failed: {exc}") from None
-        self.metrics.inc("perftracker_uploads_total", kind="patterns", result="ok")
+        self.metrics.upload("patterns", ok=True)
         if run is not None:
             run.uploaded.add(w.rank)
         log.info("session %s: uploaded rank %d's %d patterns (%.1f s to summarize)", session, w.rank,

@@ -54,6 +54,7 @@ class LocalizeRunner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localize")
         self._lock = threading.Lock()
         self.localizing: set[str] = set()
+        self.on_report: list[Callable[[Report], None]] = []  # called on the localize thread per stored report
 
     def warm(self) -> None:
         """Import numpy/statsmodels now, on the localize thread, not when the first report is due."""
@@ -106,6 +107,8 @@ class LocalizeRunner:
                 self._write_report_file(report)
                 if self.cluster is not None:
                     self.cluster.post_events(report)
+                for callback in self.on_report:
+                    callback(report)
         except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
             log.exception("localizing session %s stopped", session)
         finally:

@@ -45,6 +45,7 @@ from localizer.http_io import (
     read_json,
 )
 from localizer.k8s import KubernetesClient, from_environment
+from localizer.metrics import install as install_metrics
 from localizer.runner import LocalizeRunner, Uploaded
 from localizer.sessions import SessionManager, SessionOptions
 from localizer.store import SessionRecord, Store
@@ -105,6 +106,7 @@ class LocalizerService:
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
+        self.metrics = install_metrics(self)  # GET /metrics (localizer.metrics)
 
     @property
     def cluster(self) -> ClusterLink | None:

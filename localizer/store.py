@@ -339,6 +339,11 @@ class Store:
         args.append(limit)
         return [self._session_from_row(r, with_uploaded) for r in self._query(sql, args)]
 
+    def session_counts(self) -> dict[tuple[str, str], int]:
+        """Sessions by (state, kind): the localizer's /metrics."""
+        return {(str(st), str(k)): int(n) for st, k, n in
+                self._query("SELECT state, kind, COUNT(*) FROM sessions GROUP BY state, kind")}
+
     # ---------------------------------------------------------------- patterns and snapshots
     def put_patterns(self, ps: PatternSet, now_ns: int, body: bytes | None = None) -> None:
         """Persist one worker's patterns (a repeat upload of the same rank replaces the old one).

@@ -124,4 +124,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
+    if args.metrics_port is not None:
+        from agent.metrics import available
+
+        if not available():
+            raise ConfigError("--metrics-port needs prometheus_client: pip install 'perftracker[agent]'")
     return asyncio.run(serve(args))
