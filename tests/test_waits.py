@@ -1,0 +1,177 @@
+"""Waits are consequences: a peer that waits for a late rank is named inside the late rank's finding.
+
+Pattern-level cases built the way a synchronous job behaves (localizer.synthetic): the slowed rank
+holds its own function longer, and every other member of the collective waits for it there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from localizer import synthetic as sy
+from localizer.arrays import FunctionInfo, PatternArrays
+from localizer.host import HOST_KEY
+from localizer.localize import LocalizeOptions, localize, localize_arrays
+from localizer.waits import WaitOptions, late_workers
+from perftracker.model import Category, Report
+
+OPTS = LocalizeOptions(created_ns=1)
+WO = WaitOptions()
+
+
+def _slowed(n: int, rank: int, factor: float, seed: int) -> PatternArrays:
+    arr = sy.simulate_job(n, seed=seed)
+    sy.inject_throttled_compute(arr, np.array([rank]), beta_factor=factor, mu_factor=1.0)
+    return arr
+
+
+def _headline_ranks(report: Report) -> tuple[int, ...]:
+    assert report.findings, report.summary
+    return report.findings[0].ranks
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_slowed_rank_is_the_headline_and_its_peers_wait_inside_it(n: int, seed: int) -> None:
+    arr = _slowed(n, 1, 1.4, seed)
+    report = localize_arrays(arr, OPTS)
+    assert _headline_ranks(report) == (1,), [f.sentence for f in report.findings]
+    head = report.findings[0]
+    assert head.category is Category.COMPUTE and head.label == "GEMM"
+    assert head.waits and set(head.waits[0].ranks) == set(range(n)) - {1}
+    assert "wait for it" in head.sentence and head.impact > head.waits[0].share > 0.05
+    # no finding names a waiting rank on its own
+    assert all(f.ranks == (1,) for f in report.findings), [f.sentence for f in report.findings]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_clean_small_jobs_name_nobody(n: int, seed: int) -> None:
+    report = localize_arrays(sy.simulate_job(n, seed=seed), dataclasses.replace(OPTS, seed=seed))
+    assert report.findings == (), [f.sentence for f in report.findings]
+
+
+def test_two_ranks_near_the_wait_threshold() -> None:
+    """At N = 2 the only evidence is who waits: a wait below ``wait_min`` names nobody, one above does."""
+    below = late_workers(np.array([0.10, 0.10 + 0.8 * WO.wait_min]), WO)
+    above = late_workers(np.array([0.10, 0.10 + 1.2 * WO.wait_min]), WO)
+    assert not below[0].any()
+    assert above[0].tolist() == [True, False] and above[1] == pytest.approx(1.2 * WO.wait_min)
+    # a small relative difference of two large collective shares is not a wait (pair_ratio)
+    assert not late_workers(np.array([0.60, 0.66]), WO)[0].any()
+
+
+def test_a_late_cluster_needs_a_typical_material_wait() -> None:
+    """Three of ten ranks hold the collective 0.03 less (below wait_min) and one of them 0.06 less:
+    the cluster's typical wait is not material, so no one is late."""
+    b = np.array([0.2] * 7 + [0.17, 0.17, 0.14])
+    assert not late_workers(b, WO)[0].any()
+    b2 = np.array([0.2] * 7 + [0.12, 0.12, 0.11])
+    late, share = late_workers(b2, WO)
+    assert late.tolist() == [False] * 7 + [True] * 3 and share == pytest.approx(0.08)
+
+
+def test_victims_collective_expectation_finding_is_folded_into_the_culprit() -> None:
+    """50 ranks; rank 7's compute is 2x: every other rank waits for it in AllReduce, which then holds
+    more than the collective bound (50%) on them. The report has one finding: rank 7."""
+    arr = sy.simulate_job(50, seed=9)
+    ar = sy.function_index(arr, "AllReduce")
+    arr.values[ar, 0, :] *= 6.0  # a communication-heavy job: AllReduce near 42% of the window
+    sy.inject_throttled_compute(arr, np.array([7]), beta_factor=2.0, mu_factor=1.0)
+    assert np.median(arr.values[ar, 0]) > 0.5
+    report = localize_arrays(arr, OPTS)
+    assert [f.ranks for f in report.findings] == [(7,)], [f.sentence for f in report.findings]
+    f = report.findings[0]
+    assert f.waits[0].function == "AllReduce" and len(f.waits[0].ranks) == 49
+
+
+def test_a_common_slow_link_stands_on_its_own() -> None:
+    """Every rank slow in AllReduce, nobody late: the collective finding is common and stays."""
+    arr = sy.simulate_job(50, seed=10)
+    ar = sy.function_index(arr, "AllReduce")
+    arr.values[ar, 0, :] = np.clip(arr.values[ar, 0, :] * 9.0, 0, 1)
+    report = localize_arrays(arr, OPTS)
+    assert report.findings and report.findings[0].label == "AllReduce"
+    assert report.findings[0].kind == "common" and not report.findings[0].waits
+
+
+def test_late_rank_without_a_cause_is_said_so() -> None:
+    """Rank 3 arrives last at AllReduce, and none of its functions holds more: the report names it
+    and says the cause is outside the profiled functions."""
+    arr = sy.simulate_job(8, seed=12)
+    ar = sy.function_index(arr, "AllReduce")
+    others = np.setdiff1d(np.arange(8), [3])
+    arr.values[ar, 0, others] += 0.12
+    arr.values[:, 0, :] /= 1.12
+    report = localize_arrays(arr, OPTS)
+    assert _headline_ranks(report) == (3,)
+    assert "not among the profiled functions" in report.findings[0].sentence
+
+
+def test_pipeline_stages_are_compared_within_the_stage() -> None:
+    """Two stages with different SendRecv shares by design (stage 0 sends first): no rank is late.
+    Without the stages, stage 0 (3 of 8 ranks) would look late."""
+    arr = sy.simulate_job(8, seed=13)
+    sr = sy.function_index(arr, "SendRecv")
+    stage = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+    arr.values[sr, 0, stage == 1] += 0.15
+    flat = localize_arrays(arr, OPTS)
+    staged = localize_arrays(dataclasses.replace(arr, stage=stage), OPTS)
+    assert flat.findings, "without stages the early stage looks late"
+    assert staged.findings == (), [f.sentence for f in staged.findings]
+
+
+def _host_job(n: int, host_betas: list[float], seed: int) -> PatternArrays:
+    """A GPU job recorded without Python stacks: kernels, an NCCL collective and host ops."""
+    rng = np.random.default_rng(seed)
+    infos = [FunctionInfo("gemm_kernel", "gemm_kernel", Category.COMPUTE),
+             FunctionInfo("ncclKernel_AllReduce", "ncclKernel_AllReduce", Category.COLLECTIVE)]
+    rows = [[0.3, 0.1]]
+    for i, b in enumerate(host_betas):
+        infos.append(FunctionInfo(f"## forward ##;aten::op{i}", f"aten::op{i}", Category.PYTHON))
+        rows[0].append(b)
+    base = np.array(rows[0])
+    values = np.zeros((len(infos), 3, n))
+    values[:, 0, :] = base[:, None] * np.exp(rng.normal(0, 0.02, (len(infos), n)))
+    return PatternArrays(job="j", session="s", ranks=np.arange(n), functions=tuple(infos), values=values,
+                         window_s=1.0, gpu=True, world_size=n)
+
+
+def test_host_bound_gpu_job_is_one_finding_with_its_top_host_functions() -> None:
+    arr = _host_job(8, [0.015] * 12, seed=3)  # 12 host ops of 1.5% each: 18% of the window
+    report = localize_arrays(arr, OPTS)
+    assert len(report.findings) == 1, [f.sentence for f in report.findings]
+    f = report.findings[0]
+    assert f.key == HOST_KEY and f.kind == "common" and len(f.parts) == 5
+    assert f.sentence.startswith("all ranks: the GPU waits for the host 18% of the window (expected ≤ 10%)")
+
+
+def test_host_ops_below_the_bound_give_no_finding_and_one_large_op_its_own() -> None:
+    quiet = localize_arrays(_host_job(8, [0.015] * 5, seed=4), OPTS)  # 7.5%: below the 10% bound
+    assert quiet.findings == (), [f.sentence for f in quiet.findings]
+    one = localize_arrays(_host_job(8, [0.13] + [0.01] * 3, seed=5), OPTS)
+    labels = {f.label for f in one.findings}
+    assert "aten::op0" in labels and "aten::op1" not in labels
+
+
+def test_impact_orders_the_findings_and_is_in_the_json() -> None:
+    arr = _slowed(16, 5, 1.5, seed=6)
+    sy.inject_slow_input(arr, 0.03)  # a small common finding: 3% in recv_into
+    report = localize_arrays(arr, OPTS)
+    assert len(report.findings) == 2
+    assert report.findings[0].ranks == (5,) and report.findings[0].impact > report.findings[1].impact
+    d = report.to_dict()["findings"][0]
+    assert d["impact"] > 0 and d["impact_s"] == pytest.approx(d["impact"] * arr.window_s, rel=1e-3)
+    assert d["waits"][0]["function"] == "AllReduce"
+    assert Report.from_dict(report.to_dict()) == report
+
+
+def test_offline_report_kind_and_pattern_sets_path() -> None:
+    arr = _slowed(4, 2, 1.4, seed=7)
+    sets = [dataclasses.replace(ps, source="kineto") for ps in sy.to_pattern_sets(arr)]
+    report = localize(sets, OPTS)
+    assert report.kind == "offline" and report.findings[0].ranks == (2,)
+    assert localize(sy.to_pattern_sets(arr), OPTS).kind == "slowdown"
