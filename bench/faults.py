@@ -14,7 +14,7 @@ Without network namespaces (not root, no iproute2) it says so, runs in single-ho
 loopback, and skips the network scenarios, listing them as skipped.
 
 Progress goes to stderr; the last stdout line is one JSON object:
-{"scenarios": int, "precision": float, "recall": float, "clean_false_findings": int,
+{"scenarios": int, "precision": float, "recall": float, "headline_correct": float, "clean_false_findings": int,
  "max_detection_delay_iters": int, "max_report_s": float, ...}
 ("onsets_missed": detector scenarios with no trigger at or after the fault's onset; "skipped", "mode".)
 """
@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 from bench.faultkit.hosts import EmulatedHosts, cleanup_stale, namespaces_available  # noqa: E402
 from bench.faultkit.job import JobRun, RunResult  # noqa: E402
 from bench.faultkit.scenario import Scenario, load_scenario  # noqa: E402
-from bench.faultkit.scoring import Score, score  # noqa: E402
+from bench.faultkit.scoring import Score, headline_correct, score  # noqa: E402
 
 log = logging.getLogger("bench.faults")
 QUICK = ("clean-s0.toml", "slow-compute-rank.toml", "slow-dataloader-all.toml")
@@ -95,12 +95,12 @@ def _table(outcomes: list[Outcome]) -> str:
     the clean scenarios of the same run (the fault's size, to check the 10-50% calibration)."""
     clean = [ms for o in outcomes if not o.skipped and not o.scenario.expect and (ms := _iteration_ms(o))]
     base = statistics.median(clean) if clean else None
-    head = (f"{'scenario':24} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'delay':>6} {'report_s':>8} {'iter_ms':>7} "
-            f"{'slower':>6}  findings / note")
+    head = (f"{'scenario':24} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'head':>4} {'delay':>6} {'report_s':>8} "
+            f"{'iter_ms':>7} {'slower':>6}  headline / note")
     lines = [head, "-" * len(head)]
     for o in outcomes:
         if o.skipped:
-            lines.append(f"{o.scenario.name:24} {'-':>5} {'-':>5} {'-':>3} {'-':>3} {'-':>6} {'-':>8} {'-':>7} {'-':>6}  "
+            lines.append(f"{o.scenario.name:24} {'-':>5} {'-':>5} {'-':>3} {'-':>3} {'-':>4} {'-':>6} {'-':>8} {'-':>7} {'-':>6}  "
                          f"SKIPPED: {o.skipped}")
             continue
         ms = _iteration_ms(o)
@@ -116,9 +116,11 @@ def _table(outcomes: list[Outcome]) -> str:
         note = o.error or (r.summary if r else "")
         if r is not None and len(r.sessions) > 1:  # the others are scored too; name them
             note = f"[{len(r.sessions)} sessions: {'; '.join(x[:40] for x in r.sessions)}] {note}"
+        hc = headline_correct(o.scenario, list(r.reports) if r else None)
+        hc_text = "-" if hc is None else ("yes" if hc else "NO")
         lines.append(
-            f"{o.scenario.name:24} {s.precision:5.2f} {s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {delay:>6} {rep_s:>8} "
-            f"{it:>7} {slower:>6}  {note[:110]}"
+            f"{o.scenario.name:24} {s.precision:5.2f} {s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {hc_text:>4} {delay:>6} "
+            f"{rep_s:>8} {it:>7} {slower:>6}  {note[:110]}"
         )
     return "\n".join(lines)
 
@@ -186,12 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     delays = [o.result.detection_delay_iters for o in ran if o.result and o.result.detection_delay_iters is not None]
     missed = sum(1 for o in ran if _watches_onset(o.scenario) and (o.result is None or o.result.detection_delay_iters is None))
     report_s = [o.result.report_s for o in ran if o.result and o.result.report_s is not None]
+    heads = [headline_correct(o.scenario, list(o.result.reports) if o.result else None) for o in ran]
+    heads = [h for h in heads if h is not None]
     summary = {
         "scenarios": len(ran),
         "skipped": len(outcomes) - len(ran),
         "mode": "netns" if netns else "single-host",
         "precision": round(tp / (tp + fp), 4) if tp + fp else 1.0,
         "recall": round(found / expected, 4) if expected else 1.0,
+        "headline_correct": round(sum(heads) / len(heads), 4) if heads else 1.0,
         "clean_false_findings": clean_fp,
         "max_detection_delay_iters": max(delays) if delays else -1,
         "onsets_missed": missed,  # detector scenarios with no trigger at or after the fault's onset

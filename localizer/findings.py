@@ -176,8 +176,16 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             culprits.append(owner)
         _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
         owners.append((lg.waiting, owner))
+    links = [d for d in drafts if not d.folded and d.verdict.info.key == LINK_KEY]
     for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
         if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
+            continue
+        if links:  # one host's bad link slows every collective through it: the link is the cause
+            excess = _own_impact(v)
+            ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, links[0].idx)]).tolist())
+            if ranks and excess > 0:
+                _add_wait(links[0], Wait(v.verdict.info.label, ranks, excess))
+            v.folded = True
             continue
         median_g = float(np.median(beta[v.f]))
         for c in [o for w, o in owners if 2 * np.intersect1d(w, v.idx).size >= v.idx.size] + \

@@ -95,3 +95,27 @@ def score(scenario: Scenario, report: Report | Sequence[Report] | None) -> Score
     fp -= tp
     neutral -= tp
     return Score(frozenset(tp), frozenset(fp), frozenset(neutral), frozenset(expected), frozenset(found))
+
+
+def headline_flags(report: Report | None) -> list[Flag]:
+    """What the report's headline names: the ranks of its first finding (the summary), or for a
+    hang the culprit and silent ranks."""
+    if report is None:
+        return []
+    if report.findings:
+        f = report.findings[0]
+        return [Flag(r, f.category.value, f.kind, f"{f.key} {f.label}") for r in f.ranks]
+    return [fl for fl in flags_of(report) if fl.category == "hang"]
+
+
+def headline_correct(scenario: Scenario, report: Report | Sequence[Report] | None) -> bool | None:
+    """Whether the headline a user reads first names a true culprit with an expected category: the
+    first finding of the run's last report (the one that answers the fault) matches an [[expect]].
+    None for a scenario without faults (nothing to name)."""
+    if not scenario.expect:
+        return None
+    reports = [r for r in (report if isinstance(report, Sequence) else [report]) if r is not None]
+    if not reports:
+        return False
+    flags = headline_flags(reports[-1])
+    return bool(flags) and any(_matches(m, fl) for fl in flags for m in scenario.expect)
