@@ -29,7 +29,7 @@ from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
 from localizer.host import HOST_KEY, top_host_functions
 from localizer.rule import Threshold
-from localizer.waits import WaitOptions, cause_of_lateness, late_groups
+from localizer.waits import WaitOptions, cause_of_lateness, late_groups, wait_families
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
 from perftracker.schema import rounded
 
@@ -137,7 +137,8 @@ def _fold_consequences(drafts: list[_Draft], arr: PatternArrays) -> None:
             if a is b or a.folded or a.observed.beta < _MORE * a.median.beta:
                 continue
             if np.intersect1d(a.idx, b.idx, assume_unique=True).size * 2 >= b.idx.size:
-                a.consequences.append(Consequence(b.verdict.info.label, b.observed.beta / b.median.beta))
+                if b.verdict.info.key != LINK_KEY:  # the link pattern's β is only the collectives' time
+                    a.consequences.append(Consequence(b.verdict.info.label, b.observed.beta / b.median.beta))
                 b.folded = True
                 break
 
@@ -152,9 +153,10 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
     when they have none), and fold every collective finding of the waiting workers into it."""
     beta = arr.values[:, 0, :]
-    waits = [f for f, v in enumerate(verdicts) if _is_wait(v.info) and not v.waits_for_peers]
+    waits = sorted((f for f, v in enumerate(verdicts) if _is_wait(v.info)), key=lambda f: verdicts[f].waits_for_peers)
+    families = wait_families([v.info.label for v in verdicts], waits)
     causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key != LINK_KEY]
-    groups = sorted(late_groups(beta, waits, arr.stage, opts), key=lambda g: -g.wait_share)
+    groups = sorted(late_groups(beta, families, arr.stage, opts), key=lambda g: -g.wait_share)
     waiting = np.zeros(arr.n_workers, dtype=bool)
     for lg in groups:
         waiting[lg.waiting] = True

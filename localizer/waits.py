@@ -10,9 +10,10 @@ for them: a consequence, never a finding of its own (DESIGN.md section 6, "Culpr
 ``late_groups`` finds, per collective function and per group of like workers (the same pipeline
 stage where it is known), a small set of late workers that every other member waits for:
 
-- N ≥ 3: some worker lies below the group's median β by more than δ = ``max(wait_min, k·MADn)``
-  (a low outlier against the spread of the waiting majority); the late cluster is every worker
-  below the median by more than δ/2; it is a minority of the group (at most ``late_fraction``) and
+- N ≥ 3: some worker lies below the median β of the *other* workers by more than
+  δ = ``max(wait_min, k·MADn(others))`` (a low outlier against the spread of the waiting majority,
+  leave-one-out so that the late worker's own deviation does not widen it); in a group of more
+  than 64 workers the late cluster is every worker below the median by more than δ/2; it is a minority of the group (at most ``late_fraction``) and
   the waiters' median exceeds the late workers' median by at least ``wait_min`` (a typical, not
   only an extreme, late worker);
 - N = 2: the one that holds the collective less is late when the other holds it at least
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _MADN = 1.482602218505602  # MAD → σ for normal data (statsmodels' normalization)
+_LOO_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -75,25 +77,55 @@ def late_workers(beta: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float
         late = np.zeros(2, dtype=bool)
         late[lo] = True
         return late, excess
-    med = float(np.median(b))
-    madn = _MADN * float(np.median(np.abs(b - med)))
-    delta = max(opts.wait_min, opts.k * madn)
+    delta, med = _loo_threshold(b, opts)
     if not (b < med - delta).any():
         return none
-    late = b < med - delta / 2  # the whole late cluster, not only its most extreme members
+    late = b < med - delta
+    if b.size > _LOO_MAX:  # the whole late cluster of a large group, not only its most extreme members
+        late = b < med - delta / 2
     if late.sum() > opts.late_fraction * b.size:
         return none
     share = float(np.median(b[~late]) - np.median(b[late]))
     return (late, share) if share >= opts.wait_min else none
 
 
-def late_groups(values_beta: np.ndarray, functions: list[int], stage: np.ndarray | None,
+def _loo_threshold(b: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker: (δ, median) of the *other* workers' shares, δ = max(wait_min, k·MADn(others)).
+
+    Leaving the worker out keeps a late worker's own deviation out of the spread it is judged
+    against, which matters at small N (with 4 ranks, one late rank is a quarter of the MAD's input).
+    Above ``_LOO_MAX`` workers one worker moves the median and MAD by nothing that matters, and the
+    group's own values are used."""
+    n = b.size
+    if n > _LOO_MAX:
+        med = float(np.median(b))
+        madn = _MADN * float(np.median(np.abs(b - med)))
+        return np.full(n, max(opts.wait_min, opts.k * madn)), np.full(n, med)
+    others = np.array([np.delete(b, i) for i in range(n)])  # (n, n-1)
+    med = np.median(others, axis=1)
+    madn = _MADN * np.median(np.abs(others - med[:, None]), axis=1)
+    return np.maximum(opts.wait_min, opts.k * madn), med
+
+
+def wait_families(labels: list[str], functions: list[int]) -> list[list[int]]:
+    """The collective functions grouped into the waits they are parts of: a wait the summarizer
+    splits in two (the DDP reducer's steady part and its varying part, agent/victims.py) is one wait
+    here, since how much of it a late peer's delay lands in depends on how much that delay varies.
+    The family is the label up to its first ", " or " (". The first member names the family."""
+    fam: dict[str, list[int]] = {}
+    for f in functions:
+        fam.setdefault(labels[f].split(", ")[0].split(" (")[0], []).append(f)
+    return list(fam.values())
+
+
+def late_groups(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None,
                 opts: WaitOptions) -> list[LateGroup]:
-    """Every (collective function, group) with a late minority. values_beta: (F, N) β."""
+    """Every (wait family, group of like workers) with a late minority. values_beta: (F, N) β."""
     out: list[LateGroup] = []
     for members in groups_of(values_beta.shape[1], stage):
-        for f in functions:
-            b = values_beta[f, members]
+        for family in families:
+            f = family[0]
+            b = values_beta[family][:, members].sum(axis=0)
             runs = b > 0.0
             if runs.sum() < 2:
                 continue
