@@ -7,6 +7,8 @@ holds its own function longer, and every other member of the collective waits fo
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +18,10 @@ from localizer.arrays import FunctionInfo, PatternArrays
 from localizer.host import HOST_KEY
 from localizer.localize import LocalizeOptions, localize, localize_arrays
 from localizer.waits import WaitOptions, late_workers
-from perftracker.model import Category, Report
+from perftracker.model import Category, PatternSet, Report
 
 OPTS = LocalizeOptions(created_ns=1)
+FIXTURES = Path(__file__).parent / "fixtures"
 WO = WaitOptions()
 
 
@@ -185,3 +188,19 @@ def test_offline_report_kind_and_pattern_sets_path() -> None:
     report = localize(sets, OPTS)
     assert report.kind == "offline" and report.findings[0].ranks == (2,)
     assert localize(sy.to_pattern_sets(arr), OPTS).kind == "slowdown"
+
+
+def test_demo_run_recorded_patterns_name_rank_2_with_its_waiters_inside() -> None:
+    """Pattern sets stored by a real `perftracker demo --slow-rank 2` run (4 CPU ranks, gloo, extra
+    batched matmuls on rank 2, on the loaded 2-core dev host): the headline is rank 2 and the three
+    other ranks appear only as its waiters."""
+    sets = [PatternSet.from_dict(d) for d in json.loads((FIXTURES / "demo_cpu_slow_rank2.patterns.json").read_text())]
+    report = localize(sets, OPTS)
+    assert report.findings[0].ranks == (2,) and report.findings[0].category is Category.COMPUTE
+    assert all(f.ranks == (2,) for f in report.findings), [f.sentence for f in report.findings]
+    waiters = {r for w in report.findings[0].waits for r in w.ranks}
+    assert waiters == {0, 1, 3}
+    # the same job without the late rank's patterns: the three ranks waited alike, and no one of
+    # them is singled out (whatever remains is about all three)
+    rest = localize([s for s in sets if s.rank != 2], OPTS)
+    assert all(set(f.ranks) == {0, 1, 3} for f in rest.findings), [f.sentence for f in rest.findings]
