@@ -35,6 +35,14 @@ def test_readme_fits_on_a_page() -> None:
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines (at most {README_MAX_LINES})"
 
 
+def test_readme_test_command_is_what_ci_runs() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"(?:python3? -m )?pytest[^`\n]*", readme)
+    assert commands, "the README gives no test command"
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert commands[0].strip() in ci_lines, f"README's test command {commands[0]!r} is not a line of .ci/run"
+
+
 def test_readme_links_resolve_inside_the_repository() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     targets = [t for t in MARKDOWN_LINK.findall(text) if "://" not in t and not t.startswith("#")]
