@@ -15,6 +15,7 @@ from html import escape
 from typing import TextIO
 
 from localizer.render import mu_names, short_frame
+from localizer.render.facts import has_samples, impact_text, step_times_text
 from perftracker.model import Finding, RankState, Report, compress_ranks
 
 ABNORMAL = "#d62728"
@@ -65,11 +66,12 @@ def render(report: Report, file: TextIO) -> None:
     ]
     if report.hang_states:
         out.append(_hang_section(report.hang_states))
+    samples = has_samples(report)
     for f in report.findings:
-        out.append(_finding_section(f, len(report.ranks_reported)))
+        out.append(_finding_section(f, len(report.ranks_reported), samples))
     if not report.findings and report.kind != "hang":
         out.append('<section><h2>No abnormal functions</h2>')
-        out.append(_top_table(report) if report.top_functions else "")
+        out.append(_top_table(report, samples) if report.top_functions else "")
         out.append("</section>")
     if report.iteration_ms:
         out.append(_iteration_section(report))
@@ -101,6 +103,9 @@ def _header(report: Report) -> str:
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))
     rows.append(("ranks missing", f'<span class="bad">{missing}</span>' if report.ranks_missing else missing))
+    steps = step_times_text(report)
+    if steps:
+        rows.append(("step time", escape(steps)))
     meta = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     summary = f"<h1>{escape(report.summary)}</h1>" if report.summary else ""
     return f'<header><div class="brand">perftracker report</div>{summary}<dl class="meta">{meta}</dl></header>'
@@ -110,7 +115,7 @@ def _window(window_s: float) -> str:
     return f"{window_s:.3g} s" if window_s >= 1 else f"{window_s * 1000:.3g} ms"
 
 
-def _finding_section(f: Finding, n_ranks: int = 0) -> str:
+def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True) -> str:
     chips = [
         f"<span>{escape(f.category.value)}</span>",
         f"<span>{escape(short_frame(f.label or f.key))}</span>",
@@ -118,12 +123,15 @@ def _finding_section(f: Finding, n_ranks: int = 0) -> str:
         f"<span>{escape(f.kind)}</span>",
         f'<span class="r">ranks {escape(_ranks(f.ranks))}</span>',
     ]
+    if f.impact > 0:
+        chips.append(f"<span>impact {escape(impact_text(f))}</span>")
     stack = " \u203a ".join(short_frame(fr) for fr in f.key.split(";"))
     key = f'<p class="key" title="{escape(f.key)}">{escape(stack)}</p>' if f.key != f.label else ""
     return (
         f'<section class="finding"><p class="sentence">{escape(f.sentence)}</p>'
         f'<div class="chips">{"".join(chips)}</div>{key}'
-        f'<div class="row">{_scatter(f) if f.points else ""}{_pattern_table(f)}</div>{_sample_note(f, n_ranks)}</section>'
+        f'<div class="row">{_scatter(f) if f.points and samples else ""}{_pattern_table(f, samples)}</div>'
+        f'{_sample_note(f, n_ranks) if samples else ""}</section>'
     )
 
 
@@ -133,14 +141,15 @@ def _sample_note(f: Finding, n_ranks: int) -> str:
     return f'<p class="note">The plot shows {len(f.points)} of {n_ranks} ranks (a sample the localizer kept).</p>'
 
 
-def _pattern_table(f: Finding) -> str:
+def _pattern_table(f: Finding, samples: bool = True) -> str:
     head = (
         f'<table><tr><th></th><th class="n">ranks {escape(compress_ranks(f.ranks))}</th>'
         '<th class="n">median rank</th><th class="n">expected</th></tr>'
     )
     rows = []
     mu_name, sigma_name = mu_names(f)
-    for dim, name in (("beta", "\u03b2 critical-path share"), ("mu", mu_name), ("sigma", sigma_name)):
+    dims = (("beta", "\u03b2 critical-path share"), ("mu", mu_name), ("sigma", sigma_name))
+    for dim, name in dims if samples else dims[:1]:
         obs, med = getattr(f.observed, dim), getattr(f.median, dim)
         lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
         cls = "n bad" if obs < lo - 1e-12 or obs > hi + 1e-12 else "n"
@@ -176,15 +185,17 @@ def _hang_section(states: Sequence[RankState]) -> str:
     )
 
 
-def _top_table(report: Report) -> str:
+def _top_table(report: Report, samples: bool = True) -> str:
+    dims = ("beta", "mu", "sigma") if samples else ("beta",)
     rows = "".join(
         f"<tr><td>{escape(short_frame(t.label or t.key))}</td><td>{escape(t.category.value)}</td>"
-        f'<td class="n">{t.median.beta:.3f}</td><td class="n">{t.median.mu:.3f}</td><td class="n">{t.median.sigma:.3f}</td></tr>'
+        + "".join(f'<td class="n">{getattr(t.median, d):.3f}</td>' for d in dims) + "</tr>"
         for t in report.top_functions
     )
+    names = {"beta": "\u03b2", "mu": "\u03bc", "sigma": "\u03c3"}
     return (
         '<p class="note">Top critical-path functions (median rank):</p><table><tr><th>function</th><th>category</th>'
-        '<th class="n">\u03b2</th><th class="n">\u03bc</th><th class="n">\u03c3</th></tr>' + rows + "</table>"
+        + "".join(f'<th class="n">{names[d]}</th>' for d in dims) + "</tr>" + rows + "</table>"
     )
 
 

@@ -1,0 +1,47 @@
+"""Offline reports (Kineto traces, no hardware samples) say what they lack: kind offline, per-rank
+step times, and no μ/σ rows or claims; impact is shown with every finding."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import pytest
+
+from localizer.localize import LocalizeOptions, localize
+from localizer.render import html, text
+from perftracker.commands.analyze import summarize_dir
+from perftracker.model import Report
+from tests.conftest import DLRM_DIR
+
+
+@pytest.fixture(scope="module")
+def dlrm_report() -> Report:
+    if not DLRM_DIR.is_dir():
+        pytest.fail(f"dlrm reference traces missing: {DLRM_DIR} (set PERFTRACKER_DLRM_DIR)")
+    return localize(summarize_dir(DLRM_DIR, jobs=2).sets, LocalizeOptions(created_ns=1))
+
+
+def test_offline_report_text_has_step_times_and_no_utilization_rows(dlrm_report: Report) -> None:
+    assert dlrm_report.kind == "offline"
+    buf = io.StringIO()
+    text.render(dlrm_report, buf, color=False, width=200)
+    out = buf.getvalue()
+    assert "step time" in out and "1: 19.9 ms" in out and "7: 12.5 ms" in out
+    assert "μ utilization" not in out and "σ util" not in out
+    assert "impact" in out and "utilization" not in dlrm_report.findings[0].sentence
+
+
+def test_offline_report_html_has_step_times_and_no_utilization_rows(dlrm_report: Report) -> None:
+    buf = io.StringIO()
+    html.render(dlrm_report, buf)
+    out = buf.getvalue()
+    assert "<dt>step time</dt>" in out and "\u03bc utilization" not in out and "<svg" in out
+    assert "impact " in out
+
+
+def test_online_report_keeps_utilization_rows(dlrm_report: Report) -> None:
+    online = dataclasses.replace(dlrm_report, kind="slowdown")
+    buf = io.StringIO()
+    text.render(online, buf, color=False, width=200)
+    assert "μ utilization" in buf.getvalue() and "step time" not in buf.getvalue()
