@@ -10,8 +10,10 @@ PatternSets), then the reference, then ours again; ``localize_s`` is the mean wa
 runs. CPU times (process_time) and the load average are printed too, since the machine may be shared.
 
 The reference is the obvious vectorized numpy implementation of the same definitions: for every
-function D_exp as the full L1 distance to the box, P̂ = P / max, the full N × |S| matrix of L1
-distances in blocks, np.median and statsmodels' MAD, the rule. Its per-worker masks go through the
+function D_exp as the full L1 distance to the box, P̂ = P / max(max, the profile's floor), the full
+N × |S| matrix of L1 distances in blocks, np.median and statsmodels' MAD with the profile's margin
+(or, for N <= 16, the per-N count over all workers and the minority check), the material-shift gate
+with np.median, the rule. Its per-worker masks go through the
 same finding builder, and the benchmark checks that the findings (and the masks) are identical.
 
 It also times the PatternSet entry point ``localize()`` at ``--patternsets-workers`` (default
@@ -41,10 +43,11 @@ from localizer.localize import (
     analyze_function,
     localize,
     localize_arrays,
-    material_floors,
     resolve_expectations,
+    resolve_floors,
+    sample_for,
 )
-from localizer.rule import GAUSSIAN_3_4  # noqa: F401  (statsmodels' constant, documented in rule.py)
+from localizer.rule import GAUSSIAN_3_4  # statsmodels' constant, documented in rule.py
 
 BLOCK_ROWS = 100_000
 
@@ -69,9 +72,14 @@ def build_job(n: int, seed: int) -> PatternArrays:
 def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[FunctionVerdict]:
     """The definitions, computed the obvious way (full matrices in blocks, no shortcuts)."""
     expectations = resolve_expectations(opts, arr.gpu)
+    floors = resolve_floors(opts, arr.gpu)  # the profile's numbers (localizer/floors.py)
     n = arr.n_workers
-    m = min(n, opts.sample_size)
-    sample = np.sort(np.random.default_rng(opts.seed).choice(n, size=m, replace=False))
+    small = n <= opts.small_job_max
+    if small:  # the exact test over all workers
+        sample = np.arange(n)
+    else:
+        sample = np.sort(np.random.default_rng(opts.seed).choice(n, size=min(n, opts.sample_size), replace=False))
+    m = sample.size
     out = []
     for f, info in enumerate(arr.functions):
         rule = expectations.rule_for(info.key, info.label, info.category)
@@ -80,23 +88,32 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
         lo = np.array(box.lo.as_tuple())[:, None]
         hi = np.array(box.hi.as_tuple())[:, None]
         d_exp = np.maximum(np.maximum(lo - x, x - hi), 0.0).sum(axis=0)
-        mx = np.maximum(x.max(axis=1, keepdims=True), material_floors(opts)[:, None])  # materiality floors
+        mx = np.maximum(x.max(axis=1, keepdims=True), floors.normalization[:, None])  # materiality floors
         p = np.divide(x, mx, out=np.zeros_like(x), where=mx > 0)
         y = p[:, sample]
         d_diff = np.empty(n, dtype=np.int64)
         for start in range(0, n, BLOCK_ROWS):
             d = np.abs(p[:, start:start + BLOCK_ROWS, None] - y[:, None, :]).sum(axis=0)
             d_diff[start:start + BLOCK_ROWS] = (d > opts.eps).sum(axis=1)
-        median = float(np.median(d_diff))
-        mad = float(statsmodels_mad(d_diff.astype(np.float64), center=median))
-        threshold = median + opts.k * max(mad, opts.mad_floor_margin * m / opts.k)
         busy = x[0] > opts.beta_min
         by_exp = busy & (d_exp > 0)
-        by_diff = busy & (d_diff > threshold)
+        if small:  # ε-far from at least a share of the peers, and a minority of the job
+            far = (d_diff >= np.ceil(opts.small_job_share * (n - 1) - 1e-9)) & (n >= 3)
+            by_diff = busy & far & (2 * far.sum() < n)
+        else:
+            median = float(np.median(d_diff))
+            mad = float(statsmodels_mad(d_diff.astype(np.float64), center=median))
+            threshold = median + opts.k * max(mad, floors.mad_margin * m / opts.k)
+            by_diff = busy & (d_diff > threshold)
         if rule is not None and rule.waits_for_peers:  # a victim waits longer than the others
             by_diff &= x[0] < np.median(x[0])
-        by_diff &= (np.abs(x - np.median(x, axis=1, keepdims=True)) >= material_floors(opts)[:, None]).any(axis=0)
-        out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None))
+        dev = np.abs(x - np.median(x, axis=1, keepdims=True))
+        material = dev >= floors.shift[:, None]
+        if floors.shift_z > 0:
+            material &= dev > floors.shift_z * (np.median(dev, axis=1, keepdims=True) / GAUSSIAN_3_4)
+        by_diff &= material.any(axis=0)
+        out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None,
+                                   rule is not None and rule.waits_for_peers))
     return out
 
 
@@ -149,10 +166,9 @@ def main() -> int:
     log(f"ours again: {runs[-1]:.2f} s")
 
     expectations = resolve_expectations(opts, arr.gpu)
-    from localizer.distances import sample_workers
-
-    sample = sample_workers(arr.n_workers, opts.sample_size, opts.seed)
-    our_verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts)
+    floors = resolve_floors(opts, arr.gpu)
+    sample = sample_for(arr.n_workers, opts)
+    our_verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts, floors)
                     for f, info in enumerate(arr.functions)]
     identical = (list(report.findings) == ref_findings and report.findings == report2.findings
                  and report.summary == ref_summary and same_masks(our_verdicts, ref_verdicts, arr.n_workers))

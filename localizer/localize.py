@@ -1,8 +1,9 @@
 """localize(): all workers' patterns of a session -> a Report (docs/design.md section 6).
 
 Per function f: the expected box R_f, D_exp (outside the box), P̂ = P / max, D_diff against one
-seeded sample S of workers, the MAD threshold, and the rule. The abnormal workers of a function
-become a finding; ``findings.py`` groups, labels and explains them.
+seeded sample S of workers, the MAD threshold (or, for jobs of at most 16 workers, the per-N count
+of ``rule.small_job_threshold``), and the rule; the floors are per profile (``localizer.floors``).
+The abnormal workers of a function become a finding; ``findings.py`` groups, labels and explains them.
 
 ``localize`` validates PatternSets and calls ``localize_arrays``; the same code path serves 8 and
 1,000,000 workers.
@@ -30,8 +31,15 @@ from localizer.distances import (
 )
 from localizer.expect import OPEN_BOX, Expectations, load_expectations
 from localizer.findings import FunctionVerdict, build_findings
+from localizer.floors import Floors, floors_for
 from localizer.host import with_host_total
-from localizer.rule import apply_rule, differential_threshold
+from localizer.rule import (
+    GAUSSIAN_3_4,
+    apply_rule,
+    differential_threshold,
+    minority_only,
+    small_job_threshold,
+)
 from localizer.waits import WaitOptions
 from perftracker.model import PatternSet, Report
 
@@ -42,11 +50,14 @@ log = logging.getLogger(__name__)
 class LocalizeOptions:
     eps: float = 0.4  # L1 radius in the max-normalized pattern space
     k: float = 5.0  # MAD multiplier
-    mad_floor_margin: float = 0.25  # degenerate MAD: threshold >= median + margin·|S| (rule.py)
     beta_min: float = 0.01  # a function must hold more than this share of the window
-    material_difference: float = 0.01  # β: P̂ = P / max(max, this / eps): see distances.normalization_maxima
-    material_utilization: float = 0.1  # μ and σ: see distances.normalization_maxima ("utilization")
-    sample_size: int = 100  # |S| = min(N, sample_size)
+    # the floors (localizer.floors); None: the profile's value (gpu / cpu)
+    mad_floor_margin: float | None = None  # degenerate MAD: threshold >= median + margin·|S| (rule.py)
+    material_difference: float | None = None  # m_β: P̂ = P / max(max, m_β / eps), shift gate
+    material_utilization: float | None = None  # m_u: the same for μ and σ
+    small_job_max: int = 16  # N <= this: the exact per-N test over all workers (rule.small_job_threshold)
+    small_job_share: float = 0.75  # ... flags a worker ε-far from at least this share of its peers
+    sample_size: int = 100  # |S| = min(N, sample_size); all workers when N <= small_job_max
     seed: int = 0  # seeds the sample S
     profile: str | None = None  # "gpu" | "cpu"; None: "gpu" if any worker saw GPU activity
     expect_path: str | None = None  # a user TOML file (--expect FILE); None: the built-in file
@@ -75,6 +86,21 @@ def resolve_expectations(options: LocalizeOptions, gpu: bool) -> Expectations:
     return load_expectations(options.expect_path, profile)
 
 
+def resolve_floors(options: LocalizeOptions, gpu: bool) -> Floors:
+    """The floors of the job's profile ("gpu" if any worker saw GPU activity, unless
+    ``options.profile`` says otherwise), with the options' overrides."""
+    profile = options.profile or ("gpu" if gpu else "cpu")
+    return floors_for(profile, options.eps, options.material_difference, options.material_utilization,
+                      options.mad_floor_margin)
+
+
+def sample_for(n_workers: int, options: LocalizeOptions) -> np.ndarray:
+    """S: all workers for a small job (the exact test), else the seeded sample of ``sample_size``."""
+    if n_workers <= options.small_job_max:
+        return np.arange(n_workers, dtype=np.int64)
+    return sample_workers(n_workers, options.sample_size, options.seed)
+
+
 def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) -> Report:
     """Localize one session held as arrays (see ``localizer.arrays``)."""
     opts = options or LocalizeOptions()
@@ -83,9 +109,10 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
     t0 = time.perf_counter()
     validate_arrays(arr)
     expectations = resolve_expectations(opts, arr.gpu)
-    sample = sample_workers(arr.n_workers, opts.sample_size, opts.seed)
+    floors = resolve_floors(opts, arr.gpu)
+    sample = sample_for(arr.n_workers, opts)
     arr, host = with_host_total(arr)
-    verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts)
+    verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts, floors)
                 for f, info in enumerate(arr.functions)]
     if host:
         verdicts = judge_host_ops_together(verdicts, host, arr)
@@ -96,8 +123,11 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
 
 
 def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expectations,
-                     sample: np.ndarray, opts: LocalizeOptions) -> FunctionVerdict:
-    """The rule for one function over all workers. values: (3, N)."""
+                     sample: np.ndarray, opts: LocalizeOptions, floors: Floors | None = None) -> FunctionVerdict:
+    """The rule for one function over all workers. values: (3, N). floors: None: the profile's
+    (``opts.profile``, else "gpu")."""
+    if floors is None:
+        floors = resolve_floors(opts, True)
     rule = expectations.rule_for(info.key, info.label, info.category)
     box, hint = (rule.box, rule.hint) if rule is not None else (OPEN_BOX, "")
     beta = values[0]
@@ -108,18 +138,25 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     lo = np.array(box.lo.as_tuple())
     hi = np.array(box.hi.as_tuple())
     outside = outside_expectation(values, lo, hi)
-    floor = material_floors(opts)
+    floor = floors.normalization
     if opts.method == "grid":  # P̂ = P / max is formed inside, only where it is needed
         maxima = normalization_maxima(values, floor)
         d_diff = differential_distance(values, sample, opts.eps, opts.grid_cells, opts.refine_cells, maxima)
     else:
         d_diff = differential_distance_blocks(normalize_by_max(values, floor), sample, opts.eps)
-    threshold = differential_threshold(d_diff, opts.k, sample.size, opts.mad_floor_margin)
+    n = values.shape[1]
+    small = n <= opts.small_job_max
+    if small:
+        threshold = small_job_threshold(d_diff, opts.small_job_share)
+    else:
+        threshold = differential_threshold(d_diff, opts.k, sample.size, floors.mad_margin)
     by_exp, by_diff = apply_rule(beta, outside, d_diff, threshold.threshold, opts.beta_min)
+    if small and by_diff.any():  # the ε-far workers must be a minority of the job
+        by_diff &= minority_only(d_diff > threshold.threshold)
     if rule is not None and rule.waits_for_peers:  # waiting longer than the others: a victim
         by_diff &= beta < median_beta
     if by_diff.any():  # ε-unique, and materially off the median worker in some dimension
-        by_diff &= material_shift(values, floor)
+        by_diff &= material_shift(values, floors.shift, floors.shift_z)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold,
                            rule is not None and rule.waits_for_peers)
 
@@ -138,27 +175,30 @@ def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], ar
     return out
 
 
-def material_shift(values: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """(N,) bool: the worker's pattern differs from the median worker's by at least the materiality
-    floor (``material_floors``) in some dimension.
+def material_shift(values: np.ndarray, floor: np.ndarray, z: float = 0.0) -> np.ndarray:
+    """(N,) bool: the worker's pattern differs from the median worker's by at least the shift gate
+    (``Floors.shift``, per profile: ``localizer.floors``) in some dimension, and there (z > 0) by
+    more than z robust standard deviations of the dimension, MAD / Φ⁻¹(3/4).
 
     **[decision]** D_diff counts how unique a worker is after P̂ = P / max, which stretches small
     differences when every worker's value is small: on a clean 4-rank CPU job, one Python frame at
     β = 0.011 (the median rank 0.010) with μ 0.44 against 0.34 was ε-far from all three other ranks.
-    The floors already say what difference is material (0.01 / ε of the window in β, 0.1 / ε in μ
-    and σ, since they cap how far P / max can stretch); a worker the test singles out must also be
-    that far from the median worker in absolute terms somewhere. The paper's cases pass: a
-    throttled kernel (β ×1.3, μ ×0.6), a PCIe copy at μ 0.7 against 0.06 at unchanged β.
+    A worker the test singles out must also be materially far from the median worker in absolute
+    terms somewhere. On the CPU profile the gate is the normalization floor itself (0.01 / ε of the
+    window in β, 0.1 / ε in μ and σ), which that measurement set. On the GPU profile it is the
+    materiality m itself (0.01 in β, 0.05 in μ and σ): the paper's GPU cases (a NIC collective at μ
+    0.10 against 0.20, a σ of 0.25 against 0.06, a kernel only one rank runs at β 1.5%) differ by
+    less than the CPU gate. Both pass a throttled kernel (β ×1.3, μ ×0.6) and a PCIe copy at μ 0.7
+    against 0.06 at unchanged β.
     """
-    med = np.array([exact_median(values[d]) for d in range(values.shape[0])])
-    return (np.abs(values - med[:, None]) >= floor[:, None]).any(axis=0)
-
-
-def material_floors(opts: LocalizeOptions) -> np.ndarray:
-    """The per-dimension materiality floors (β, μ, σ) of P̂ (see distances.normalization_maxima)."""
-    if opts.eps <= 0:
-        return np.zeros(3)
-    return np.array([opts.material_difference, opts.material_utilization, opts.material_utilization]) / opts.eps
+    out = np.zeros(values.shape[1], dtype=bool)
+    for d in range(values.shape[0]):
+        dev = np.abs(values[d] - exact_median(values[d]))
+        ok = dev >= floor[d]
+        if z > 0 and ok.any():
+            ok &= dev > z * (exact_median(dev) / GAUSSIAN_3_4)
+        out |= ok
+    return out
 
 
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
@@ -183,4 +223,5 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
     )
 
 
-__all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "resolve_expectations"]
+__all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "resolve_expectations",
+           "resolve_floors", "sample_for", "material_shift"]

@@ -7,15 +7,29 @@ divided by Φ⁻¹(3/4) ≈ 0.6745, so that it estimates σ for normal data).
 more than half of the workers share one count (the usual case for a healthy job, where nearly every
 worker is within ε of nearly every other and D_diff is 0), the MAD is 0 and the bare rule would flag
 any worker that is farther than ε from a single sampled worker: one noisy worker out of 1,000 makes
-a finding. We floor the (scaled) MAD at ``margin · |S| / k`` with ``margin = 0.25``, so that the
-threshold is never below median + |S|/4: a worker is abnormal by the differential test only if it is
-farther than ε from at least a quarter of the sampled workers more than the typical worker is. This
-is scale-free (it holds for |S| = 8 and |S| = 100 alike) and keeps what the test is for: a group of g%
-of the workers that differs from the rest has D_diff ≈ 100 − g% of |S| against a median of about g%,
-so every group below ~40% of the job still clears it. A first version floored the raw MAD at one
-count (|S|/100); on a clean synthetic job with realistic noise the tail workers reached 9–13 of 100,
-which that floor flagged, so one count was below the resolution that matters. The floor acts only
-when the counts really do not spread; otherwise the paper's median + k·MAD stands.
+a finding. We floor the (scaled) MAD at ``margin · |S| / k``, so that the threshold is never below
+median + margin·|S|: a worker is abnormal by the differential test only if it is farther than ε from
+a share ``margin`` of the sampled workers more than the typical worker is. This is scale-free and
+keeps what the test is for: a group of a share g of the workers that differs from the rest has
+D_diff ≈ (1 − g)·|S| against a median of about g·|S|, so every group below (1 − margin) / 2 of the
+job clears it. The margin is per profile (``localizer.floors``): 0.25 on CPU jobs (groups below
+37.5%), 0.1 on GPU jobs (below 45%, so the paper's 40% case is found). A first version floored the
+raw MAD at one count (|S|/100); on a clean synthetic job the tail workers reached 9–13 of 100 before
+the materiality floors existed, which that floor flagged. The floor acts only when the counts really
+do not spread; otherwise the paper's median + k·MAD stands.
+
+**[decision] Small jobs (3 ≤ N ≤ 16).** D_diff is a count in [0, N − 1], and one count of spread
+gives a scaled MAD of 1.48, so k·MAD = 7.4 counts: with 8 ranks no single rank could pass (D_diff at
+most 7 against a threshold of 7.2 or more). For N ≤ ``small_job_max`` the differential test is
+instead exact over all peers (S = all workers) with a per-N count: a worker is abnormal if it is
+farther than ε from at least ``share`` of its N − 1 peers, c(N) = ⌈share·(N − 1)⌉, and only while
+the workers so flagged are a minority (fewer than N / 2; a job split in halves does not say which
+half is abnormal). share = 0.75: c(3) = 2, c(4) = 3, c(8) = 6, c(16) = 12, so a lone rank stays
+detectable when noise puts one peer near it (N ≥ 6), and groups up to a quarter of the job are
+found. At N = 2 the distance is symmetric (each rank is as far from the other), so the test cannot
+say which rank differs and flags nothing; who waits for whom (the wait evidence) decides there.
+False-positive and detection rates per N on clean and faulty synthetic jobs: bench/localize_small_n.py,
+docs/localizer-rule.md.
 """
 
 from __future__ import annotations
@@ -35,8 +49,9 @@ class Threshold:
     median: float
     mad: float  # statsmodels' (scaled) MAD of D_diff
     mad_used: float  # after the degenerate-MAD floor
-    threshold: float  # median + k · mad_used
+    threshold: float  # median + k · mad_used; small jobs: c(N) − 0.5 (D_diff > threshold ⟺ D_diff ≥ c)
     floored: bool
+    method: str = "mad"  # "mad" (the paper's, with the floor) | "small_job" (per-N count) | "none" (N < 3)
 
 
 DEFAULT_MARGIN = 0.25  # the floor's share of |S|, see the module doc
@@ -53,6 +68,27 @@ def differential_threshold(d_diff: np.ndarray, k: float, sample_size: int,
     floor = margin * sample_size / k if k > 0 else 0.0
     mad_used = max(mad, floor)
     return Threshold(median, mad, mad_used, median + k * mad_used, mad < floor)
+
+
+def small_job_count(n_workers: int, share: float) -> int:
+    """c(N) = ⌈share·(N − 1)⌉: how many of its N − 1 peers a worker must be ε-far from (module doc)."""
+    return int(np.ceil(share * (n_workers - 1) - 1e-9))
+
+
+def small_job_threshold(d_diff: np.ndarray, share: float) -> Threshold:
+    """The small-job test's threshold: D_diff ≥ c(N) over all N workers; nothing at N < 3."""
+    counts = np.asarray(d_diff)
+    n = counts.size
+    median = median_of_counts(counts) if n else 0.0
+    if n < 3:
+        return Threshold(median, 0.0, 0.0, float("inf"), False, "none")
+    return Threshold(median, 0.0, 0.0, small_job_count(n, share) - 0.5, False, "small_job")
+
+
+def minority_only(flagged: np.ndarray) -> np.ndarray:
+    """The flagged mask if fewer than half of the workers are flagged, else none (small jobs)."""
+    mask = np.asarray(flagged, dtype=bool)
+    return mask if 2 * int(np.count_nonzero(mask)) < mask.size else np.zeros_like(mask)
 
 
 def median_of_counts(counts: np.ndarray) -> float:

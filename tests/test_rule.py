@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from statsmodels.robust.scale import mad
 
-from localizer.rule import apply_rule, differential_threshold, median_of_counts
+from localizer.rule import (
+    apply_rule,
+    differential_threshold,
+    median_of_counts,
+    minority_only,
+    small_job_count,
+    small_job_threshold,
+)
 
 
 def test_threshold_is_median_plus_k_mad_when_counts_spread() -> None:
@@ -60,3 +67,27 @@ def test_median_of_counts_is_numpy_median(n: int) -> None:
     for hi in (1, 3, 100):
         c = rng.integers(0, hi + 1, n)
         assert median_of_counts(c) == np.median(c)
+
+
+def test_eight_ranks_one_rank_far_from_all_is_caught_by_the_small_job_test_not_by_mad() -> None:
+    # rank 0 is ε-far from all 7 peers; among the others the counts spread by one (noise)
+    counts = np.array([7, 2, 1, 3, 1, 2, 1, 3])
+    paper = differential_threshold(counts, k=5.0, sample_size=8)
+    assert paper.threshold > 7  # median 2 + 5 · 1.48: no single rank of 8 can pass (issue 15)
+    t = small_job_threshold(counts, share=0.75)
+    assert t.method == "small_job" and small_job_count(8, 0.75) == 6
+    assert (counts > t.threshold).tolist() == [True] + [False] * 7
+    near = np.array([5, 2, 1, 3, 1, 2, 1, 3])  # far from 5 of 7 peers only: not enough
+    assert not (near > small_job_threshold(near, 0.75).threshold).any()
+
+
+@pytest.mark.parametrize(("n", "c"), [(3, 2), (4, 3), (5, 3), (8, 6), (16, 12)])
+def test_small_job_count_is_three_quarters_of_the_peers_rounded_up(n: int, c: int) -> None:
+    assert small_job_count(n, 0.75) == c
+
+
+def test_two_ranks_flag_nothing_and_a_split_job_flags_nothing() -> None:
+    assert small_job_threshold(np.array([1, 1]), 0.75).threshold == np.inf
+    assert small_job_threshold(np.array([1, 1]), 0.75).method == "none"
+    assert minority_only(np.array([True, True, False, False])).tolist() == [False] * 4
+    assert minority_only(np.array([True, False, False, False])).tolist() == [True, False, False, False]
