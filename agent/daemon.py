@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,8 +32,17 @@ from typing import Any
 from agent.metrics import Metrics
 from agent.upstream import Upstream
 from agent.windows import SessionRun, WindowOptions, WindowRunner
-from agent.workers import FOLLOW_S, Worker, liveness, select_job
+from agent.workers import (
+    FOLLOW_S,
+    SESSION_RE,
+    BadWorkerMessage,
+    Worker,
+    check_worker_message,
+    liveness,
+    select_job,
+)
 from perftracker import wire
+from perftracker.rundir import RunDirError, ensure_private_dir, write_private
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
 
@@ -52,6 +62,10 @@ class AgentOptions:
     idle_exit_s: float = 0.0  # >0: exit when no worker has been connected this long (and nothing is running)
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
+    # None: the run dir and socket are this user's only (0700/0600). A gid: workers of another uid in
+    # that group may connect (an agent running as root for nsys, a trainer as uid 10001): the run dir
+    # becomes 0750 and the socket 0660 with that group, and windows/ 2770 (the workers write there).
+    socket_gid: int | None = None
     window: WindowOptions = field(default_factory=WindowOptions)
 
 
@@ -83,13 +97,24 @@ class AgentDaemon:
         return wire.socket_path(self.options.run_dir)
 
     async def start(self) -> None:
-        os.makedirs(self.options.run_dir, mode=0o700, exist_ok=True)
+        gid = self.options.socket_gid
+        # refuses a run dir another user owns or one writable by group/others (RunDirError)
+        ensure_private_dir(self.options.run_dir, group_gid=gid)
+        self._prepare_windows_dir(gid)
         path = self.socket_path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # the caller holds agent.lock, so a leftover socket is stale
-        self._server = await asyncio.start_unix_server(self._handle_worker, path=path,
-                                                       limit=wire.MAX_FRAME_BYTES + 16)
-        os.chmod(path, 0o600)
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window in which others may connect
+        try:
+            self._server = await asyncio.start_unix_server(self._handle_worker, path=path,
+                                                           limit=wire.MAX_FRAME_BYTES + 16)
+        finally:
+            os.umask(old_umask)
+        if gid is not None:
+            os.chown(path, -1, gid, follow_symlinks=False)
+            os.chmod(path, 0o660)
+        else:
+            os.chmod(path, 0o600)
         if self.options.metrics_port is not None:
             await self._start_metrics()
         self._spawn(self.upstream.heartbeat_loop(), "heartbeats")
@@ -99,15 +124,28 @@ class AgentDaemon:
         log.info("agent %s listening on %s%s", self.agent_id, path,
                  f", metrics at {self.metrics_url}" if self.metrics_url else "")
 
+    def _prepare_windows_dir(self, gid: int | None) -> None:
+        """``windows/``, where the workers write their raw windows: 0700, ours; with a socket group,
+        2770 with that group (the agent's own files are in ``agent/``, never in here)."""
+        d = Path(self.options.run_dir) / "windows"
+        if gid is None:
+            ensure_private_dir(d, what="windows dir")
+            return
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise RunDirError(f"windows dir {d}: not a directory owned by this user; refusing it")
+        os.chown(d, -1, gid, follow_symlinks=False)
+        os.chmod(d, 0o2770)
+
     def write_info(self, **extra: Any) -> None:
         info = {"pid": os.getpid(), "agent_id": self.agent_id, "socket": self.socket_path,
                 "metrics_url": self.metrics_url, "localizer_url": getattr(self.uplink, "url", ""),
                 "started_wall_ns": time.time_ns(), **extra}
         path = Path(self.options.run_dir) / AGENT_INFO
         try:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(info))
-            tmp.replace(path)
+            write_private(path, json.dumps(info))  # 0600, never through a planted symlink
         except OSError as exc:
             self._warn_once("info", "cannot write %s: %s", path, exc)
 
@@ -159,6 +197,13 @@ class AgentDaemon:
                 await wire.write_message(writer, {"type": "ack", "ok": False,
                                                   "error": f"protocol {msg['protocol']} unsupported"})
                 return
+            try:
+                check_worker_message(msg)
+            except BadWorkerMessage as exc:
+                await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=False,
+                                                                   error=f"register refused: {exc}"))
+                self._warn_once("bad-register", "refused a worker registration: %s", exc)
+                return
             holder = self.workers.get((msg["job"], msg["rank"]))
             if holder is not None and holder.connected and holder.pid != msg["pid"] and liveness(holder.pid, holder.start_ticks)[0]:
                 # two live processes claim one rank of one job (e.g. two runs of the same script): keep
@@ -174,6 +219,13 @@ class AgentDaemon:
             while True:
                 msg = await wire.read_message(reader)
                 worker.last_seen = time.monotonic()
+                try:
+                    check_worker_message(msg)
+                except BadWorkerMessage as exc:  # ignored: the worker's training goes on
+                    self._warn_once(f"bad-{worker.job}-{worker.rank}-{msg['type']}",
+                                    "ignoring a %s message of rank %d (job %s): %s", msg["type"], worker.rank,
+                                    worker.job, exc)
+                    continue
                 await self._on_message(worker, msg)
         except wire.ConnectionClosed:
             pass
@@ -261,6 +313,11 @@ class AgentDaemon:
             fut.set_result(msg)
             return
         if run is None and msg["raw_path"] and not msg["error"]:
+            try:
+                self.windows.worker_file(msg["raw_path"], "raw_path")
+            except Exception as exc:  # noqa: BLE001 - a path outside windows/: never read nor deleted
+                self._warn_once(f"bad-raw-{w.job}-{w.rank}", "rank %d of job %s: %s", w.rank, w.job, exc)
+                return
             # a window started by a previous agent (we restarted mid-window): still summarize and upload it
             log.info("rank %d finished a window of session %s started by an earlier agent; uploading it",
                      w.rank, msg["session"])
@@ -295,6 +352,10 @@ class AgentDaemon:
 
     # ------------------------------------------------------------------ sessions
     def _on_notice(self, job: str, notice: Any) -> None:
+        if not isinstance(notice.session, str) or not SESSION_RE.match(notice.session):
+            self._warn_once(f"bad-session-{job}", "ignoring session id %r from the localizer: not a safe name",
+                            str(notice.session)[:80])
+            return
         if notice.session not in self.sessions:
             self.start_session(job, notice.session, float(notice.window_s), notice.reason,
                                getattr(notice, "kind", "slowdown"))

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -87,10 +88,21 @@ class Uplink:
     """A client for one localizer at ``url`` (e.g. ``http://127.0.0.1:8765``)."""
 
     def __init__(self, url: str, token: str, *, timeout_s: float = 10.0, retries: int = 5,
-                 backoff_s: float = 0.2, max_backoff_s: float = 5.0) -> None:
+                 backoff_s: float = 0.2, max_backoff_s: float = 5.0, ca_file: str | None = None) -> None:
+        """``ca_file``: CA certificate(s) that verify an ``https://`` localizer (default: the system's;
+        PERFTRACKER_CA_FILE). The certificate's host name is always checked."""
         if not url.startswith(("http://", "https://")):
             raise UplinkError(f"localizer url {url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
+        self._opener = _OPENER
+        ca_file = ca_file or os.environ.get("PERFTRACKER_CA_FILE") or None
+        if url.startswith("https://"):
+            try:
+                ctx = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"CA file {ca_file}: cannot load it ({exc})") from None
+            self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                       urllib.request.HTTPSHandler(context=ctx))
         self.token = token
         self.timeout_s = timeout_s
         self.retries = retries
@@ -112,7 +124,7 @@ class Uplink:
         for attempt in range(attempts):
             req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
             try:
-                with _OPENER.open(req, timeout=timeout_s or self.timeout_s) as resp:
+                with self._opener.open(req, timeout=timeout_s or self.timeout_s) as resp:
                     return resp.status, _decode(resp.read())
             except urllib.error.HTTPError as exc:
                 payload = _decode(exc.read())

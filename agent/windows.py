@@ -17,6 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,10 +30,13 @@ from agent import processing
 from agent.metrics import Metrics
 from perftracker import wire
 from perftracker.errors import PerftrackerError
+from perftracker.rundir import RunDirError, ensure_private_dir
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
 
 log = logging.getLogger(__name__)
+
+SAFE_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}$")  # no "/", no leading "."
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,8 @@ class WindowRunner:
         self.options = options
         self.metrics = metrics
         self.call = call
-        self.windows_dir = Path(run_dir) / "windows"
+        self.windows_dir = Path(run_dir) / "windows"  # the workers write their raw windows here
+        self.work_dir = Path(run_dir) / "agent"  # the agent's own files (samples, patterns): 0700, ours only
         self._summarize_lock = asyncio.Lock()  # one summarizer at a time: one core
         self._standby: dict[tuple[str, int], asyncio.Task[tuple[Any, Path, int]]] = {}
         self._standby_seq = 0
@@ -153,11 +160,11 @@ class WindowRunner:
         if old is not None:
             asyncio.get_running_loop().create_task(self._discard(old))
         self._standby_seq += 1
-        path = self.windows_dir / f"standby-{w.rank}-{self._standby_seq}.samples.npz"
+        path = self.work_dir / f"standby-{w.rank}-{self._standby_seq}.samples.npz"
         far_ns = time.monotonic_ns() + int(30 * 86400 * 1e9)
 
         async def spawn() -> tuple[Any, Path, int]:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _private_dir(path.parent)
             return await processing.start_sampler(w.pid, w.training_tid, far_ns, far_ns + 1, path), path, w.pid
 
         self._standby[key] = asyncio.get_running_loop().create_task(spawn())
@@ -186,8 +193,9 @@ class WindowRunner:
                 await processing.stop_process(proc)
             except (OSError, ConnectionError, processing.ProcessingError) as exc:
                 log.info("standby samplers of rank %d unusable (%s); starting new ones", w.rank, exc)
-        path = self.windows_dir / session / f"samples-rank{w.rank}.npz"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self.work_dir / session_dir_name(session) / f"samples-rank{w.rank}.npz"
+        _private_dir(self.work_dir)
+        _private_dir(path.parent)
         return await processing.start_sampler(w.pid, w.training_tid, start_ns, end_ns, path), path
 
     async def close(self) -> None:
@@ -199,9 +207,11 @@ class WindowRunner:
     async def process_window(self, w: Any, session: str, done: dict[str, Any], sampler: Any,
                              samples_path: Path | None = None, run: SessionRun | None = None) -> None:
         samples: Path | None = None
+        raw = self.worker_file(done.get("raw_path"), "raw_path")  # ProcessingError outside windows/
         own = str(done.get("samples_path") or "")
-        if own and Path(own).exists():  # the worker ran its own samplers
-            samples = Path(own)
+        own_path = self.worker_file(own, "samples_path") if own else None
+        if own_path is not None and own_path.exists():  # the worker ran its own samplers
+            samples = own_path
             if sampler is not None:
                 await processing.stop_process(sampler)
         elif sampler is not None and samples_path is not None:
@@ -211,8 +221,8 @@ class WindowRunner:
                 samples = samples_path if samples_path.exists() else None
             except processing.ProcessingError as exc:
                 self._warn_once("sampler-failed", "samplers failed (%s); summarizing without utilization", exc)
-        raw = Path(done["raw_path"])
-        out = raw.with_name(raw.stem + ".patterns")
+        _private_dir(self.work_dir)
+        out = self.work_dir / (raw.stem + ".patterns")
         t0 = time.monotonic()
         async with self._summarize_lock:
             ps = await processing.summarize(raw, samples, out, self.options.processing, self._summarizer)
@@ -232,6 +242,46 @@ class WindowRunner:
                 if p is not None:
                     with contextlib.suppress(OSError):
                         p.unlink()
+
+
+    def worker_file(self, value: Any, what: str) -> Path:
+        """A file a worker names (its raw window, its samples): only a regular file directly in
+        ``windows/``, never a symlink or a path elsewhere (the agent reads, then deletes it)."""
+        if not isinstance(value, str) or not value or len(value) > 4096 or "\0" in value:
+            raise processing.ProcessingError(f"{what}: not a path")
+        p = Path(value)
+        base = self.windows_dir.resolve()
+        try:
+            parent = p.parent.resolve(strict=True)
+        except OSError:
+            raise processing.ProcessingError(f"{what} {value[:200]!r}: its directory does not exist") from None
+        if parent != base:
+            raise processing.ProcessingError(f"{what} {value[:200]!r} is outside the run dir's windows/ directory; "
+                                             "ignored")
+        p = base / p.name
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return p
+        except OSError as exc:
+            raise processing.ProcessingError(f"{what} {p}: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise processing.ProcessingError(f"{what} {p} is not a regular file (a symlink?); ignored")
+        return p
+
+
+def _private_dir(path: Path) -> None:
+    try:
+        ensure_private_dir(path, what="agent work dir")
+    except RunDirError as exc:
+        raise processing.ProcessingError(str(exc)) from None
+
+
+def session_dir_name(session: str) -> str:
+    """A session id as a directory name, or ProcessingError: ids come from the localizer."""
+    if not SAFE_SESSION_RE.match(session) or session in (".", ".."):
+        raise processing.ProcessingError(f"session id {session[:80]!r} is not a safe name")
+    return session
 
 
 async def send(w: Any, msg: dict[str, Any]) -> None:

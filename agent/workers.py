@@ -7,6 +7,8 @@ heartbeat, iteration statistics); ``liveness`` asks procfs whether its process s
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -58,3 +60,87 @@ def liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
 def select_job(workers: Iterable[Worker], job: str, connected: bool = True) -> list[Worker]:
     """The workers of ``job`` by rank (only the connected ones unless ``connected`` is False)."""
     return sorted((w for w in workers if w.job == job and (w.connected or not connected)), key=lambda w: w.rank)
+
+
+# ---------------------------------------------------------------- worker messages
+# The wire (perftracker.wire) checks that the required fields exist with the right JSON types. The
+# agent checks more before it stores or forwards anything: lengths, ranges and the optional fields,
+# so that one odd worker can neither crash its connection handler nor make the localizer refuse
+# the node's whole heartbeat.
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:@+=/-]{1,200}$")  # the localizer's job-name rule
+SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}$")
+MAX_PHASE_CHARS = 64
+MAX_TEXT_CHARS = 200
+MAX_ERROR_CHARS = 2000
+MAX_PATH_CHARS = 4096
+MAX_RANK = 10_000_000
+MAX_RECENT = 10_000
+
+
+class BadWorkerMessage(ValueError):
+    """A worker message the agent will not act on (the message names the field)."""
+
+
+def _text(msg: dict[str, Any], key: str, limit: int, *, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if not isinstance(v, str):
+        raise BadWorkerMessage(f"{key}: expected a string")
+    if len(v) > limit:
+        raise BadWorkerMessage(f"{key}: {len(v)} characters, more than {limit}")
+    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in v):
+        raise BadWorkerMessage(f"{key}: control characters or lone surrogates")
+
+
+def _integer(msg: dict[str, Any], key: str, lo: int, hi: int, *, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadWorkerMessage(f"{key}: expected an integer in [{lo}, {hi}], got {v!r:.40}")
+
+
+def _number(msg: dict[str, Any], key: str, hi: float = 1e12, *, optional: bool = True) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
+        raise BadWorkerMessage(f"{key}: expected a finite number in [0, {hi:g}], got {v!r:.40}")
+
+
+def check_worker_message(msg: dict[str, Any]) -> None:
+    """Raise BadWorkerMessage unless a (wire-valid) worker message is within the agent's limits."""
+    kind = msg.get("type")
+    if kind == "register":
+        if not isinstance(msg.get("job"), str) or not NAME_RE.match(msg["job"]):
+            raise BadWorkerMessage(f"job: {str(msg.get('job'))[:80]!r} is not a valid job name")
+        _integer(msg, "world_size", 1, MAX_RANK)
+        _integer(msg, "rank", 0, msg["world_size"] - 1)
+        _integer(msg, "local_rank", -1, 1_000_000)
+        _integer(msg, "pid", 1, 2**31 - 1)
+        _integer(msg, "training_tid", 0, 2**31 - 1)
+        _text(msg, "host", 253)
+    elif kind == "heartbeat":
+        _integer(msg, "iteration", -1, 2**62)
+        _text(msg, "phase", MAX_PHASE_CHARS)
+        _number(msg, "idle_s")
+    elif kind == "iter_stats":
+        _integer(msg, "iteration", -1, 2**62)
+        recent = msg.get("recent_ms")
+        if not isinstance(recent, list) or len(recent) > MAX_RECENT:
+            raise BadWorkerMessage(f"recent_ms: expected a list of at most {MAX_RECENT} numbers")
+        for key in ("mean_ms", "min_ms"):
+            _number(msg, key)
+    elif kind == "trigger":
+        _text(msg, "reason", MAX_TEXT_CHARS)
+        _number(msg, "window_s", 600.0)
+    elif kind == "window_done":
+        session = msg.get("session")
+        if not isinstance(session, str) or not SESSION_RE.match(session):
+            raise BadWorkerMessage(f"session: {str(session)[:80]!r} is not a valid session id")
+        _text(msg, "raw_path", MAX_PATH_CHARS)
+        _text(msg, "samples_path", MAX_PATH_CHARS, optional=True)
+        _text(msg, "error", MAX_ERROR_CHARS)
+        _integer(msg, "start_ns", 0, 2**63 - 1)
+        _integer(msg, "end_ns", 0, 2**63 - 1)

@@ -35,6 +35,7 @@ from localizer.service import LocalizerService, ServiceOptions
 from localizer.store import Store
 from localizer.validate import validate_expect_file
 from perftracker.errors import PerftrackerError
+from perftracker.rundir import make_private_dir, open_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,8 @@ def read_or_create_token(runs_dir: Path) -> str:
         if token:
             return token
     token = secrets.token_urlsafe(32)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
+    make_private_dir(runs_dir)
+    write_private(path, token + "\n")
     return token
 
 
@@ -144,8 +142,8 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
         validate_expect_file(expect)
         opts = replace(opts, expect_path=str(Path(expect).resolve()))
     runs = Path(runs_dir).resolve()
-    runs.mkdir(parents=True, exist_ok=True)
-    lock_file = open(runs / LOCK_NAME, "a+")  # noqa: SIM115 - held for the service's lifetime
+    make_private_dir(runs)
+    lock_file = os.fdopen(open_private(runs / LOCK_NAME, os.O_RDWR | os.O_APPEND), "a+")
     try:
         fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -196,8 +194,6 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
         raise EmbeddedError(f"embedded localizer did not start in {runs}: {failure[0] if failure else 'timeout'}")
     info = {"url": handle.url, "pid": os.getpid(), "store": str(handle.store_path),
             "reports": str(handle.reports_dir), "token_file": str(runs / TOKEN_NAME)}
-    tmp = runs / (INFO_NAME + ".tmp")
-    tmp.write_text(json.dumps(info))
-    os.replace(tmp, runs / INFO_NAME)
+    write_private(runs / INFO_NAME, json.dumps(info))
     log.info("embedded localizer at %s, store %s", handle.url, handle.store_path)
     return handle

@@ -8,8 +8,8 @@ zlib-compressed JSON inflated with a bound; nothing from the network is ever unp
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 import logging
 import zlib
 from collections.abc import Awaitable, Callable
@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from localizer import strict_json
 from localizer.validate import RequestError
 from perftracker.errors import PerftrackerError, SchemaError
 
@@ -29,8 +30,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
+def json_response(data: Any, status: int = 200) -> web.Response:
+    """A JSON answer that strict parsers accept (no NaN/Infinity: localizer.strict_json)."""
+    return web.json_response(data, status=status, dumps=strict_json.dumps)
+
+
 def error_response(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
+    return json_response({"error": message, **extra}, status=status)
 
 
 def errors_middleware(max_body_bytes: int) -> Middleware:
@@ -50,6 +56,8 @@ def errors_middleware(max_body_bytes: int) -> Middleware:
             if exc.status >= 400:
                 return error_response(exc.status, exc.reason)
             raise
+        except RecursionError:  # a structure too deep for some step: the request's fault
+            return error_response(400, "request nested too deeply")
         except PerftrackerError as exc:  # store errors: disk full, I/O
             log.error("%s %s: %s", request.method, request.path, exc)
             return error_response(503, str(exc))
@@ -82,14 +90,23 @@ def auth_middleware(token: bytes, max_body_bytes: int) -> Middleware:
 
 
 def parse_json(raw: bytes, what: str = "body") -> Any:
+    """Strict JSON (no NaN/Infinity, no lone surrogates, bounded nesting), or a 400."""
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        return strict_json.loads(raw)
+    except ValueError as exc:
         raise RequestError(f"{what} is not valid JSON ({exc})") from None
 
 
-async def read_json(request: web.Request) -> Any:
-    return parse_json(await request.read())
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The whole body, or 408 when it does not arrive within ``timeout_s`` (a slow client)."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout_s)
+    except TimeoutError:
+        raise RequestError(f"request body not received within {timeout_s:g} s", status=408) from None
+
+
+async def read_json(request: web.Request, timeout_s: float = 30.0) -> Any:
+    return parse_json(await read_body(request, timeout_s))
 
 
 def inflate_json(raw: bytes, max_inflated_bytes: int) -> Any:

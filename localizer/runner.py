@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,8 +20,10 @@ from typing import Any
 
 from localizer.cluster import ClusterLink
 from localizer.sessions import SessionManager
+from localizer.strict_json import dumps as strict_dumps
 from localizer.writer import GroupCommit
 from perftracker.model import Report
+from perftracker.rundir import make_private_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +138,8 @@ class LocalizeRunner:
         if path is None:
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-            os.replace(tmp, path)
+            make_private_dir(path.parent)
+            write_private(path, strict_dumps(report.to_dict(), indent=2) + "\n")
         except OSError as exc:  # the store has it; the file is a convenience
             log.warning("could not write report file %s: %s", path, exc)
 

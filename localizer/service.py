@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from localizer.cluster import ClusterLink
+from localizer.connections import ConnectionGuard, GuardedSite
 from localizer.http_io import (
     HEALTHZ,
     PATTERNS_ZLIB,
@@ -41,7 +43,9 @@ from localizer.http_io import (
     error_response,
     errors_middleware,
     inflate_json,
+    json_response,
     parse_json,
+    read_body,
     read_json,
 )
 from localizer.k8s import KubernetesClient, from_environment
@@ -59,7 +63,7 @@ from localizer.validate import (
     validate_expect_file,
 )
 from perftracker.clock import Clock
-from perftracker.errors import PerftrackerError
+from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model import HangSnapshot, PatternSet
 
 log = logging.getLogger(__name__)
@@ -77,6 +81,16 @@ class ServiceOptions:
     expect_path: str | None = None  # expected ranges (TOML, --expect FILE); None: the built-in profiles
     kubernetes: bool = True  # look for an in-cluster Kubernetes API at startup (no-op outside a pod)
     k8s_lookup_wait_s: float = 5.0  # a trigger's answer waits this long for the pod listing
+    # slow and idle clients (localizer.connections): request headers must arrive this soon after
+    # connecting, a body this soon after its headers; an idle keep-alive connection closes after
+    # keepalive_timeout_s; at most max_connections are open (None: RLIMIT_NOFILE minus a reserve)
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 15.0
+    max_connections: int | None = None
+    # TLS for agent <-> localizer (docs/security.md): PEM certificate chain and private key
+    tls_cert: str | None = None
+    tls_key: str | None = None
     sessions: SessionOptions = field(default_factory=SessionOptions)
 
 
@@ -105,6 +119,7 @@ class LocalizerService:
         self._waiters: dict[str, asyncio.Event] = {}
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self.guard: ConnectionGuard | None = None
         self.app = self._build_app()
         self.metrics = install_metrics(self)  # GET /metrics (localizer.metrics)
 
@@ -188,13 +203,31 @@ class LocalizerService:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Start listening; returns the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.options.keepalive_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, backlog=4096, reuse_address=True)
+        site = GuardedSite(self._runner, host, port, ssl_context=self._ssl_context(),
+                           guard_options={"header_timeout_s": self.options.header_timeout_s,
+                                          "max_connections": self.options.max_connections})
         await site.start()
+        self.guard = site.guard
         server = getattr(site, "_server", None)
         sockets = getattr(server, "sockets", None) or []
         return int(sockets[0].getsockname()[1]) if sockets else port
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        o = self.options
+        if not o.tls_cert and not o.tls_key:
+            return None
+        if not (o.tls_cert and o.tls_key):
+            raise ConfigError("TLS needs both a certificate (--tls-cert) and its key (--tls-key)")
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(o.tls_cert, o.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"TLS certificate {o.tls_cert} / key {o.tls_key}: cannot load ({exc})") from None
+        return ctx
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -203,24 +236,24 @@ class LocalizerService:
 
     # ---------------------------------------------------------------- handlers
     async def healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "api_version": API_VERSION,
+        return json_response({"ok": True, "api_version": API_VERSION,
                                   "localizing": len(self.localize_runner.localizing)})
 
     async def register(self, request: web.Request) -> web.Response:
-        reg = parse_registration(await read_json(request))
+        reg = parse_registration(await read_json(request, self.options.body_timeout_s))
         grown = await self._write(lambda: self.sessions.register(reg))
         trig = self.sessions.next_trigger(reg.job)
-        return web.json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
+        return json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
                                   "ranks": [w.rank for w in reg.workers], "sessions_grown": grown,
                                   "open_session": trig.to_dict() if trig else None})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        hb = parse_heartbeat(await read_json(request))
+        hb = parse_heartbeat(await read_json(request, self.options.body_timeout_s))
         await self._write(lambda: self.sessions.heartbeat(hb))
-        return web.json_response({"ok": True})
+        return json_response({"ok": True})
 
     async def jobs(self, request: web.Request) -> web.Response:
-        return web.json_response({"jobs": self.store.jobs()})
+        return json_response({"jobs": self.store.jobs()})
 
     async def poll_trigger(self, request: web.Request) -> web.StreamResponse:
         job = parse_name(request.match_info["job"], "job")
@@ -234,7 +267,7 @@ class LocalizerService:
             ev = self._waiters.setdefault(job, asyncio.Event())
             trig = self.sessions.next_trigger(job, after)
             if trig is not None:
-                return web.json_response(trig.to_dict())
+                return json_response(trig.to_dict())
             left = end - loop.time()
             if left <= 0:
                 return web.Response(status=204)
@@ -243,7 +276,7 @@ class LocalizerService:
 
     async def create_trigger(self, request: web.Request) -> web.Response:
         job = parse_name(request.match_info["job"], "job")
-        req = parse_trigger(await read_json(request))
+        req = parse_trigger(await read_json(request, self.options.body_timeout_s))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
         self._wake(job)
@@ -255,13 +288,13 @@ class LocalizerService:
             except TimeoutError:
                 merged = None
             s = merged or s
-        return web.json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
+        return json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
                                   "reason": s.reason, "kind": s.kind, "expected": list(s.expected)},
                                  status=200 if joined else 201)
 
     async def upload_patterns(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
-        raw = await request.read()
+        raw = await read_body(request, self.options.body_timeout_s)
         if request.content_type == PATTERNS_ZLIB:
             d = inflate_json(raw, self.options.max_inflated_bytes)
         else:
@@ -286,11 +319,11 @@ class LocalizerService:
         s = self.sessions.view(session)
         if self.sessions.is_complete(s):
             self.localize_runner.schedule(s.session)
-        return web.json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
+        return json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
                                   "uploaded": len(s.uploaded), "expected": len(s.expected)})
 
     async def upload_hang_snapshot(self, request: web.Request) -> web.Response:
-        d = await read_json(request)
+        d = await read_json(request, self.options.body_timeout_s)
         try:
             snap = HangSnapshot.from_dict(d)
         except (TypeError, ValueError, AttributeError) as exc:
@@ -302,21 +335,21 @@ class LocalizerService:
             self.cluster.expect_pods(s)
         if self.sessions.is_complete(s):
             self.localize_runner.schedule(s.session)
-        return web.json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
+        return json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
 
     async def list_sessions(self, request: web.Request) -> web.Response:
         job = request.query.get("job") or None
         if job is not None:
             job = parse_name(job, "job")
         recs = self.store.sessions(job=job)
-        return web.json_response({"sessions": [self._session_dict(s) for s in recs]})
+        return json_response({"sessions": [self._session_dict(s) for s in recs]})
 
     async def get_session(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
         if s is None:
             return error_response(404, f"unknown session {session!r}")
-        return web.json_response(self._session_dict(s))
+        return json_response(self._session_dict(s))
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
@@ -325,12 +358,12 @@ class LocalizerService:
             return error_response(404, f"unknown session {session!r}")
         body = self.store.get_report_dict(session)
         if body is not None:
-            return web.json_response(body)
+            return json_response(body)
         if s.state == "failed":
             return error_response(409, f"session {session!r} failed: {s.error}", state=s.state)
         if s.state == "done":  # closed with no report, e.g. a hang session whose job resumed
             return error_response(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
-        return web.json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
+        return json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
                                   "deadline_ns": s.deadline_ns}, status=202)
 
 

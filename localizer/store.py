@@ -12,10 +12,13 @@ and go through the model's ``from_dict``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localizer import strict_json
 from perftracker.errors import PerftrackerError, SchemaError
 from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.rundir import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +158,8 @@ class Store:
         self._rlock = threading.Lock()  # the read connection
         self._local = threading.local()  # .depth: transactions this thread has open
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.path.parent)  # 0700 when we create it
+            self._private_files()  # 0600 (sqlite gives its -wal and -shm files the database's mode)
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
                                        timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -167,6 +173,14 @@ class Store:
             raise StoreError(f"{self.path}: cannot open the localizer store ({exc})") from None
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot create the localizer store ({exc})") from None
+
+    def _private_files(self) -> None:
+        os.close(open_private(self.path, os.O_RDONLY))
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            p = Path(str(self.path) + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_IMODE(os.lstat(p).st_mode) & 0o077:
+                    os.chmod(p, 0o600, follow_symlinks=False)
 
     def _check_version(self) -> None:
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -369,7 +383,7 @@ class Store:
         with self._tx() as db:
             db.execute("INSERT INTO hang_snapshots (job, session, rank, taken_ns, body, received_ns, "
                        "schema_version) VALUES (?,?,?,?,?,?,?)",
-                       (snap.job, session, snap.rank, snap.taken_ns, json.dumps(snap.to_dict()), now_ns,
+                       (snap.job, session, snap.rank, snap.taken_ns, strict_json.dumps(snap.to_dict()), now_ns,
                         STORE_SCHEMA_VERSION))
 
     def hang_snapshots(self, session: str) -> list[HangSnapshot]:
@@ -385,7 +399,7 @@ class Store:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO reports VALUES (?,?,?,?,?,?,?)",
                        (report.session, report.job, report.kind, report.status, report.created_ns,
-                        json.dumps(report.to_dict()), STORE_SCHEMA_VERSION))
+                        strict_json.dumps(report.to_dict()), STORE_SCHEMA_VERSION))
 
     def get_report(self, session: str) -> Report | None:
         rows = self._query("SELECT body FROM reports WHERE session=?", (session,))

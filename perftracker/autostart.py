@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from perftracker import wire
 from perftracker.config import Config
+from perftracker.rundir import RunDirError, ensure_private_dir, open_private
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,8 @@ def lock_held(path: str) -> bool:
 
 def acquire_agent_lock(run_dir: str) -> int | None:
     """For the agent: hold ``<run_dir>/agent.lock`` for the process lifetime. None if another agent holds it."""
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    fd = os.open(os.path.join(run_dir, AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+    ensure_private_dir(run_dir)  # RunDirError: another user's dir, or one open to group/others
+    fd = os.open(os.path.join(run_dir, AGENT_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -95,7 +96,7 @@ def spawn_agent(run_dir: str, command: Sequence[str] | None = None) -> subproces
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
         env.pop(var, None)
     try:
-        out = open(os.path.join(run_dir, AGENT_LOG), "ab")  # noqa: SIM115 - handed to the child
+        out = os.fdopen(open_private(os.path.join(run_dir, AGENT_LOG), os.O_WRONLY | os.O_APPEND), "ab")
     except OSError:
         out = open(os.devnull, "wb")  # noqa: SIM115
     try:
@@ -125,9 +126,9 @@ def ensure_agent(config: Config, wait_s: float = 15.0) -> bool:
     try:
         if socket_alive(path):
             return True
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-        spawn_fd = os.open(os.path.join(run_dir, SPAWN_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
+        ensure_private_dir(run_dir)
+        spawn_fd = os.open(os.path.join(run_dir, SPAWN_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except (OSError, RunDirError) as exc:
         log.warning("perftracker: cannot start a node agent in %s: %s; training continues", run_dir, exc)
         return False
     try:

@@ -186,10 +186,10 @@ class PatternSet:
             patterns=tuple(patterns),
             local_rank=optional(d, "local_rank", int, where, -1),
             pid=optional(d, "pid", int, where, 0),
-            coords={str(k): int(v) for k, v in coords.items()},
+            coords={str(k): _coord(v, f"{where}.coords[{k!r:.40}]") for k, v in coords.items()},
             source=optional(d, "source", str, where, "online"),
             gpu=optional(d, "gpu", bool, where, False),
-            iteration_ms=tuple(float(x) for x in optional(d, "iteration_ms", list, where, [])),
+            iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
         )
 
     def to_bytes(self) -> bytes:
@@ -206,6 +206,19 @@ class PatternSet:
 
 
 _CATEGORIES = {c.value: c for c in Category}
+
+
+def _finite(v: Any, w: str) -> float:
+    """A finite JSON number (not a string such as "nan", not a bool), or SchemaError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SchemaError(f"{w}: not a finite number: {v!r:.40}")
+    return float(v)
+
+
+def _coord(v: Any, w: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SchemaError(f"{w}: not an integer: {v!r:.40}")
+    return v
 
 
 def _pattern_from_row(row: Any, frames: list[Any], w: str) -> Pattern:

@@ -191,7 +191,11 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
 
 
 def connect(path: str, timeout_s: float = 2.0) -> socket.socket:
-    """A connected Unix socket to the agent, or TransportError."""
+    """A connected Unix socket to the agent, or TransportError (also when the socket or its directory
+    belongs to another user: perftracker.rundir.check_agent_socket)."""
+    from perftracker.rundir import check_agent_socket
+
+    check_agent_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:

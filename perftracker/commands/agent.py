@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-timeout-s", type=float, default=20.0, help="long-poll duration (default %(default)s)")
     p.add_argument("--no-samplers", action="store_true", help="do not run the hardware samplers")
     p.add_argument("--keep-files", action="store_true", help="keep raw windows and pattern files after upload")
+    p.add_argument("--socket-group", default=os.environ.get("PERFTRACKER_SOCKET_GROUP") or None,
+                   help="let workers of this group (name or gid) use the socket: for an agent running as another "
+                        "user than the trainer, e.g. root for nsys (docs/security.md)")
+    p.add_argument("--ca-file", default=os.environ.get("PERFTRACKER_CA_FILE") or None,
+                   help="CA certificate(s) to verify an https:// localizer with (docs/security.md)")
 
 
 def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float) -> Any:
@@ -93,8 +98,8 @@ async def serve(args: argparse.Namespace) -> int:
             token = resolve_token(args.token, args.token_file)
             if not token:
                 raise ConfigError("no bearer token: give --token-file, PERFTRACKER_TOKEN or --token")
-        uplink = Uplink(url, token)
-        options = AgentOptions(
+        uplink = Uplink(url, token, ca_file=None if embedded else args.ca_file)
+        options = AgentOptions(socket_gid=_group_id(args.socket_group),
             run_dir=args.run_dir, agent_id=args.agent_id, host=socket.gethostname(), poll_timeout_s=args.poll_timeout_s,
             idle_exit_s=args.idle_exit_s, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
             window=WindowOptions(samplers=not args.no_samplers, keep_files=args.keep_files),
@@ -115,6 +120,19 @@ async def serve(args: argparse.Namespace) -> int:
             await asyncio.to_thread(embedded.stop, 3.0)
         os.close(lock_fd)
     return 0
+
+
+def _group_id(group: str | None) -> int | None:
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"--socket-group {group}: no such group") from None
 
 
 def run(args: argparse.Namespace) -> int:
