@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
 TOKEN_FILE_NAME = "token"
 LOCALIZER_FILE_NAME = "localizer.json"
+AGENT_KEY_HEADER = "X-Perftracker-Agent-Key"  # the agent's key for its ranks (localizer.ownership)
 # Agent -> localizer traffic stays inside the cluster or the node: ignore http_proxy settings.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -95,6 +96,9 @@ class Uplink:
             raise UplinkError(f"localizer url {url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
         self._opener = _OPENER
+        # agent keys the localizer issued at registration (localizer.ownership), and who owns a rank
+        self._keys: dict[tuple[str, str], str] = {}
+        self._rank_agent: dict[tuple[str, int], str] = {}
         ca_file = ca_file or os.environ.get("PERFTRACKER_CA_FILE") or None
         if url.startswith("https://"):
             try:
@@ -112,10 +116,12 @@ class Uplink:
     # ---------------------------------------------------------------- transport
     def request(self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
                 content_type: str = "application/json", timeout_s: float | None = None,
-                retries: int | None = None) -> tuple[int, Any]:
+                retries: int | None = None, agent_key: str | None = None) -> tuple[int, Any]:
         """One API call with retries. Returns (status, decoded JSON or None)."""
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if agent_key:
+            headers[AGENT_KEY_HEADER] = agent_key
         if data is not None:
             headers["Content-Type"] = content_type
         attempts = 1 + (self.retries if retries is None else retries)
@@ -149,13 +155,24 @@ class Uplink:
 
     def register(self, job: str, agent_id: str, host: str, workers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """workers: [{rank, local_rank, world_size, pid, tid, host}]."""
-        return self.request("POST", "/v1/agents/register",
-                            {"job": job, "agent_id": agent_id, "host": host, "workers": [dict(w) for w in workers]})[1]
+        body = self.request("POST", "/v1/agents/register",
+                            {"job": job, "agent_id": agent_id, "host": host, "workers": [dict(w) for w in workers]},
+                            agent_key=self._keys.get((job, agent_id)))[1]
+        if isinstance(body, dict) and isinstance(body.get("agent_key"), str):
+            self._keys[(job, agent_id)] = body["agent_key"]
+        for w in workers:
+            self._rank_agent[(job, int(w["rank"]))] = agent_id
+        return body
+
+    def agent_key(self, job: str, rank: int) -> str | None:
+        """The key of the agent that registered ``rank`` of ``job`` through this uplink, if any."""
+        agent_id = self._rank_agent.get((job, rank))
+        return self._keys.get((job, agent_id)) if agent_id is not None else None
 
     def heartbeat(self, job: str, agent_id: str, ranks: Sequence[Mapping[str, Any]]) -> None:
         """ranks: [{rank, iteration, phase, last_event_age_s, alive, iteration_ms}]."""
         self.request("POST", "/v1/heartbeat", {"job": job, "agent_id": agent_id, "ranks": [dict(r) for r in ranks]},
-                     retries=1)
+                     retries=1, agent_key=self._keys.get((job, agent_id)))
 
     def poll_trigger(self, job: str, after: str | None = None, timeout_s: float = 30.0) -> TriggerNotice | None:
         """Long poll: the next open session after ``after``, or None when ``timeout_s`` passes."""
@@ -171,12 +188,14 @@ class Uplink:
 
     def upload_patterns(self, ps: PatternSet, compressed: bool = True) -> dict[str, Any]:
         path = f"/v1/sessions/{urllib.parse.quote(ps.session, safe='')}/patterns"
+        key = self.agent_key(ps.job, ps.rank)
         if compressed:
-            return self.request("POST", path, raw=ps.to_bytes(), content_type=PATTERNS_ZLIB)[1]
-        return self.request("POST", path, ps.to_dict())[1]
+            return self.request("POST", path, raw=ps.to_bytes(), content_type=PATTERNS_ZLIB, agent_key=key)[1]
+        return self.request("POST", path, ps.to_dict(), agent_key=key)[1]
 
     def upload_hang_snapshot(self, snap: HangSnapshot) -> dict[str, Any]:
-        return self.request("POST", "/v1/hang-snapshots", snap.to_dict())[1]
+        return self.request("POST", "/v1/hang-snapshots", snap.to_dict(),
+                            agent_key=self.agent_key(snap.job, snap.rank))[1]
 
     def create_trigger(self, job: str, reason: str = "on-demand", window_s: float | None = None) -> tuple[str, bool]:
         """Open (or join) a session for the job. Returns (session, joined)."""
@@ -190,8 +209,22 @@ class Uplink:
         return list(self.request("GET", "/v1/jobs")[1]["jobs"])
 
     def list_sessions(self, job: str | None = None) -> list[dict[str, Any]]:
-        path = "/v1/sessions" + (f"?{urllib.parse.urlencode({'job': job})}" if job else "")
-        return list(self.request("GET", path)[1]["sessions"])
+        """Every session (oldest first), read a page at a time."""
+        out: list[dict[str, Any]] = []
+        after: Any = None
+        while True:
+            q = {k: v for k, v in (("job", job), ("after", after)) if v is not None}
+            body = self.request("GET", "/v1/sessions" + (f"?{urllib.parse.urlencode(q)}" if q else ""))[1]
+            out.extend(body["sessions"])
+            after = body.get("next")
+            if after is None or not body["sessions"]:
+                return out
+
+    def latest_session(self, job: str | None = None, state: str = "done") -> dict[str, Any] | None:
+        """The newest session in ``state`` (of ``job``), or None."""
+        q = {"order": "desc", "limit": "1", "state": state, **({"job": job} if job else {})}
+        sessions = self.request("GET", f"/v1/sessions?{urllib.parse.urlencode(q)}")[1]["sessions"]
+        return sessions[0] if sessions else None
 
     def get_session(self, session: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/sessions/{urllib.parse.quote(session, safe='')}")[1]

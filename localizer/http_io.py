@@ -12,12 +12,13 @@ import asyncio
 import hmac
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from localizer import strict_json
+from localizer.tokens import job_allowed
 from localizer.validate import RequestError
 from perftracker.errors import PerftrackerError, SchemaError
 
@@ -68,8 +69,11 @@ def errors_middleware(max_body_bytes: int) -> Middleware:
     return errors
 
 
-def auth_middleware(token: bytes, max_body_bytes: int) -> Middleware:
-    """Bearer-token check (constant time) and the declared body size limit."""
+def auth_middleware(token: bytes, max_body_bytes: int,
+                    job_tokens: Mapping[str, tuple[str, ...]] | None = None) -> Middleware:
+    """Bearer-token check (constant time) and the declared body size limit. The main token may do
+    everything (``request["scope"]`` None); a job token only its jobs (``request["scope"]`` its globs)."""
+    scoped = [(t.encode(), jobs) for t, jobs in (job_tokens or {}).items()]
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -77,16 +81,30 @@ def auth_middleware(token: bytes, max_body_bytes: int) -> Middleware:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token):
+        given_b = given.strip().encode("utf-8", "replace")
+        scope: tuple[str, ...] | None = None
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(given_b, token)
+        if not ok and scheme.lower() == "bearer":
+            for t, jobs in scoped:
+                if hmac.compare_digest(given_b, t):
+                    ok, scope = True, jobs
+        if not ok:
             resp = error_response(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
             return resp
+        request["scope"] = scope
         length = request.content_length
         if length is not None and length > max_body_bytes:
             return error_response(413, f"request body of {length} bytes is larger than {max_body_bytes}")
         return await handler(request)
 
     return auth
+
+
+def check_scope(request: web.Request, job: str) -> None:
+    """403 unless the request's token may touch ``job`` (localizer.tokens)."""
+    if not job_allowed(request.get("scope"), job):
+        raise RequestError(f"this token may not access job {job!r}", status=403)
 
 
 def parse_json(raw: bytes, what: str = "body") -> Any:

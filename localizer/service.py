@@ -40,6 +40,7 @@ from localizer.http_io import (
     HEALTHZ,
     PATTERNS_ZLIB,
     auth_middleware,
+    check_scope,
     error_response,
     errors_middleware,
     inflate_json,
@@ -50,12 +51,15 @@ from localizer.http_io import (
 )
 from localizer.k8s import KubernetesClient, from_environment
 from localizer.metrics import install as install_metrics
+from localizer.ownership import AGENT_KEY_HEADER
 from localizer.runner import LocalizeRunner, Uploaded
 from localizer.sessions import SessionManager, SessionOptions
 from localizer.store import SessionRecord, Store
+from localizer.tokens import check_token, job_allowed
 from localizer.validate import (
     RequestError,
     parse_heartbeat,
+    parse_int_param,
     parse_name,
     parse_registration,
     parse_timeout,
@@ -69,12 +73,13 @@ from perftracker.model import HangSnapshot, PatternSet
 log = logging.getLogger(__name__)
 
 API_VERSION = 1
+MAX_PAGE = 1000  # sessions per page of GET /v1/sessions
 
 
 @dataclass(frozen=True)
 class ServiceOptions:
     max_body_bytes: int = 2 * 1024 * 1024  # on the wire
-    max_inflated_bytes: int = 16 * 1024 * 1024  # after zlib
+    max_inflated_bytes: int = 8 * 1024 * 1024  # after zlib (a parsed set is ~2.5x its JSON)
     max_poll_s: float = 60.0  # longest long poll
     check_interval_s: float = 0.25  # how often deadlines are checked
     report_dir: str | None = None  # also write each report as <report_dir>/<session>.json
@@ -91,6 +96,8 @@ class ServiceOptions:
     # TLS for agent <-> localizer (docs/security.md): PEM certificate chain and private key
     tls_cert: str | None = None
     tls_key: str | None = None
+    # tokens limited to jobs: {token: (job glob, ...)} (localizer.tokens, docs/security.md)
+    job_tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sessions: SessionOptions = field(default_factory=SessionOptions)
 
 
@@ -104,6 +111,7 @@ class LocalizerService:
         (when ``options.kubernetes``). Raises ConfigError for a bad ``options.expect_path``."""
         if not token:
             raise PerftrackerError("the localizer needs a bearer token (--token, PERFTRACKER_TOKEN or a token file)")
+        token = check_token(token)  # ConfigError for a short or placeholder token
         self.store = store
         self.options = options or ServiceOptions()
         self.sessions = SessionManager(store, clock, self.options.sessions)
@@ -134,7 +142,8 @@ class LocalizerService:
     # ---------------------------------------------------------------- app
     def _build_app(self) -> web.Application:
         max_body = self.options.max_body_bytes
-        app = web.Application(middlewares=[errors_middleware(max_body), auth_middleware(self._token, max_body)],
+        app = web.Application(middlewares=[errors_middleware(max_body), auth_middleware(self._token, max_body,
+                                                                                   self.options.job_tokens)],
                               client_max_size=max_body)
         r = app.router
         r.add_get(HEALTHZ, self.healthz)
@@ -241,22 +250,30 @@ class LocalizerService:
 
     async def register(self, request: web.Request) -> web.Response:
         reg = parse_registration(await read_json(request, self.options.body_timeout_s))
-        grown = await self._write(lambda: self.sessions.register(reg))
+        check_scope(request, reg.job)
+        key = request.headers.get(AGENT_KEY_HEADER)
+        grown, issued = await self._write(lambda: self.sessions.register_agent(reg, key))
         trig = self.sessions.next_trigger(reg.job)
-        return json_response({"ok": True, "job": reg.job, "agent_id": reg.agent_id,
-                                  "ranks": [w.rank for w in reg.workers], "sessions_grown": grown,
-                                  "open_session": trig.to_dict() if trig else None})
+        body = {"ok": True, "job": reg.job, "agent_id": reg.agent_id, "ranks": [w.rank for w in reg.workers],
+                "sessions_grown": grown, "open_session": trig.to_dict() if trig else None}
+        if issued:
+            body["agent_key"] = issued  # the agent presents it from now on (localizer.ownership)
+        return json_response(body)
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         hb = parse_heartbeat(await read_json(request, self.options.body_timeout_s))
-        await self._write(lambda: self.sessions.heartbeat(hb))
+        check_scope(request, hb.job)
+        key = request.headers.get(AGENT_KEY_HEADER)
+        await self._write(lambda: self.sessions.heartbeat(hb, key))
         return json_response({"ok": True})
 
     async def jobs(self, request: web.Request) -> web.Response:
-        return json_response({"jobs": self.store.jobs()})
+        scope = request.get("scope")
+        return json_response({"jobs": [j for j in self.store.jobs() if job_allowed(scope, j)]})
 
     async def poll_trigger(self, request: web.Request) -> web.StreamResponse:
         job = parse_name(request.match_info["job"], "job")
+        check_scope(request, job)
         after = request.query.get("after") or None
         if after is not None:
             after = parse_name(after, "after")
@@ -276,6 +293,7 @@ class LocalizerService:
 
     async def create_trigger(self, request: web.Request) -> web.Response:
         job = parse_name(request.match_info["job"], "job")
+        check_scope(request, job)
         req = parse_trigger(await read_json(request, self.options.body_timeout_s))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
@@ -303,10 +321,12 @@ class LocalizerService:
             ps = PatternSet.from_dict(d)
         except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
             raise RequestError(f"PatternSet: bad shape ({exc})", status=422) from None
+        check_scope(request, ps.job)
         if ps.session != session:
             raise RequestError(f"PatternSet.session {ps.session!r} does not match the URL's session {session!r}",
                                status=422)
         self.sessions.check_patterns(ps)
+        self.sessions.ownership.check_rank_writer(ps.job, ps.rank, request.headers.get(AGENT_KEY_HEADER))
         body = raw if request.content_type == PATTERNS_ZLIB else zlib.compress(raw, 1)
         # committed (group commit: one transaction and fsync for concurrent uploads) before we answer.
         # The writer is FIFO and commit_patterns re-checks the session inside the transaction, so an
@@ -329,6 +349,8 @@ class LocalizerService:
         except (TypeError, ValueError, AttributeError) as exc:
             raise RequestError(f"HangSnapshot: bad shape ({exc})", status=422) from None
         parse_name(snap.job, "job")
+        check_scope(request, snap.job)
+        self.sessions.ownership.check_rank_writer(snap.job, snap.rank, request.headers.get(AGENT_KEY_HEADER))
         s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
         self._wake(snap.job)
         if self.cluster is not None:  # a snapshot may have opened the session; not awaited
@@ -338,23 +360,50 @@ class LocalizerService:
         return json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
 
     async def list_sessions(self, request: web.Request) -> web.Response:
-        job = request.query.get("job") or None
+        """A page of sessions: ``?job=&state=&limit=`` (at most 1000), oldest first after ``after``
+        (a ``seq``), or with ``order=desc`` newest first before ``before``. ``next`` is the cursor of
+        the next page (None on the last): pass it as ``after`` (or ``before``)."""
+        q = request.query
+        job = q.get("job") or None
         if job is not None:
             job = parse_name(job, "job")
-        recs = self.store.sessions(job=job)
-        return json_response({"sessions": [self._session_dict(s) for s in recs]})
+        scope = request.get("scope")
+        if job is not None and not job_allowed(scope, job):
+            return json_response({"sessions": [], "next": None})
+        states = tuple(x for x in (q.get("state") or "").split(",") if x)
+        if any(x not in ("open", "localizing", "done", "failed") for x in states):
+            raise RequestError("state: one or more of open, localizing, done, failed (comma-separated)")
+        limit = parse_int_param(q.get("limit"), "limit", 1, MAX_PAGE, MAX_PAGE)
+        desc = q.get("order", "asc") == "desc"
+        if q.get("order", "asc") not in ("asc", "desc"):
+            raise RequestError("order: asc or desc")
+        after = parse_int_param(q.get("after"), "after", 0, 2**62, 0)
+        before = parse_int_param(q.get("before"), "before", 1, 2**62, 2**62)
+        out: list[SessionRecord] = []
+        more = True
+        while more and len(out) < limit:  # a job token's sessions may be sparse: read on
+            page = self.store.sessions(job=job, states=states, after_seq=after, before_seq=before, limit=limit,
+                                       newest_first=desc)
+            out.extend(s for s in page if job_allowed(scope, s.job))
+            more = len(page) == limit
+            if page:
+                after, before = (after, page[-1].seq) if desc else (page[-1].seq, before)
+        if len(out) > limit:
+            out, more = out[:limit], True
+        cursor = out[-1].seq if more and out else None
+        return json_response({"sessions": [self._session_dict(s) for s in out], "next": cursor})
 
     async def get_session(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
-        if s is None:
+        if s is None or not job_allowed(request.get("scope"), s.job):
             return error_response(404, f"unknown session {session!r}")
         return json_response(self._session_dict(s))
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
-        if s is None:
+        if s is None or not job_allowed(request.get("scope"), s.job):
             return error_response(404, f"unknown session {session!r}")
         body = self.store.get_report_dict(session)
         if body is not None:

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localizer.ownership import Ownership, hash_key
 from localizer.session_reports import (
     HANG,
     PAUSE,
@@ -37,6 +38,7 @@ from localizer.session_reports import (
     build_hang_report,
     build_slowdown_report,
 )
+from localizer.set_cache import SetCache
 from localizer.store import HeartbeatRecord, SessionRecord, Store, WorkerRecord
 from localizer.validate import Heartbeat, Registration, RequestError
 from perftracker.clock import Clock
@@ -45,6 +47,7 @@ from perftracker.model import HangSnapshot, PatternSet, Report
 log = logging.getLogger(__name__)
 
 OPEN, LOCALIZING, DONE, FAILED = "open", "localizing", "done", "failed"
+TRUSTED = object()  # an in-process caller (no HTTP request): no agent-key checks
 
 
 class WallClock:
@@ -70,6 +73,10 @@ class SessionOptions:
     # a slowdown trigger joins the open session up to this long past its window's nominal end (the
     # agents start the window a little after the session opens); later ones open the next session
     join_slack_s: float = 2.0
+    # parsed uploads kept for localization (estimated bytes); the rest is re-read from the store
+    max_cached_set_bytes: int = 192 * 1024 * 1024
+    # an agent not heard from (registration, heartbeat) for this long is dead: others may take its ranks
+    agent_dead_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -110,14 +117,16 @@ class SessionManager:
         self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
         # In-memory views of open sessions, so an upload costs no scan of the store:
         self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
-        self._sets: dict[str, dict[int, PatternSet]] = {}  # session -> accepted PatternSets
+        self.cache = SetCache(self.options.max_cached_set_bytes)  # parsed uploads, bounded
+        self.ownership = Ownership(store, self.options.agent_dead_s, lambda job: set(self._dead_of(job)))
+        self.issued_key: str | None = None
         self._dead: dict[str, dict[int, int]] = {}  # job -> rank -> received_ns of a "never answers" beat
 
     # ---------------------------------------------------------------- startup
     def recover(self) -> list[str]:
         """After a restart: sessions caught mid-localization go back to open. Returns their ids."""
         back = []
-        for s in self.store.sessions(states=(LOCALIZING,)):
+        for s in list(self.store.iter_sessions(states=(LOCALIZING,), with_uploaded=False)):
             self.store.update_session(s.session, state=OPEN)
             back.append(s.session)
         if back:
@@ -125,23 +134,46 @@ class SessionManager:
         return back
 
     # ---------------------------------------------------------------- agents
-    def register(self, reg: Registration) -> list[str]:
-        """Store a registration. Open sessions of the job now also expect its ranks; returns them."""
+    def register(self, reg: Registration, agent_key: str | None | object = TRUSTED) -> list[str]:
+        """Store a registration (409 when another live agent owns a rank: localizer.ownership). Open
+        sessions of the job now also expect its ranks; returns them. A newly issued agent key is
+        left in ``self.issued_key``. ``agent_key`` is what the request presented (None: nothing);
+        TRUSTED (in-process callers) skips the ownership checks."""
         now = self.clock.now_ns()
         records = [WorkerRecord(reg.job, w.rank, reg.agent_id, w.local_rank, w.world_size, w.pid, w.tid,
                                 w.host or reg.host) for w in reg.workers]
         with self._lock:
-            self.store.register(reg.job, reg.agent_id, reg.host, records, now)
+            new_key = None
+            if agent_key is not TRUSTED:
+                new_key = self.ownership.check_register(reg.job, reg.agent_id, [w.rank for w in reg.workers],
+                                                        agent_key if isinstance(agent_key, str) else None, now)
+            self.store.register(reg.job, reg.agent_id, reg.host, records, now,
+                                key_hash=hash_key(new_key) if new_key else None)
+            self.issued_key = new_key
             grown = []
-            for s in self.store.sessions(job=reg.job, states=(OPEN,)):
+            for s in list(self.store.iter_sessions(job=reg.job, states=(OPEN,), with_uploaded=False)):
                 exp = set(s.expected) | set(expected_ranks(records, self.options.max_expected_ranks))
                 if exp != set(s.expected):
                     self.store.update_session(s.session, expected=sorted(exp))
                     grown.append(s.session)
             return grown
 
-    def heartbeat(self, hb: Heartbeat) -> None:
+    def register_agent(self, reg: Registration, agent_key: str | None) -> tuple[list[str], str | None]:
+        """``register``, returning (sessions grown, the agent key issued now or None)."""
+        with self._lock:
+            grown = self.register(reg, agent_key)
+            return grown, self.issued_key
+
+    def heartbeat(self, hb: Heartbeat, agent_key: str | None | object = TRUSTED) -> None:
         now = self.clock.now_ns()
+        if agent_key is not TRUSTED:
+            self.ownership.check_agent(hb.job, hb.agent_id, agent_key if isinstance(agent_key, str) else None)
+        mine = (self.ownership.owned_ranks(hb.job, hb.agent_id, [r.rank for r in hb.ranks], now)
+                if agent_key is not TRUSTED else {r.rank for r in hb.ranks})
+        if len(mine) < len(hb.ranks):  # another live agent's ranks: not this agent's to report on
+            log.warning("heartbeat of agent %s (job %s): dropped rank(s) %s owned by another agent", hb.agent_id,
+                        hb.job, sorted({r.rank for r in hb.ranks} - mine))
+            hb = dataclasses.replace(hb, ranks=tuple(r for r in hb.ranks if r.rank in mine))
         self.store.put_heartbeats([HeartbeatRecord(hb.job, r.rank, hb.agent_id, r.iteration, r.phase,
                                                    r.last_event_age_s, r.alive, r.iteration_ms, now)
                                    for r in hb.ranks])
@@ -193,9 +225,9 @@ class SessionManager:
         """Open a session for the job, or join the open one. Returns (session, joined)."""
         now = self.clock.now_ns()
         with self._lock:
-            open_ = self.store.sessions(job=job, states=(OPEN,))
-            if open_ and self._joins(open_[-1], kind, now):
-                s = open_[-1]
+            open_ = self.store.sessions(job=job, states=(OPEN,), limit=1, newest_first=True, with_uploaded=False)
+            if open_ and self._joins(open_[0], kind, now):
+                s = open_[0]
                 self.store.update_session(s.session, joins=s.joins + 1)
                 log.info("trigger %r joined open session %s of job %s", reason, s.session, job)
                 if kind == HANG and s.kind != HANG:  # a death during a slowdown session: no window comes
@@ -259,17 +291,23 @@ class SessionManager:
         with self._lock, self.store.transaction():
             for ps, _ in items:  # again, inside the transaction: the session may have closed meanwhile
                 self._open_session_for(ps.session, ps.job, ps.rank)
+                self._uploaded_of(ps.session)  # loaded before this write, if not yet in memory
             self.store.put_patterns_many(items, self.clock.now_ns())
             by_session: dict[str, list[PatternSet]] = {}
             for ps, _ in items:
-                self._uploaded_of(ps.session).add(ps.rank)
-                self._sets.setdefault(ps.session, {})[ps.rank] = ps
                 by_session.setdefault(ps.session, []).append(ps)
+            self.store.on_commit(lambda: self._count_uploads(items))  # counted once on disk, never before
             for session, sets in by_session.items():
                 s = self.store.get_session(session, with_uploaded=False)
                 extra = {p.rank for p in sets} - set(s.expected) if s is not None else set()
                 if s is not None and extra:  # an unregistered-at-open rank that uploads is expected
                     self.store.update_session(session, expected=sorted({*s.expected, *extra}))
+
+    def _count_uploads(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
+        with self._lock:
+            for ps, _ in items:
+                self._uploaded_of(ps.session).add(ps.rank)
+                self.cache.put(ps.session, ps.rank, ps)
 
     def accept_patterns(self, ps: PatternSet, body: bytes | None = None) -> SessionRecord:
         """Validate against the session and persist. Returns the session after the upload."""
@@ -303,7 +341,7 @@ class SessionManager:
     def _forget(self, session: str) -> None:
         self._extended.discard(session)
         self._uploaded.pop(session, None)
-        self._sets.pop(session, None)
+        self.cache.forget(session)
 
     def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
         """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
@@ -322,10 +360,11 @@ class SessionManager:
             if s.kind != HANG:  # a hang during a slowdown session: no window will complete
                 deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
                 self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
+            uploaded = self._uploaded_of(s.session)
             self.store.put_hang_snapshot(snap, s.session, now)
             self._paused.discard(s.session)
-            self._uploaded_of(s.session).add(snap.rank)
-            return self.view(s.session)
+            self.store.on_commit(lambda: uploaded.add(snap.rank))
+            return dataclasses.replace(self.view(s.session), uploaded=tuple(sorted({*uploaded, snap.rank})))
 
     def _reported_hang_of(self, snap: HangSnapshot) -> str | None:
         """The unresolved hang session whose report already has this rank stopped at this iteration.
@@ -362,11 +401,12 @@ class SessionManager:
     def due(self) -> list[SessionRecord]:
         """Open sessions that are complete or past their deadline."""
         now = self.clock.now_ns()
-        return [s for s in self.store.sessions(states=(OPEN,), with_uploaded=False)
+        return [s for s in self.store.iter_sessions(states=(OPEN,), with_uploaded=False)
                 if now >= s.deadline_ns or (s.session not in self._paused and self.is_complete(s))]
 
     def next_deadline_ns(self) -> int | None:
-        return min((s.deadline_ns for s in self.store.sessions(states=(OPEN,), with_uploaded=False)), default=None)
+        return min((s.deadline_ns for s in self.store.iter_sessions(states=(OPEN,), with_uploaded=False)),
+                   default=None)
 
     def begin_localizing(self, session: str) -> SessionRecord | None:
         """open -> localizing, once. None if the session is not open (another caller took it)."""
@@ -383,7 +423,7 @@ class SessionManager:
             return build_hang_report(s, self.store.hang_snapshots(s.session), self.store.heartbeats(s.job),
                                      self.clock.now_ns())
         with self._lock:
-            cached = dict(self._sets.get(s.session, {}))
+            cached = self.cache.sets(s.session)
         stored = self.store.pattern_ranks(s.session)
         if set(stored) == set(cached):  # every upload of this process's lifetime: no re-parsing
             sets = [cached[r] for r in sorted(cached)]

@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS agents (
     job TEXT NOT NULL, agent_id TEXT NOT NULL, host TEXT NOT NULL,
     registered_ns INTEGER NOT NULL, last_seen_ns INTEGER NOT NULL,
-    schema_version INTEGER NOT NULL, PRIMARY KEY (job, agent_id));
+    schema_version INTEGER NOT NULL, key_hash TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, agent_id));
 CREATE TABLE IF NOT EXISTS workers (
     job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, local_rank INTEGER NOT NULL,
     world_size INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, host TEXT NOT NULL,
@@ -166,6 +166,7 @@ class Store:
             self._db.execute(f"PRAGMA synchronous={synchronous}")
             self._db.executescript(_DDL)
             self._check_version()
+            self._add_columns()
             # WAL: readers see the last commit and never wait for a writer's fsync
             self._rdb = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None,
                                         timeout=30.0)
@@ -190,6 +191,12 @@ class Store:
             raise SchemaError(f"{self.path}: store schema_version {row[0]} is not supported "
                               f"(this perftracker reads {STORE_SCHEMA_VERSION})")
 
+    def _add_columns(self) -> None:
+        """Columns added after schema 1 was released (additive: older stores gain them on open)."""
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(agents)")}
+        if "key_hash" not in cols:
+            self._db.execute("ALTER TABLE agents ADD COLUMN key_hash TEXT NOT NULL DEFAULT ''")
+
     def close(self) -> None:
         with self._lock, self._rlock:
             self._rdb.close()
@@ -198,7 +205,8 @@ class Store:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One transaction; nested calls on the same thread join the outer one (one commit, one fsync).
-        Reads on this thread inside it see its own writes."""
+        Reads on this thread inside it see its own writes. Hooks registered with ``on_commit`` run
+        after the commit succeeded, and never when it fails."""
         with self._lock:
             depth = getattr(self._local, "depth", 0)
             if depth:
@@ -208,6 +216,7 @@ class Store:
                 finally:
                     self._local.depth = depth
                 return
+            self._local.hooks = []
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._local.depth = 1
@@ -218,23 +227,45 @@ class Store:
                     raise
                 finally:
                     self._local.depth = 0
-                self._db.execute("COMMIT")
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.Error:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                    raise
             except sqlite3.OperationalError as exc:  # disk full, I/O error, locked
+                self._local.hooks = []
                 raise StoreError(f"{self.path}: write failed ({exc})") from None
+            except BaseException:
+                self._local.hooks = []
+                raise
+            hooks, self._local.hooks = self._local.hooks, []
+            for hook in hooks:
+                hook()
 
     _tx = transaction
 
+    def on_commit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` after this thread's open transaction commits (now, if none is open). In-memory
+        views (upload counts) change only through here, so they never count a write that was lost."""
+        if getattr(self._local, "depth", 0):
+            self._local.hooks.append(hook)
+        else:
+            hook()
+
     def run_batch(self, fns: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         """Run writers in one transaction, each in its own savepoint: a failing one is rolled back
-        alone. Returns (ok, result or exception) per writer, after the commit."""
+        alone (with its commit hooks). Returns (ok, result or exception) per writer, after the commit."""
         out: list[tuple[bool, Any]] = []
         with self.transaction() as db:
             for fn in fns:
                 db.execute("SAVEPOINT item")
+                n_hooks = len(self._local.hooks)
                 try:
                     out.append((True, fn()))
                 except Exception as exc:  # noqa: BLE001 - handed back to that writer's caller
                     db.execute("ROLLBACK TO item")
+                    del self._local.hooks[n_hooks:]
                     out.append((False, exc))
                 db.execute("RELEASE item")
         return out
@@ -247,16 +278,35 @@ class Store:
 
     # ---------------------------------------------------------------- registrations
     def register(self, job: str, agent_id: str, host: str, workers: Sequence[WorkerRecord],
-                 now_ns: int) -> None:
+                 now_ns: int, key_hash: str | None = None) -> None:
+        """Store a registration; ``key_hash`` (the agent key's sha256) replaces the stored one if given."""
         with self._tx() as db:
             db.execute(
-                "INSERT INTO agents VALUES (?,?,?,?,?,?) ON CONFLICT(job, agent_id) DO UPDATE SET "
-                "host=excluded.host, last_seen_ns=excluded.last_seen_ns",
-                (job, agent_id, host, now_ns, now_ns, STORE_SCHEMA_VERSION))
+                "INSERT INTO agents (job, agent_id, host, registered_ns, last_seen_ns, schema_version, key_hash) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT(job, agent_id) DO UPDATE SET "
+                "host=excluded.host, last_seen_ns=excluded.last_seen_ns"
+                + (", key_hash=excluded.key_hash" if key_hash is not None else ""),
+                (job, agent_id, host, now_ns, now_ns, STORE_SCHEMA_VERSION, key_hash or ""))
             db.executemany(
                 "INSERT OR REPLACE INTO workers VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [(job, w.rank, agent_id, w.local_rank, w.world_size, w.pid, w.tid, w.host, now_ns,
                   STORE_SCHEMA_VERSION) for w in workers])
+
+    def agent(self, job: str, agent_id: str) -> tuple[int, str] | None:
+        """(last_seen_ns, key_hash) of a registered agent, or None."""
+        rows = self._query("SELECT last_seen_ns, key_hash FROM agents WHERE job=? AND agent_id=?", (job, agent_id))
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def rank_owners(self, job: str, ranks: Sequence[int]) -> dict[int, str]:
+        """rank -> the agent_id that registered it, for the given ranks that are registered."""
+        out: dict[int, str] = {}
+        wanted = list(ranks)
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            rows = self._query(f"SELECT rank, agent_id FROM workers WHERE job=? AND rank IN ({','.join('?' * len(chunk))})",
+                               (job, *chunk))
+            out.update({int(r): str(a) for r, a in rows})
+        return out
 
     def workers(self, job: str) -> list[WorkerRecord]:
         rows = self._query("SELECT job, rank, agent_id, local_rank, world_size, pid, tid, host "
@@ -340,16 +390,22 @@ class Store:
                                           "SELECT rank FROM hang_snapshots WHERE session=?", (session, session))}
 
     def sessions(self, job: str | None = None, states: Sequence[str] = (), after_seq: int = 0,
-                 limit: int = 1000, *, with_uploaded: bool = True) -> list[SessionRecord]:
+                 limit: int = 1000, *, with_uploaded: bool = True, before_seq: int | None = None,
+                 newest_first: bool = False) -> list[SessionRecord]:
+        """One page of sessions (``limit`` at most): by ``seq`` after ``after_seq``, or with
+        ``newest_first`` the newest before ``before_seq``. ``iter_sessions`` walks every page."""
         sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE seq > ?"
         args: list[Any] = [after_seq]
+        if before_seq is not None:
+            sql += " AND seq < ?"
+            args.append(before_seq)
         if job is not None:
             sql += " AND job=?"
             args.append(job)
         if states:
             sql += f" AND state IN ({','.join('?' * len(states))})"
             args.extend(states)
-        sql += " ORDER BY seq LIMIT ?"
+        sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
         args.append(limit)
         return [self._session_from_row(r, with_uploaded) for r in self._query(sql, args)]
 
@@ -357,6 +413,17 @@ class Store:
         """Sessions by (state, kind): the localizer's /metrics."""
         return {(str(st), str(k)): int(n) for st, k, n in
                 self._query("SELECT state, kind, COUNT(*) FROM sessions GROUP BY state, kind")}
+
+    def iter_sessions(self, job: str | None = None, states: Sequence[str] = (), *, with_uploaded: bool = True,
+                      page: int = 1000) -> Iterator[SessionRecord]:
+        """Every matching session, oldest first, a page at a time."""
+        after = 0
+        while True:
+            rows = self.sessions(job=job, states=states, after_seq=after, limit=page, with_uploaded=with_uploaded)
+            yield from rows
+            if len(rows) < page:
+                return
+            after = rows[-1].seq
 
     # ---------------------------------------------------------------- patterns and snapshots
     def put_patterns(self, ps: PatternSet, now_ns: int, body: bytes | None = None) -> None:

@@ -184,6 +184,18 @@ def parse_name(value: str, what: str) -> str:
     return _str({what: value}, what, "request", name=True)
 
 
+def parse_int_param(value: str | None, what: str, lo: int, hi: int, default: int) -> int:
+    """An integer query parameter in [lo, hi] (``default`` when absent)."""
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or len(value) > 19:
+        raise RequestError(f"{what}: {value[:40]!r} is not a non-negative integer")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise RequestError(f"{what}: {v} outside [{lo}, {hi}]")
+    return v
+
+
 def parse_timeout(value: str | None, max_s: float) -> float:
     if value is None or value == "":
         return max_s

@@ -113,7 +113,7 @@ def test_report_from_running_localizer(tmp_path: Path, free_port: int) -> None:
     ready = tmp_path / "ready.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    env["PERFTRACKER_TOKEN"] = "t0ken-for-test"
+    env["PERFTRACKER_TOKEN"] = "t0ken-for-test-0123"
     proc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", str(free_port),
                              "--store", str(path), "--ready-file", str(ready)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

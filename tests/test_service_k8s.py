@@ -215,7 +215,7 @@ def test_a_session_opened_before_a_restart_still_gets_its_events(api: FakeApiSer
             up.upload_patterns(_patterns(session, rank, 4))
     assert api.pod_listings() == []
     with ServiceThread(store, _client(api), _options()) as svc:  # restarted, now with the cluster
-        up = Uplink(svc.url, TOKEN)
+        up.url = svc.url  # the same agent (it holds its agent key) reaches the restarted localizer
         up.upload_patterns(_patterns(session, 3, 4, slow_python=True))
         closed = _wait(lambda: _closed(up, session))
         assert closed["state"] == "done" and closed["uploaded"] == [0, 1, 2, 3]

@@ -100,7 +100,7 @@ class JobRun:
         store = self.run_dir / "store.db"
         self._spawn(
             [sys.executable, "-m", "perftracker", "localizer", "--host", self.addr, "--port", str(self.port),
-             "--store", str(store), "--token", self.token],
+             "--store", str(store)],  # the token comes from PERFTRACKER_TOKEN (self.env), never argv: ps shows argv
             "localizer",
         )
         self._wait_http(f"{self.url}/v1/healthz", 30)
@@ -179,7 +179,7 @@ class JobRun:
             # gloo picks its address from the hostname, which every namespace shares: name the link
             env = dict(self.env, PERFTRACKER_RUN_DIR=str(rdir), GLOO_SOCKET_IFNAME="eth0" if host else "lo")
             agent = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(rdir),
-                     "--localizer-url", self.url, "--token", self.token, "--keep-files"]
+                     "--localizer-url", self.url, "--keep-files"]  # token: PERFTRACKER_TOKEN in env
             master = self.hosts[0].addr if self.hosts else "127.0.0.1"
             train = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node_rank", str(rank),
                      "--nproc_per_node", "1", "--master_addr", master, "--master_port", str(master_port),
@@ -280,7 +280,7 @@ class JobRun:
             if sc.trigger == "cli" and cli_iter is None and it_max >= sc.trigger_at_iter:
                 subprocess.run(
                     [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,
-                     "--token", self.token, "--window-s", str(sc.window_s), "--no-wait"],
+                     "--window-s", str(sc.window_s), "--no-wait"],
                     env=self.env, check=True, capture_output=True,
                 )
                 cli_iter = it_max

@@ -161,11 +161,11 @@ def _from_url(url: str, session: str, token: str) -> Report:
         raise PerftrackerError(f"--url {url!r} must start with http:// or https://")
     base = url.rstrip("/")
     if session == "latest":
-        _, listing = _get_json(f"{base}/v1/sessions", token)
+        _, listing = _get_json(f"{base}/v1/sessions?state=done&order=desc&limit=1", token)  # the newest
         done = [s for s in listing.get("sessions", []) if s.get("state") == "done"]
         if not done:
             raise PerftrackerError(f"{base}: no session has a report yet")
-        session = str(done[-1]["session"])
+        session = str(done[0]["session"])
     status, body = _get_json(f"{base}/v1/sessions/{urllib.parse.quote(session, safe='')}/report", token)
     if status == 202:
         raise PerftrackerError(
