@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
 HEALTHZ = "/v1/healthz"  # the one path without auth
+SCOPE: web.RequestKey[tuple[str, ...] | None] = web.RequestKey("scope", object)  # type: ignore[arg-type]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
@@ -92,7 +93,7 @@ def auth_middleware(token: bytes, max_body_bytes: int,
             resp = error_response(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
             return resp
-        request["scope"] = scope
+        request[SCOPE] = scope
         length = request.content_length
         if length is not None and length > max_body_bytes:
             return error_response(413, f"request body of {length} bytes is larger than {max_body_bytes}")
@@ -103,7 +104,7 @@ def auth_middleware(token: bytes, max_body_bytes: int,
 
 def check_scope(request: web.Request, job: str) -> None:
     """403 unless the request's token may touch ``job`` (localizer.tokens)."""
-    if not job_allowed(request.get("scope"), job):
+    if not job_allowed(request.get(SCOPE), job):
         raise RequestError(f"this token may not access job {job!r}", status=403)
 
 

@@ -39,6 +39,7 @@ from localizer.connections import ConnectionGuard, GuardedSite
 from localizer.http_io import (
     HEALTHZ,
     PATTERNS_ZLIB,
+    SCOPE,
     auth_middleware,
     check_scope,
     error_response,
@@ -268,7 +269,7 @@ class LocalizerService:
         return json_response({"ok": True})
 
     async def jobs(self, request: web.Request) -> web.Response:
-        scope = request.get("scope")
+        scope = request.get(SCOPE)
         return json_response({"jobs": [j for j in self.store.jobs() if job_allowed(scope, j)]})
 
     async def poll_trigger(self, request: web.Request) -> web.StreamResponse:
@@ -367,7 +368,7 @@ class LocalizerService:
         job = q.get("job") or None
         if job is not None:
             job = parse_name(job, "job")
-        scope = request.get("scope")
+        scope = request.get(SCOPE)
         if job is not None and not job_allowed(scope, job):
             return json_response({"sessions": [], "next": None})
         states = tuple(x for x in (q.get("state") or "").split(",") if x)
@@ -396,14 +397,14 @@ class LocalizerService:
     async def get_session(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
-        if s is None or not job_allowed(request.get("scope"), s.job):
+        if s is None or not job_allowed(request.get(SCOPE), s.job):
             return error_response(404, f"unknown session {session!r}")
         return json_response(self._session_dict(s))
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         s = self.store.get_session(session)
-        if s is None or not job_allowed(request.get("scope"), s.job):
+        if s is None or not job_allowed(request.get(SCOPE), s.job):
             return error_response(404, f"unknown session {session!r}")
         body = self.store.get_report_dict(session)
         if body is not None:

@@ -91,3 +91,49 @@ class LocalizerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+class ServiceThread:
+    """The real LocalizerService on its own event-loop thread, listening on a free port (in-process,
+    so a test can look at its guard, cache and store)."""
+
+    def __init__(self, store_path: Path, options: object | None = None, token: str = TOKEN, host: str = "127.0.0.1") -> None:
+        import asyncio
+        import threading
+
+        from localizer.service import LocalizerService
+        from localizer.store import Store
+
+        self.store = Store(store_path)
+        self.service = LocalizerService(self.store, token, options)  # type: ignore[arg-type]
+        self.host = host
+        self.url = ""
+        self.port = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        import asyncio
+
+        self.port = await self.service.start(self.host, 0)
+        scheme = "https" if self.service.options.tls_cert else "http"
+        self.url = f"{scheme}://{self.host}:{self.port}"
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.service.stop()
+            self.store.close()
+
+    def __enter__(self) -> ServiceThread:
+        self._thread.start()
+        assert self._ready.wait(20), "service did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(20)

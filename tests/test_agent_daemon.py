@@ -200,7 +200,7 @@ def test_agent_with_a_remote_localizer_and_token_file(run_dir: Path, tmp_path: P
     from agent.uplink import Uplink
 
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret-token\n")
+    token_file.write_text("s3cret-token-0123\n")
     ready = tmp_path / "ready.json"
     loc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store",
                             str(tmp_path / "loc.sqlite"), "--token-file", str(token_file), "--ready-file", str(ready)],
@@ -214,7 +214,7 @@ def test_agent_with_a_remote_localizer_and_token_file(run_dir: Path, tmp_path: P
                                  stderr=subprocess.DEVNULL)
         wait_until(lambda: os.path.exists(wire.socket_path(run_dir)), 30, what="agent socket")
         w = WireWorker(run_dir, 0, 1, job="remote")
-        up = Uplink(url, "s3cret-token", retries=1)
+        up = Uplink(url, "s3cret-token-0123", retries=1)
         wait_until(lambda: "remote" in up.jobs(), 20, what="registration")
         session, _ = up.create_trigger("remote", "cli", 1.0)
         msg = w.recv(30)
