@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from localizer.host import HOST_KEY
+from localizer.host import HOST_KEY, is_host_op
 from perftracker.model import LINK_KEY, Box, Category, Triple, Wait, compress_ranks
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
@@ -83,6 +83,8 @@ def describe_function(label: str, key: str, category: Category, gpu: bool) -> st
     if category is Category.COLLECTIVE:
         return f"collective {label}"
     where = " in data loading" if _DATA_LOADING.search(key) else ""
+    if gpu and is_host_op(key, label, category):
+        return f"host op {label}{where}"
     return f"Python {frame_text(label)}{where}"
 
 
@@ -127,6 +129,8 @@ def _cause(category: Category, label: str, key: str, resource: str, beta_up: boo
         return "the process sleeps on the critical path"
     if _DATA_LOADING.search(key):
         return "slow input pipeline/storage"
+    if gpu and is_host_op(key, label, category):
+        return "host-side work (op dispatch, annotations) on the critical path while the GPU waits"
     return f"Python work on the critical path while the {device} waits"
 
 

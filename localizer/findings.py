@@ -29,7 +29,7 @@ from localizer.distances import exact_median
 from localizer.explain import Consequence, describe_finding, describe_report
 from localizer.host import HOST_KEY, top_host_functions
 from localizer.rule import Threshold
-from localizer.waits import WaitOptions, cause_of_lateness, late_groups, wait_families
+from localizer.waits import LateGroup, WaitOptions, cause_of_lateness, late_groups, wait_families
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
 from perftracker.schema import rounded
 
@@ -155,8 +155,10 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     beta = arr.values[:, 0, :]
     waits = sorted((f for f, v in enumerate(verdicts) if _is_wait(v.info)), key=lambda f: verdicts[f].waits_for_peers)
     families = wait_families([v.info.label for v in verdicts], waits)
-    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key != LINK_KEY]
-    groups = sorted(late_groups(beta, families, arr.stage, opts), key=lambda g: -g.wait_share)
+    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
+    groups = late_groups(beta, families, arr.stage, opts)
+    groups += _flagged_early_exits(drafts, beta, groups, opts)
+    groups.sort(key=lambda g: -g.wait_share)
     waiting = np.zeros(arr.n_workers, dtype=bool)
     for lg in groups:
         waiting[lg.waiting] = True
@@ -206,6 +208,29 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 _add_wait(c, Wait(v.verdict.info.label, ranks, v.observed.beta - late_share))
                 v.folded = True
                 break
+
+
+def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, known: Sequence[LateGroup],
+                         opts: WaitOptions) -> list[LateGroup]:
+    """Late groups from collective findings whose ranks hold the collective materially *less* than
+    the others (the differential test singled them out: they arrive last), where the wait evidence
+    itself was not clear enough (a noisy group). The others' excess must be a material wait."""
+    covered = {(g.f, int(r)) for g in known for r in g.late}
+    out = []
+    for v in drafts:
+        info = v.verdict.info
+        if v.folded or not _is_wait(info) or v.kind == "common" or v.tests != ("differential",):
+            continue
+        if all((v.f, int(r)) in covered for r in v.idx):
+            continue
+        b = beta[v.f]
+        others = np.setdiff1d(np.flatnonzero(b > 0), v.idx)
+        if others.size == 0:
+            continue
+        share = float(np.median(b[others]) - np.median(b[v.idx]))
+        if share >= opts.wait_min:
+            out.append(LateGroup(v.f, np.sort(v.idx), others, share))
+    return out
 
 
 def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:

@@ -32,13 +32,17 @@ _PY_FRAME = re.compile(r"\.py(\(\d+\)|:)|<built-in ")
 _NOT_DISPATCH = re.compile(r"^(Python GC|CPU wait \(runnable, no core\))$")
 
 
+def is_host_op(key: str, label: str, category: Category) -> bool:
+    """A python-category function that is a host op (dispatch, annotation), not a Python frame."""
+    return (category is Category.PYTHON and key != HOST_KEY and not _PY_FRAME.search(key)
+            and not _NOT_DISPATCH.match(label))
+
+
 def host_dispatch_functions(arr: PatternArrays) -> list[int]:
     """Indices of the python-category functions of a GPU window that are host ops, not Python frames."""
     if not arr.gpu:
         return []
-    return [f for f, info in enumerate(arr.functions)
-            if info.category is Category.PYTHON and info.key != HOST_KEY
-            and not _PY_FRAME.search(info.key) and not _NOT_DISPATCH.match(info.label)]
+    return [f for f, info in enumerate(arr.functions) if is_host_op(info.key, info.label, info.category)]
 
 
 def with_host_total(arr: PatternArrays) -> tuple[PatternArrays, list[int]]:

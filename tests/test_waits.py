@@ -200,3 +200,21 @@ def test_demo_run_recorded_patterns_name_rank_2_with_its_waiters_inside() -> Non
     assert all(f.ranks == (2,) for f in report.findings), [f.sentence for f in report.findings]
     waiters = {r for w in report.findings[0].waits for r in w.ranks}
     assert waiters == {0, 1, 3}
+
+
+def test_a_flagged_early_exit_becomes_wait_evidence_with_a_cause() -> None:
+    """100 ranks with noisy AllReduce waits (their MAD hides the late pair from the wait evidence);
+    the differential test singles out ranks 4-5 holding AllReduce far less, and they hold a host op
+    longer: the finding names ranks 4-5 with that op, and the others as their waiters."""
+    arr = _host_job(100, [0.02, 0.01], seed=21)
+    ar = 1
+    rng = np.random.default_rng(22)
+    arr.values[ar, 0, :] = 0.10 + rng.uniform(-0.04, 0.04, 100)
+    assert not late_workers(arr.values[ar, 0], WO)[0].any()
+    arr.values[ar, 0, [4, 5]] = 0.012
+    arr.values[2, 0, [4, 5]] = 0.035  # aten::op0 on the late ranks
+    report = localize_arrays(arr, OPTS)
+    head = report.findings[0]
+    assert head.ranks == (4, 5) and head.label == "aten::op0" and head.tests == ("waits",), report.summary
+    assert set(head.waits[0].ranks) == set(range(100)) - {4, 5}
+    assert not any(f.category is Category.COLLECTIVE for f in report.findings)
