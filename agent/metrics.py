@@ -1,14 +1,15 @@
 """Prometheus metrics of the node agent (prometheus_client, one registry per agent).
 
-What it exports (names follow the Prometheus conventions: base units, ``_total`` counters):
+What it exports (names follow the Prometheus conventions: base units, ``_total`` counters; the
+training job's id is the label ``training_job``, since ``job`` is the scrape target's own label):
 
-- ``perftracker_workers{job}``: connected training processes (gauge);
-- ``perftracker_iteration_duration_seconds{job,rank}``: training iteration times (histogram; each
-  iteration observed once, from the workers' ITER_STATS messages);
-- ``perftracker_iterations_total{job,rank}``: completed iterations;
-- ``perftracker_detector_phase{job,rank,phase}``: 1 for the detector phase each rank is in;
+- ``perftracker_workers{training_job}``: connected training processes (gauge);
+- ``perftracker_iteration_duration_seconds{training_job,rank}``: training iteration times
+  (histogram; each iteration observed once, from the workers' ITER_STATS messages);
+- ``perftracker_iterations_total{training_job,rank}``: completed iterations;
+- ``perftracker_detector_phase{training_job,rank,phase}``: 1 for the detector phase each rank is in;
 - ``perftracker_sessions_total{state}``: sessions handled by this agent (started, uploaded, failed);
-- ``perftracker_triggers_total{job}``: triggers received from workers and forwarded;
+- ``perftracker_triggers_total{training_job}``: triggers received from workers and forwarded;
 - ``perftracker_uploads_total{kind,result}``: uploads to the localizer;
 - ``perftracker_summarize_duration_seconds``: wall time to summarize one window (histogram).
 
@@ -57,16 +58,16 @@ class Metrics:
 
         self.registry = CollectorRegistry()
         r = self.registry
-        self._workers = Gauge("perftracker_workers", "Training processes connected to this agent.", ["job"], registry=r)
+        self._workers = Gauge("perftracker_workers", "Training processes connected to this agent.", ["training_job"], registry=r)
         self._iteration_s = Histogram("perftracker_iteration_duration_seconds", "Training iteration time per rank.",
-                                      ["job", "rank"], buckets=ITERATION_BUCKETS_S, registry=r)
+                                      ["training_job", "rank"], buckets=ITERATION_BUCKETS_S, registry=r)
         self._iterations_total = Counter("perftracker_iterations", "Completed training iterations per rank.",
-                                         ["job", "rank"], registry=r)
+                                         ["training_job", "rank"], registry=r)
         self._detector_phase = Gauge("perftracker_detector_phase", "1 for the detector phase each rank is in.",
-                                     ["job", "rank", "phase"], registry=r)
+                                     ["training_job", "rank", "phase"], registry=r)
         self._sessions = Counter("perftracker_sessions", "Profiling sessions handled by this agent, by outcome.",
                                  ["state"], registry=r)
-        self._triggers = Counter("perftracker_triggers", "Triggers received from workers and forwarded.", ["job"],
+        self._triggers = Counter("perftracker_triggers", "Triggers received from workers and forwarded.", ["training_job"],
                                  registry=r)
         self._uploads = Counter("perftracker_uploads", "Uploads to the localizer, by kind and result.",
                                 ["kind", "result"], registry=r)

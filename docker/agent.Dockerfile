@@ -4,7 +4,7 @@
 #   docker build -f docker/agent.Dockerfile -t perftracker/agent:0.1.0 .
 #
 # GPU training images: build FROM your own CUDA/torch image instead and `pip install
-# "perftracker[gpu]"` into it; the agent sidecar itself needs no GPU build of torch.
+# "perftracker[agent,gpu]"` into it; the agent sidecar itself needs no GPU build of torch.
 # NOT BUILT OR RUN on the development machines (no container engine there).
 FROM python:3.11-slim
 
@@ -24,7 +24,9 @@ COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
 COPY examples ./examples
-RUN pip install ".[gpu]" && python -c "import perftracker, agent.summarize"
+# "agent": prometheus_client for --metrics-port (the example overlay passes it); "gpu": NVML.
+# tests/test_images.py runs every container command of k8s/ with only these extras importable.
+RUN pip install ".[agent,gpu]" && python -c "import perftracker, agent.summarize, prometheus_client, pynvml"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /var/run/perftracker && chown 10001:10001 /var/run/perftracker

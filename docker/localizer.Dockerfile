@@ -22,7 +22,8 @@ COPY pyproject.toml README.md ./
 COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
-RUN pip install ".[localizer,k8s]" && python -c "import localizer.service, localizer.k8s"
+# tests/test_images.py runs the manifests' localizer command with only these extras importable.
+RUN pip install ".[localizer,k8s]" && python -c "import localizer.service, localizer.k8s, localizer.localize"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /data && chown 10001:10001 /data

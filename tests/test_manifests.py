@@ -5,6 +5,7 @@ fail), and the objects fit together (labels, selectors, names, volumes, RBAC).""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -174,9 +175,109 @@ def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> 
     assert agent["image"].startswith("perftracker/agent-nsys:")
     assert agent["securityContext"]["privileged"] is True
     assert agent["restartPolicy"] == "Always"  # the patch kept the sidecar a sidecar
-    # the rest of the job is unchanged
+    # the rest of the job is unchanged but for the GPUs the trainer requests (and the toleration)
     base_job = one(default, "Job")
-    assert _pod(job)["containers"] == _pod(base_job)["containers"]
+    (trainer,), (base_trainer,) = copy.deepcopy(_pod(job)["containers"]), _pod(base_job)["containers"]
+    assert trainer["resources"]["limits"].pop("nvidia.com/gpu") == 2
+    assert trainer == base_trainer
+
+
+@needs_kubectl
+def test_nsys_overlay_states_its_resource_needs() -> None:
+    """GPU nodes: the trainer requests one GPU per torchrun process; the privileged sidecar sees the
+    pod's GPUs without taking one, and requests more memory than the plain agent."""
+    job = one(render("k8s/overlays/example-nsys"), "Job")
+    pod = _pod(job)
+    nproc = int(job["spec"]["template"]["metadata"]["annotations"]["perftracker.io/nproc-per-node"])
+    (trainer,) = pod["containers"]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == nproc
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    agent = next(c for c in pod["initContainers"] if c["name"] == "perftracker-agent")
+    assert "nvidia.com/gpu" not in agent["resources"].get("limits", {})
+    assert {e["name"]: e.get("value") for e in agent["env"]}["NVIDIA_VISIBLE_DEVICES"] == "all"
+    plain = next(c for c in _pod(one(render("k8s/overlays/example"), "Job"))["initContainers"]
+                 if c["name"] == "perftracker-agent")
+    gib = {"Mi": 1 / 1024, "Gi": 1}
+    mem = {name: float(c["resources"]["requests"]["memory"][:-2]) * gib[c["resources"]["requests"]["memory"][-2:]]
+           for name, c in (("nsys", agent), ("plain", plain))}
+    assert mem["nsys"] > mem["plain"]
+
+
+# ------------------------------------------------------------------------------------------------
+# conventions: no deprecated kustomize fields, recommended labels, probes
+# ------------------------------------------------------------------------------------------------
+
+ALL_KUSTOMIZATIONS = [*KUSTOMIZATIONS, "k8s/monitoring"]
+RECOMMENDED = ("name", "instance", "version", "component", "part-of", "managed-by")
+DEPRECATED_FIELDS = ("bases", "patchesStrategicMerge", "patchesJson6902", "commonLabels", "vars", "imageTags")
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", ALL_KUSTOMIZATIONS)
+def test_kustomize_renders_without_warnings_or_deprecated_fields(path: str) -> None:
+    kust = yaml.safe_load((REPO / path / "kustomization.yaml").read_text())
+    assert not set(kust) & set(DEPRECATED_FIELDS), f"{path}: deprecated {set(kust) & set(DEPRECATED_FIELDS)}"
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(REPO / path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", ALL_KUSTOMIZATIONS)
+def test_every_object_and_pod_has_the_recommended_labels(path: str) -> None:
+    import perftracker
+
+    for d in render(path):
+        where = f"{path}: {d['kind']} {d['metadata']['name']}"
+        labelled = [("", d["metadata"].get("labels", {}))]
+        template = d.get("spec", {}).get("template", {}).get("metadata")
+        if template is not None:
+            labelled.append((" pod template", template.get("labels", {})))
+        for what, labels in labelled:
+            want = [k for k in RECOMMENDED if not (d["kind"] == "Namespace" and k == "component")]
+            missing = [k for k in want if f"app.kubernetes.io/{k}" not in labels]
+            assert not missing, f"{where}{what}: no app.kubernetes.io/{missing}"
+            assert labels["app.kubernetes.io/part-of"] == "perftracker"
+            assert labels["app.kubernetes.io/version"] == perftracker.__version__, where
+        for c in (d.get("spec", {}).get("template", {}).get("spec", {}) or {}).get("containers", []):
+            if c["image"].startswith("perftracker/"):
+                assert c["image"].endswith(":" + perftracker.__version__), where
+        selector = d.get("spec", {}).get("selector", {})
+        selector = selector.get("matchLabels", selector) if isinstance(selector, dict) else {}
+        assert "app.kubernetes.io/version" not in selector, f"{where}: a version in a selector"
+
+
+@needs_kubectl
+def test_agent_sidecar_has_a_liveness_probe_on_its_metrics_port() -> None:
+    job = one(render("k8s/overlays/example"), "Job")
+    agent = next(c for c in _pod(job)["initContainers"] if c["name"] == "perftracker-agent")
+    probe = agent["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and probe["port"] == "metrics"
+    assert any(p["name"] == "metrics" for p in agent["ports"])
+    port = next(p["containerPort"] for p in agent["ports"] if p["name"] == "metrics")
+    assert agent["args"][agent["args"].index("--metrics-port") + 1] == str(port)
+
+
+@needs_kubectl
+def test_monitoring_podmonitors_match_the_pods_and_ports() -> None:
+    mon = render("k8s/monitoring")
+    example = render("k8s/overlays/example")
+    job_pod = one(example, "Job")["spec"]["template"]
+    dep_pod = one(example, "Deployment")["spec"]["template"]
+    agent_pm = one(mon, "PodMonitor", "perftracker-agent")
+    loc_pm = one(mon, "PodMonitor", "perftracker-localizer")
+    for pm, pod in ((agent_pm, job_pod), (loc_pm, dep_pod)):
+        assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        ports = {p["name"] for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            assert ep["port"] in ports and ep["path"] == "/metrics"
+    creds = loc_pm["spec"]["podMetricsEndpoints"][0]["authorization"]["credentials"]
+    assert creds == {"name": "perftracker-token", "key": "token"}  # /metrics needs the bearer token
+    cm = one(mon, "ConfigMap", "perftracker-grafana-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["perftracker.json"])["uid"] == "perftracker"
+    np_ = one(mon, "NetworkPolicy")
+    assert [p["port"] for p in np_["spec"]["ingress"][0]["ports"]] == [dep_pod["spec"]["containers"][0]["ports"][0]["containerPort"]]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ ending in _total), the localizer's /metrics over a real `perftracker localizer` 
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -30,11 +31,19 @@ def promtool_check(text: bytes) -> str:
     return out
 
 
-def sample(text: str, line_start: str) -> float:
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+
+
+def sample(text: str, series: str) -> float:
+    """The value of ``series`` (``name{a="x",b="y"}``, labels in any order) in an exposition."""
+    want = _SAMPLE.match(series + " 0")
+    assert want, series
+    key = (want.group(1), frozenset(re.findall(r'(\w+)="([^"]*)"', want.group(2) or "")))
     for line in text.splitlines():
-        if line.startswith(line_start + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"no sample {line_start!r} in:\n{text}")
+        m = _SAMPLE.match(line)
+        if m and (m.group(1), frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))) == key:
+            return float(m.group(3))
+    raise AssertionError(f"no sample {series!r} in:\n{text}")
 
 
 def test_agent_iteration_histogram_counts_each_iteration_once_in_seconds() -> None:
@@ -49,13 +58,13 @@ def test_agent_iteration_histogram_counts_each_iteration_once_in_seconds() -> No
     m.heartbeat("j", 0, 25, "profiling")
     m.heartbeat("j", 0, 3, "profiling")  # restarted: 3 more iterations
     text = m.render().decode()
-    assert sample(text, 'perftracker_iteration_duration_seconds_count{job="j",rank="0"}') == 7
-    assert sample(text, 'perftracker_iteration_duration_seconds_sum{job="j",rank="0"}') == pytest.approx(3.7)
-    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{job="j",le="0.1",rank="0"}') == 5
-    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{job="j",le="0.25",rank="0"}') == 5
-    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{job="j",le="0.5",rank="0"}') == 6
-    assert sample(text, 'perftracker_iterations_total{job="j",rank="0"}') == 28
-    assert sample(text, 'perftracker_detector_phase{job="j",phase="profiling",rank="0"}') == 1
+    assert sample(text, 'perftracker_iteration_duration_seconds_count{training_job="j",rank="0"}') == 7
+    assert sample(text, 'perftracker_iteration_duration_seconds_sum{training_job="j",rank="0"}') == pytest.approx(3.7)
+    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{training_job="j",le="0.1",rank="0"}') == 5
+    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{training_job="j",le="0.25",rank="0"}') == 5
+    assert sample(text, 'perftracker_iteration_duration_seconds_bucket{training_job="j",le="0.5",rank="0"}') == 6
+    assert sample(text, 'perftracker_iterations_total{training_job="j",rank="0"}') == 28
+    assert sample(text, 'perftracker_detector_phase{training_job="j",phase="profiling",rank="0"}') == 1
     assert 'phase="watching"' not in text  # the old phase's series is gone
     for name in ("perftracker_iterations", "perftracker_sessions", "perftracker_triggers", "perftracker_uploads"):
         assert f"# TYPE {name}_total counter" in text or f"# TYPE {name} counter" in text
@@ -137,3 +146,57 @@ def test_localizer_metrics_endpoint(tmp_path: Path) -> None:
         assert sample(text, f'perftracker_localizer_findings_total{{category="{category}"}}') == n
     out = promtool_check(body)
     print(f"promtool check metrics (localizer): exit 0, output {out.strip()!r}")
+
+
+def _exposed_names() -> set[str]:
+    """Every sample name the agent and the localizer expose (all label sets populated)."""
+    from localizer.metrics import LocalizerMetrics
+
+    m = Metrics()
+    m.workers("j", 1)
+    m.iteration_times("j", 0, 1, [10.0])
+    m.heartbeat("j", 0, 1, "watching")
+    m.trigger("j")
+    m.session("started")
+    m.upload("patterns", ok=True)
+    m.summarized(1.0)
+    loc = LocalizerMetrics(lambda: {("done", "slowdown"): 1})
+    loc.reports.labels("slowdown", "complete").inc()
+    loc.findings.labels("compute").inc()
+    loc.upload_s.labels("patterns", "ok").observe(0.1)
+    text = m.render().decode() + loc.exposition().decode()
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def test_grafana_dashboard_queries_exposed_metrics_and_parse() -> None:
+    """Every metric a panel queries is one we expose; every query is valid PromQL (promtool check
+    rules, with Grafana's $variables substituted)."""
+    import json
+
+    dash = json.loads((Path(__file__).resolve().parents[1] / "k8s/monitoring/grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    names = _exposed_names()
+    for expr in exprs:
+        used = set(re.findall(r"\bperftracker_[a-z_]+", expr))
+        assert used and used <= names, f"{expr}: {used - names} not exposed"
+    def family(name: str) -> str:
+        return re.sub(r"_(bucket|sum|count|created|total)$", "", name)
+
+    families = {family(n) for n in names}
+    queried = {family(n) for e in exprs for n in re.findall(r"\bperftracker_[a-z_]+", e)}
+    assert families - queried == set(), "every metric has a panel"
+    if PROMTOOL is None:
+        pytest.skip("promtool not on PATH: PromQL syntax not checked")
+    import yaml
+
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"perftracker:panel_{i}",
+         "expr": e.replace("$__rate_interval", "5m").replace('"$training_job"', '".*"')} for i, e in enumerate(exprs)]}]}
+    path = Path(__file__).parent / ".dashboard-rules.tmp.yaml"
+    try:
+        path.write_text(yaml.safe_dump(rules))
+        proc = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    finally:
+        path.unlink(missing_ok=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
