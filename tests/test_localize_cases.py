@@ -150,3 +150,12 @@ def test_small_job_flags_a_minority_only() -> None:
     assert _found(arr) == []
     arr.values[f, 1, 2:4] /= 0.5  # two of eight: a minority, each far from the six others
     assert _found(arr) == [("GEMM", (0, 1))]
+
+
+def test_floors_are_per_profile() -> None:
+    # the same σ-only change read as a CPU job: within the CPU profile's measured noise (0.25)
+    arr = _job(1)
+    arr.values[sy.function_index(arr, "GEMM"), 2, 33] = 0.25
+    assert _found(arr) == [("GEMM", (33,))]
+    cpu = localize_arrays(arr, dataclasses.replace(OPTS, profile="cpu"))
+    assert [f for f in cpu.findings if f.label == "GEMM"] == []
