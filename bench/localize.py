@@ -109,7 +109,7 @@ def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[Functi
             by_diff &= x[0] < np.median(x[0])
         dev = np.abs(x - np.median(x, axis=1, keepdims=True))
         material = dev >= floors.shift[:, None]
-        if floors.shift_z > 0:
+        if floors.shift_z > 0 and not small:  # the z part: the MAD test only
             material &= dev > floors.shift_z * (np.median(dev, axis=1, keepdims=True) / GAUSSIAN_3_4)
         by_diff &= material.any(axis=0)
         out.append(FunctionVerdict(info, box, hint, float(np.median(x[0])), by_exp, by_diff, None,

@@ -37,13 +37,16 @@ these was a false finding before its floor; see the docstrings of ``normalizatio
   leave μ uncertain by about 1-2 points; nsys at 10 kHz is finer. 5 points is above that with a
   margin, and below the paper's GPU cases (a NIC collective at μ 0.10 against 0.20, a σ of 0.25
   against 0.06, a throttled GPU at 60% of its peers' utilization).
-- shift_z = 5: GPU noise between workers is relative (a collective's μ varies by a few percent of
+- shift_z = 5, for jobs of more than 16 workers (the MAD test): GPU noise between workers is relative (a collective's μ varies by a few percent of
   its value), so no absolute gate fits every level: 5 points is 2.3 standard deviations of an
   AllReduce at μ 0.55 in the synthetic job, but 12 of a NIC collective at μ 0.20. Measured on clean
   synthetic jobs (``localizer.synthetic``, 100 seeds each) with the absolute gate alone, the tail
   workers of the AllReduce reached D_diff = 11 of |S| = 100 at N = 100 and 25 at N = 1,000 against
   a median of 0; with the robust z > 5 as well, 0 at N = 100 and 1,000 and at most 5 at N = 10,000
   (5 seeds). The paper's cases are far beyond it (a throttled GEMM's μ ×0.6 is 30 deviations).
+  Small jobs (the per-N count of ``rule.small_job_threshold``) do without it: a robust deviation from
+  8 workers is mostly their real spread, and on the real 8-rank dlrm traces it hid two ranks whose
+  AllReduce was 0.13× the others' (ε-far from all six others) because the six varied by ±20%.
 - mad_margin = 0.1: a group of g of the workers that differs from the rest has D_diff ≈ (1 − g)·|S|
   against a median of g·|S|, so the margin flags every group below (1 − margin) / 2 = 45% of the
   job (the paper's 40% case; 0.25 stopped at 37.5%). The z gate above keeps clean jobs' tails

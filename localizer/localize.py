@@ -156,7 +156,7 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
     if rule is not None and rule.waits_for_peers:  # waiting longer than the others: a victim
         by_diff &= beta < median_beta
     if by_diff.any():  # ε-unique, and materially off the median worker in some dimension
-        by_diff &= material_shift(values, floors.shift, floors.shift_z)
+        by_diff &= material_shift(values, floors.shift, 0.0 if small else floors.shift_z)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold,
                            rule is not None and rule.waits_for_peers)
 
@@ -178,7 +178,8 @@ def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], ar
 def material_shift(values: np.ndarray, floor: np.ndarray, z: float = 0.0) -> np.ndarray:
     """(N,) bool: the worker's pattern differs from the median worker's by at least the shift gate
     (``Floors.shift``, per profile: ``localizer.floors``) in some dimension, and there (z > 0) by
-    more than z robust standard deviations of the dimension, MAD / Φ⁻¹(3/4).
+    more than z robust standard deviations of the dimension, MAD / Φ⁻¹(3/4). The z part applies to
+    jobs above ``small_job_max`` only (see ``localizer.floors``).
 
     **[decision]** D_diff counts how unique a worker is after P̂ = P / max, which stretches small
     differences when every worker's value is small: on a clean 4-rank CPU job, one Python frame at

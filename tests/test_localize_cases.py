@@ -159,3 +159,16 @@ def test_floors_are_per_profile() -> None:
     assert _found(arr) == [("GEMM", (33,))]
     cpu = localize_arrays(arr, dataclasses.replace(OPTS, profile="cpu"))
     assert [f for f in cpu.findings if f.label == "GEMM"] == []
+
+
+def test_eight_real_ranks_two_that_hold_the_allreduce_far_less() -> None:
+    # measured on the real 8-rank dlrm Kineto traces (offline): AllReduce β per rank; ranks 4 and 5
+    # are ε-far from all six others, which themselves vary by ±20%
+    beta = np.array([0.113, 0.083, 0.115, 0.079, 0.013, 0.011, 0.118, 0.098])
+    arr = sy.simulate_job(8, seed=50, gpu=True)
+    f = sy.function_index(arr, "AllReduce")
+    arr.values[:, 1:, :] = 0.0
+    arr.values[f, 0] = beta
+    assert ("AllReduce", (4, 5)) in _found(arr)
+    arr.values[f, 0, [4, 5]] = [0.075, 0.072]  # within the others' spread: nothing on the AllReduce
+    assert [r for label, r in _found(arr) if label == "AllReduce"] == []
