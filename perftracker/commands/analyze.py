@@ -19,11 +19,14 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from perftracker.commands import output
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import PatternSet
+
+if TYPE_CHECKING:
+    from perftracker.model import Report
 
 HELP = "summarize and localize per-rank Kineto trace files offline"
 DESCRIPTION = """\
@@ -174,13 +177,25 @@ def write_patterns(sets: list[PatternSet], fmt: str, out: TextIO, width: int = 8
             out.write(f"  {p.category.value:<10} β={p.beta:.4f} μ={p.mu:.3f} σ={p.sigma:.3f}  {p.label[:label_w]}\n")
 
 
+def localize_summaries(summ: Summaries, directory: Path, expect: str | None = None) -> Report:
+    """The report `perftracker analyze DIR` renders for what summarize_dir read (bench/gpu_faults.py
+    calls summarize_dir and this, so the bench scores exactly what the command prints)."""
+    from localizer.localize import LocalizeOptions, localize
+
+    report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=f"offline: {directory}"))
+    if summ.ranks_skipped:
+        missing = tuple(sorted(set(report.ranks_missing) | set(summ.ranks_skipped)))
+        report = dataclasses.replace(report, ranks_missing=missing)
+    return report
+
+
 def run(args: argparse.Namespace) -> int:
     if args.output:
         output.check_writable(args.output)
     localize = None
     if not args.patterns:
         try:
-            from localizer.localize import LocalizeOptions, localize
+            from localizer.localize import localize
         except ImportError as exc:  # the localizer is an optional install
             output.warning(f"localizer not available ({exc}); printing per-rank patterns")
     if localize is None and args.format == "html":
@@ -198,10 +213,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from localizer.render import write
 
-        report = localize(sets, LocalizeOptions(expect_path=args.expect, trigger_reason=f"offline: {directory}"))
-        if summ.ranks_skipped:
-            missing = tuple(sorted(set(report.ranks_missing) | set(summ.ranks_skipped)))
-            report = dataclasses.replace(report, ranks_missing=missing)
+        report = localize_summaries(summ, directory, args.expect)
 
         def render(fh: TextIO) -> None:
             if args.format == "text" and fh is sys.stdout and con is not None:

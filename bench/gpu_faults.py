@@ -1,0 +1,179 @@
+"""GPU fault benchmark on real multi-rank Kineto traces, with ground truth.
+
+    python bench/gpu_faults.py [--scenario FILE ...] [--traces DIR] [--keep DIR] [-j N]
+
+For each scenario (default: every bench/gpu_scenarios/*.toml) it injects the scenario's faults into
+the trace set with the trace mutator (bench/tracefault: a dependency-respecting re-timing of the
+per-rank traces, the effect on the peers included), writes the mutated traces to a temporary
+directory, runs the same code path as `perftracker analyze DIR` on them
+(perftracker.commands.analyze.summarize_dir, then localize_summaries) and scores the report against the
+scenario's [[expect]] / [[allow]] tables (bench/faultkit/scoring.py, as bench/faults.py does).
+A finding that names a rank which only waits for a culprit is a false positive.
+
+--traces DIR replaces every scenario's `traces`, so the suite can run on any job's own traces.
+
+stdout: one table row per scenario (its measured step-time change, precision, recall, the
+report's headline, i.e. its first finding), then one JSON line:
+{"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max"}
+headline_correct: the share of fault scenarios whose first finding names a true culprit rank with
+the expected category. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.faultkit.scoring import Flag, Score, _matches, score  # noqa: E402
+from bench.tracefault.mutate import MutationResult, mutate_dir  # noqa: E402
+from bench.tracefault.scenario import GpuScenario, load_gpu_scenario  # noqa: E402
+from perftracker.commands.analyze import localize_summaries, summarize_dir  # noqa: E402
+from perftracker.model import Report  # noqa: E402
+
+log = logging.getLogger("bench.gpu_faults")
+SCENARIO_DIR = REPO / "bench" / "gpu_scenarios"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    scenario: GpuScenario
+    mutation: MutationResult | None
+    report: Report | None
+    score: Score
+    analyze_s: float
+    error: str = ""
+
+    @property
+    def is_fault(self) -> bool:
+        return bool(self.scenario.truth.expect)
+
+    @property
+    def headline_ok(self) -> bool:
+        """The first finding names a true culprit rank with the expected category."""
+        if self.report is None or not self.report.findings:
+            return False
+        f = self.report.findings[0]
+        return any(_matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}"))
+                   for m in self.scenario.truth.expect for r in f.ranks)
+
+
+def headline(report: Report | None) -> str:
+    if report is None:
+        return "(no report)"
+    if not report.findings:
+        return "(no findings)"
+    f = report.findings[0]
+    ranks = ",".join(map(str, f.ranks)) if len(f.ranks) < 8 else "all"
+    return f"[{f.category.value} r{ranks}] {f.sentence}"
+
+
+def analyze(directory: Path, jobs: int) -> Report:
+    """Exactly what `perftracker analyze DIR` reports."""
+    summ = summarize_dir(directory, False, jobs, progress=None, warn=log.warning)
+    return localize_summaries(summ, directory)
+
+
+def run_one(sc: GpuScenario, workdir: Path, jobs: int) -> Outcome:
+    out = workdir / sc.name
+    try:
+        mut = mutate_dir(sc.traces, out, sc.faults, sc.steps, sc.seed)
+        t0 = time.monotonic()
+        report = analyze(out, jobs)
+        return Outcome(sc, mut, report, score(sc.truth, report), time.monotonic() - t0)
+    except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported, the suite goes on
+        log.exception("scenario %s failed", sc.name)
+        return Outcome(sc, None, None, score(sc.truth, None), 0.0, f"{type(exc).__name__}: {exc}")
+
+
+def _faults_text(sc: GpuScenario) -> str:
+    if not sc.faults:
+        return "none"
+    parts = []
+    for f in sc.faults:
+        p = ",".join(f"{k}={v}" for k, v in sorted(f.params.items()))
+        parts.append(f"{f.kind}({p})@{','.join(map(str, f.ranks))}")
+    return "; ".join(parts)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    head = (f"{'scenario':24} {'fault':44} {'slower':>6} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'hl':>3} "
+            f"{'an_s':>5}  headline (first finding) / false positives")
+    lines = [head, "-" * len(head)]
+    for o in outcomes:
+        s = o.score
+        slower = "-" if o.mutation is None else f"{o.mutation.slowdown:+.0%}"
+        hl = "-" if not o.is_fault else ("yes" if o.headline_ok else "no")
+        fp = ",".join(f"r{r}:{c}" for r, c in sorted(s.fp))
+        note = o.error or headline(o.report)
+        lines.append(f"{o.scenario.name:24} {_faults_text(o.scenario)[:44]:44} {slower:>6} {s.precision:5.2f} "
+                     f"{s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {hl:>3} {o.analyze_s:5.1f}  {note[:100]}"
+                     + (f"  | FP {fp}" if fp else ""))
+    return "\n".join(lines)
+
+
+def summary(outcomes: list[Outcome]) -> dict[str, object]:
+    tp = sum(len(o.score.tp) for o in outcomes)
+    fp = sum(len(o.score.fp) for o in outcomes)
+    expected = sum(len(o.score.expected) for o in outcomes)
+    found = sum(len(o.score.found) for o in outcomes)
+    faults = [o for o in outcomes if o.is_fault]
+    return {
+        "scenarios": len(outcomes),
+        "precision": round(tp / (tp + fp), 4) if tp + fp else 1.0,
+        "recall": round(found / expected, 4) if expected else 1.0,
+        "headline_correct": round(sum(o.headline_ok for o in faults) / len(faults), 4) if faults else 1.0,
+        "clean_false_findings": sum(len(o.score.fp) for o in outcomes if not o.is_fault),
+        "analyze_s_max": round(max((o.analyze_s for o in outcomes), default=0.0), 2),
+        "errors": sum(1 for o in outcomes if o.error),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", nargs="+", default=None, metavar="FILE",
+                   help="scenario TOML files (default: all of bench/gpu_scenarios/*.toml)")
+    p.add_argument("--traces", type=Path, default=None, metavar="DIR",
+                   help="per-rank Kineto traces to use instead of each scenario's `traces`")
+    p.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                   help="write the mutated trace sets under DIR and keep them (default: a temporary directory)")
+    p.add_argument("-j", "--jobs", type=int, default=0, help="processes for summarizing (default: one per core)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
+
+    files = [Path(f) for f in args.scenario] if args.scenario else sorted(SCENARIO_DIR.glob("*.toml"))
+    if not files:
+        p.error(f"no scenarios in {SCENARIO_DIR}")
+    scenarios = [load_gpu_scenario(f, args.traces) for f in files]
+    workdir = args.keep or Path(tempfile.mkdtemp(prefix="perftracker-gpu-faults-"))
+    outcomes: list[Outcome] = []
+    try:
+        for i, sc in enumerate(scenarios, 1):
+            sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: {_faults_text(sc)}, {sc.steps} steps of {sc.traces}\n")
+            sys.stderr.flush()
+            t0 = time.monotonic()
+            o = run_one(sc, workdir, args.jobs)
+            outcomes.append(o)
+            sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: done in {time.monotonic() - t0:.1f} s "
+                             f"(mutate {0 if o.mutation is None else o.mutation.build_s + o.mutation.solve_s:.1f} s, "
+                             f"analyze {o.analyze_s:.1f} s)\n")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(table(outcomes))
+    print(json.dumps(summary(outcomes)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,409 @@
+"""Build the timing graph of a multi-rank trace set (see graph.py for the solve).
+
+The dependencies, per rank:
+
+- **stream order**: events on one CUDA stream (device, stream) run one after another;
+- **duration**: a GPU event that is not a collective ends its (possibly scaled) duration after it starts;
+- **launch**: a kernel or memcpy starts no earlier than its runtime launch call (ac2g flow /
+  correlation id) plus the rank's shortest observed launch latency;
+- **stream waits**: after a ``cudaStreamWaitEvent`` the next GPU event the process launches
+  starts no earlier than the end of the work launched before it on the device's other streams,
+  where the input does not contradict it (that work ended before the event started);
+- **host**: the process's CPU time points (starts and ends of its ops, runtime calls and
+  annotations, all threads merged in time order: Python runs one thread at a time and the
+  main thread blocks in ``backward()`` while autograd runs) follow one another with their recorded
+  gaps;
+- **synchronization**: ``cudaStreamSynchronize``/``cudaEventSynchronize`` (the stream of the
+  thread's last launch), ``cudaDeviceSynchronize`` (every stream of the device) and blocking
+  copies (``cudaMemcpy``, or a copy to/from pageable memory) end no earlier than the GPU work they
+  wait for. A call that waited in the input keeps only its tail after the GPU work; one that did
+  not wait keeps its duration.
+
+Across ranks, **collectives**: the k-th NCCL kernel of one process group on each member rank is
+one instance (the group from ``record_param_comms`` args where the trace has them, otherwise all
+ranks; SendRecv instances without group ranks are split into the peer sets that ended together in
+the input). Each member ends at the members' latest start plus the instance's transfer time, the
+shortest member duration in the input.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bench.tracefault.graph import (
+    CHAIN,
+    DURATION,
+    LAUNCH,
+    STREAM,
+    SYNC,
+    TRANSFER,
+    WAIT,
+    EdgeList,
+    TimingGraph,
+    residuals,
+)
+from bench.tracefault.traces import GPU_CATS, RUNTIME_CATS, RankTrace, is_modelled
+
+log = logging.getLogger(__name__)
+
+_STREAM_SYNC = ("cudaStreamSynchronize", "cudaEventSynchronize")
+_DEVICE_SYNC = ("cudaDeviceSynchronize", "cudaCtxSynchronize")
+_PG_NAME_KEYS = ("Process Group Name", "pg_name", "Process Group Description")
+_PG_RANKS_KEYS = ("Process Group Ranks", "pg_ranks", "Group ranks")
+_SENDRECV_END_TOL_US = 10.0
+
+
+@dataclass
+class Event:
+    """One modelled event: nodes 2*i (start) and 2*i+1 (end) of the graph."""
+
+    rank: int
+    ref: dict[str, Any]  # the trace event (rewritten on output)
+    start_us: float  # relative to the job origin
+    end_us: float
+    gpu: bool
+    nccl: bool
+    tile: int
+    lane: tuple[Any, Any]  # (pid, stream) for GPU events, (pid, tid) for host events
+
+    @property
+    def name(self) -> str:
+        return str(self.ref.get("name", ""))
+
+    @property
+    def cat(self) -> str:
+        return str(self.ref.get("cat", ""))
+
+
+@dataclass
+class Instance:
+    """One collective instance: its member events (indices into the event list), one per rank."""
+
+    group: str
+    index: int
+    members: list[int]
+    transfer_us: float
+
+
+@dataclass
+class JobGraph:
+    graph: TimingGraph
+    events: list[Event]
+    instances: list[Instance]
+    edge_instance: np.ndarray  # per edge: the instance index of a TRANSFER edge, else -1
+    origin_us: float  # absolute time of relative 0
+    main_tid: dict[int, Any]  # rank -> its main thread id
+    residual_us: np.ndarray  # per node (see graph.py); copies of the step inherit the recorded step's
+    has_in: np.ndarray  # per node: whether it has in-edges
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return 1 + max((e.tile for e in self.events), default=0)
+
+
+def _stream(e: dict[str, Any]) -> Any:
+    args = e.get("args") or {}
+    return args.get("stream", e.get("tid"))
+
+
+def _corr(e: dict[str, Any]) -> int | None:
+    args = e.get("args")
+    v = args.get("correlation") if isinstance(args, dict) else None
+    return v if isinstance(v, int) else None
+
+
+def main_thread(rt: RankTrace) -> Any:
+    """The training thread: the one with ProfilerStep# annotations, else tid == pid, else the busiest."""
+    counts: dict[Any, int] = defaultdict(int)
+    steps: dict[Any, int] = defaultdict(int)
+    pids = set()
+    for e in rt.events:
+        if is_modelled(e) and e.get("cat") not in GPU_CATS:
+            counts[e.get("tid")] += 1
+            pids.add(e.get("pid"))
+            if str(e.get("name", "")).startswith("ProfilerStep#"):
+                steps[e.get("tid")] += 1
+    if steps:
+        return max(steps, key=lambda t: steps[t])
+    for p in pids:
+        if p in counts:
+            return p
+    return max(counts, key=lambda t: counts[t]) if counts else None
+
+
+def _group_of(rpc: dict[str, Any] | None, world: list[int]) -> tuple[str, list[int], bool]:
+    """(group key, member ranks, whether the members were given) from a record_param_comms op."""
+    args = (rpc or {}).get("args") or {}
+    name = next((str(args[k]) for k in _PG_NAME_KEYS if k in args), "")
+    ranks: list[int] | None = None
+    for k in _PG_RANKS_KEYS:
+        if k in args:
+            v = args[k]
+            if isinstance(v, str):
+                try:
+                    v = json.loads(v)
+                except ValueError:
+                    v = None
+            if isinstance(v, list) and all(isinstance(x, int) for x in v):
+                ranks = v
+            break
+    if ranks is not None:
+        return name or ",".join(map(str, ranks)), ranks, True
+    return name or "all", list(world), False
+
+
+def build(ranks: list[RankTrace]) -> JobGraph:
+    """The timing graph of all ranks' modelled events."""
+    origin = min(e["ts"] for rt in ranks for e in rt.events if is_modelled(e))
+    events: list[Event] = []
+    edges = EdgeList()
+    main_tid: dict[int, Any] = {}
+    nccl_by_rank: dict[int, list[tuple[str, list[int], bool, int]]] = {}
+    notes: list[str] = []
+    world = [rt.rank for rt in ranks]
+    for rt in ranks:
+        main_tid[rt.rank] = main_thread(rt)
+        first = len(events)
+        for e, c in zip(rt.events, rt.tile, strict=True):
+            if not is_modelled(e):
+                continue
+            s = float(e["ts"] - origin)
+            gpu = e.get("cat") in GPU_CATS
+            nccl = gpu and e.get("cat") == "kernel" and "nccl" in str(e.get("name", "")).lower()
+            lane = (e.get("pid"), _stream(e)) if gpu else (e.get("pid"), e.get("tid"))
+            events.append(Event(rt.rank, e, s, s + float(e.get("dur", 0)), gpu, nccl, c, lane))
+        nccl_by_rank[rt.rank] = _rank_edges(events, first, len(events), edges, world, notes)
+    instances, edge_inst = _collective_edges(events, nccl_by_rank, edges, notes)
+    t_in = np.empty(2 * len(events))
+    t_in[0::2] = [ev.start_us for ev in events]
+    t_in[1::2] = [ev.end_us for ev in events]
+    g = TimingGraph.from_edges(t_in, edges)
+    inst_arr = np.full(len(edges.src), -1, dtype=np.int64)
+    for ei, k in edge_inst.items():
+        inst_arr[ei] = k
+    r, has_in = residuals(g)
+    _inherit_residuals(events, r, has_in)
+    return JobGraph(g, events, instances, inst_arr, float(origin), main_tid, r, has_in, notes)
+
+
+def _inherit_residuals(events: list[Event], r: np.ndarray, has_in: np.ndarray) -> None:
+    """Copies 1.. of a tiled step take each node's residual from the recorded step (copy 0): the
+    copies are the model's steady state, not the recorded start-up offsets repeated. A node that had
+    no in-edge in the recorded step (a trace's first event) gets residual 0 in the copies, where it
+    follows the previous copy directly. In place."""
+    per: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, ev in enumerate(events):
+        per[(ev.rank, ev.tile)].append(i)
+    for (rank, c), idx in per.items():
+        if c == 0:
+            continue
+        base = per[(rank, 0)]
+        if len(base) != len(idx):  # cannot happen for tile()'s output; keep the computed residuals
+            continue
+        src = np.asarray(base, dtype=np.int64)
+        dst = np.asarray(idx, dtype=np.int64)
+        for off in (0, 1):
+            r[2 * dst + off] = np.where(has_in[2 * src + off], r[2 * src + off], 0.0)
+
+
+def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: list[int],
+                notes: list[str]) -> list[tuple[str, list[int], bool, int]]:
+    """One rank's intra-rank edges; returns its NCCL kernels in start order with their groups."""
+    idx = range(lo, hi)
+    gpu = [i for i in idx if events[i].gpu]
+    host = [i for i in idx if not events[i].gpu]
+    # --- GPU: duration and stream order
+    lanes: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    for i in gpu:
+        lanes[events[i].lane].append(i)
+        if not events[i].nccl:
+            edges.add(2 * i, 2 * i + 1, events[i].end_us - events[i].start_us, DURATION)
+    for lst in lanes.values():
+        lst.sort(key=lambda i: (events[i].start_us, events[i].end_us))
+        for a, b in zip(lst, lst[1:], strict=False):
+            edges.add(2 * a + 1, 2 * b, 0.0, STREAM)
+    # --- launches (correlation ids)
+    runtime_by_corr: dict[int, int] = {}
+    for i in host:
+        if events[i].cat in RUNTIME_CATS and (c := _corr(events[i].ref)) is not None:
+            runtime_by_corr[c] = i
+    launched: dict[int, int] = {}  # runtime event -> GPU event
+    for i in gpu:
+        c = _corr(events[i].ref)
+        if c is not None and c in runtime_by_corr:
+            launched[runtime_by_corr[c]] = i
+    lags = [events[g].start_us - events[r].start_us for r, g in launched.items()]
+    min_lag = max(0.0, min(lags)) if lags else 0.0
+    for r, g in launched.items():
+        edges.add(2 * r, 2 * g, min_lag, LAUNCH)
+    # launch order per stream, and per host thread
+    stream_launches: dict[tuple[Any, Any], list[tuple[float, int]]] = defaultdict(list)
+    thread_launches: dict[Any, list[tuple[float, int]]] = defaultdict(list)
+    for r, g in launched.items():
+        stream_launches[events[g].lane].append((events[r].start_us, g))
+        thread_launches[events[r].lane].append((events[r].start_us, g))
+    for v in (*stream_launches.values(), *thread_launches.values()):
+        v.sort()
+
+    def last_launched_before(lane: tuple[Any, Any], t: float) -> int | None:
+        lst = stream_launches.get(lane, [])
+        k = bisect.bisect_left(lst, (t, -1))
+        return lst[k - 1][1] if k else None
+
+    # --- stream waits: the waiting stream is not in the trace; the process's next launch is the
+    # first work enqueued after the wait (the autograd thread waits for a gradient all-reduce and
+    # the main thread's optimizer launches next)
+    process_launches: dict[Any, list[tuple[float, int]]] = defaultdict(list)
+    for r, g in launched.items():
+        process_launches[events[r].lane[0]].append((events[r].start_us, g))
+    for v in process_launches.values():
+        v.sort()
+    n_wait = 0
+    for i in host:
+        ev = events[i]
+        if ev.name != "cudaStreamWaitEvent":
+            continue
+        lst = process_launches.get(ev.lane[0], [])
+        k = bisect.bisect_right(lst, (ev.start_us, len(events)))
+        if k >= len(lst):
+            continue
+        v = lst[k][1]
+        for lane in stream_launches:
+            if lane == events[v].lane or lane[0] != events[v].lane[0]:
+                continue
+            u = last_launched_before(lane, ev.start_us)
+            if u is not None and events[u].end_us <= events[v].start_us + 1.0:
+                edges.add(2 * u + 1, 2 * v, 0.0, WAIT)
+                n_wait += 1
+    # --- host: one merged chain per process, with synchronizing calls
+    sync_wait: dict[int, list[int]] = {}
+    for i in host:
+        ev = events[i]
+        if ev.cat not in RUNTIME_CATS:
+            continue
+        waited: list[int] = []
+        if ev.name in _STREAM_SYNC:
+            lst = thread_launches.get(ev.lane, [])
+            k = bisect.bisect_left(lst, (ev.start_us, -1))
+            if k:
+                u = last_launched_before(events[lst[k - 1][1]].lane, ev.start_us)
+                if u is not None:
+                    waited.append(u)
+        elif ev.name in _DEVICE_SYNC:
+            for lane in stream_launches:
+                u = last_launched_before(lane, ev.start_us)
+                if u is not None:
+                    waited.append(u)
+        elif ev.name.startswith("cudaMemcpy") and i in launched:
+            g = launched[i]
+            if not ev.name.endswith("Async") or "pageable" in events[g].name.lower():
+                waited.append(g)
+        if waited:
+            sync_wait[i] = waited
+    by_pid: dict[Any, list[tuple[float, int, float, int]]] = defaultdict(list)
+    for i in host:
+        ev = events[i]
+        # ends before starts at one instant; inner ends before outer ends; outer starts before inner
+        by_pid[ev.lane[0]].append((ev.start_us, 1, -ev.end_us, 2 * i))
+        by_pid[ev.lane[0]].append((ev.end_us, 0, -ev.start_us, 2 * i + 1))
+    for pts in by_pid.values():
+        pts.sort()
+        prev: tuple[float, int] | None = None
+        for t, _, _, node in pts:
+            i = node // 2
+            if node % 2 == 1 and i in sync_wait:
+                ev = events[i]
+                g_end = max(events[u].end_us for u in sync_wait[i])
+                if g_end >= ev.start_us:  # it waited: keep the tail after the GPU work
+                    w_chain, w_gpu = max(0.0, ev.end_us - g_end), ev.end_us - g_end
+                else:
+                    w_chain = w_gpu = ev.end_us - ev.start_us
+                edges.add(node - 1, node, w_chain, CHAIN)
+                for u in sync_wait[i]:
+                    edges.add(2 * u + 1, node, w_gpu, SYNC)
+            elif prev is not None:
+                # a copy of the step follows the previous copy directly
+                gap = 0.0 if events[prev[1] // 2].tile != events[i].tile else t - prev[0]
+                edges.add(prev[1], node, gap, CHAIN)
+            prev = (t, node)
+    if host and not launched:
+        notes.append(f"rank {events[lo].rank}: no launch correlation between host and GPU events")
+    # --- NCCL kernels with their groups (record_param_comms on the launching thread, by time)
+    rpcs: dict[Any, list[tuple[float, float, int]]] = defaultdict(list)
+    for i in host:
+        if events[i].name == "record_param_comms":
+            rpcs[events[i].lane].append((events[i].start_us, events[i].end_us, i))
+    for v in rpcs.values():
+        v.sort()
+    launcher = {g: r for r, g in launched.items()}
+    out = []
+    for g in sorted((i for i in gpu if events[i].nccl), key=lambda i: events[i].start_us):
+        rpc = None
+        r = launcher.get(g)
+        if r is not None:
+            lst = rpcs.get(events[r].lane, [])
+            k = bisect.bisect_right(lst, (events[r].start_us, np.inf, len(events)))
+            while k > 0:
+                s, e, j = lst[k - 1]
+                if e >= events[r].end_us:
+                    rpc = events[j].ref
+                    break
+                k -= 1
+                if events[r].start_us - s > 1e6:
+                    break
+        key, members, given = _group_of(rpc, world)
+        out.append((key, members, given, g))
+    log.debug("rank %s: %d launches (min lag %.1f us), %d stream waits, %d syncs", events[lo].rank if hi > lo else "?",
+              len(launched), min_lag, n_wait, len(sync_wait))
+    return out
+
+
+def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[str, list[int], bool, int]]],
+                      edges: EdgeList, notes: list[str]) -> tuple[list[Instance], dict[int, int]]:
+    seqs: dict[str, dict[int, list[tuple[list[int], bool, int]]]] = defaultdict(lambda: defaultdict(list))
+    for rank, lst in nccl_by_rank.items():
+        for key, members, given, g in lst:
+            seqs[key][rank].append((members, given, g))
+    instances: list[Instance] = []
+    edge_inst: dict[int, int] = {}
+    for key, per_rank in seqs.items():
+        counts = {r: len(v) for r, v in per_rank.items()}
+        if len(set(counts.values())) > 1:
+            notes.append(f"group {key}: ranks have different numbers of NCCL kernels {counts}; "
+                         "matching the k-th of each")
+        for k in range(max(counts.values())):
+            at = {r: v[k] for r, v in per_rank.items() if k < len(v)}
+            members_given = next((m for m, given, _ in at.values() if given), None)
+            ranks_in = [r for r in at if members_given is None or r in members_given]
+            mem = [at[r][2] for r in sorted(ranks_in)]
+            groups = [mem]
+            if members_given is None and any("sendrecv" in events[g].name.lower() for g in mem):
+                groups = _split_by_end(events, mem)
+            for grp in groups:
+                t = min(events[g].end_us - events[g].start_us for g in grp)
+                inst = len(instances)
+                instances.append(Instance(key, k, grp, t))
+                for m in grp:
+                    for j in grp:
+                        edge_inst[edges.add(2 * j, 2 * m + 1, t, TRANSFER)] = inst
+    return instances, edge_inst
+
+
+def _split_by_end(events: list[Event], mem: list[int]) -> list[list[int]]:
+    """SendRecv peers: the members that ended together in the input (a transfer ends on both sides)."""
+    order = sorted(mem, key=lambda g: events[g].end_us)
+    groups = [[order[0]]]
+    for a, b in zip(order, order[1:], strict=False):
+        if events[b].end_us - events[a].end_us <= _SENDRECV_END_TOL_US:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return groups

@@ -1,0 +1,271 @@
+"""The trace mutator (bench/tracefault) and the GPU fault bench (bench/gpu_faults.py).
+
+Unit tests of the re-timing rules on tiny hand-built Kineto traces (each rule: a case where the
+delay must propagate and one where it must not), the identity check on the real dlrm traces, and
+two scenarios of bench/gpu_scenarios run end to end through `perftracker analyze`'s code path.
+The dlrm traces are real V100 recordings; the hand-built ones are in Kineto's format only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.tracefault.faults import GpuFault
+from bench.tracefault.mutate import mutate_dir, retime
+from bench.tracefault.traces import RankTrace, read_trace_dir, tile
+from perftracker.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+DLRM = (REPO / "../shared/data/dlrm_kineto").resolve()
+needs_dlrm = pytest.mark.skipif(not DLRM.is_dir(), reason="shared/data/dlrm_kineto not present")
+
+PID, TID = 100, 100
+
+
+def _kernel(name: str, ts: float, dur: float, corr: int | None = None, stream: int = 7, device: int = 0) -> dict[str, Any]:
+    args: dict[str, Any] = {"device": device, "stream": stream}
+    if corr is not None:
+        args["correlation"] = corr
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+
+def _host(cat: str, name: str, ts: float, dur: float, corr: int | None = None, tid: int = TID) -> dict[str, Any]:
+    args = {"correlation": corr} if corr is not None else {}
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _rank(rank: int, events: list[dict[str, Any]], world: int = 1) -> RankTrace:
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
+           "traceEvents": events}
+    return RankTrace(rank, Path(f"rank{rank}.json"), doc, [0] * len(events))
+
+
+def _times(ranks: list[RankTrace], faults: list[GpuFault]) -> dict[tuple[int, str], tuple[float, float]]:
+    jg, t = retime(ranks, faults)
+    return {(e.rank, e.name): (t[2 * i] + jg.origin_us, t[2 * i + 1] + jg.origin_us) for i, e in enumerate(jg.events)}
+
+
+def slow(rank: int, factor: float = 2.0) -> GpuFault:
+    return GpuFault("slow_gpu", (rank,), {"factor": factor})
+
+
+# --- stream order -------------------------------------------------------------------------------
+
+def test_stream_order_a_longer_kernel_pushes_the_next_one_queued_behind_it() -> None:
+    # K2 was queued behind K1 (launched long before K1 ended, started 2 µs after it)
+    r = _rank(0, [_kernel("K1", 100, 10), _kernel("K2", 112, 8)])
+    t = _times([r], [slow(0, 2.0)])
+    assert t[(0, "K1")] == (100, 120)
+    assert t[(0, "K2")] == (122, 138)  # 2 µs gap kept, its own duration scaled too
+    assert _times([r], []) == {(0, "K1"): (100, 110), (0, "K2"): (112, 120)}
+
+
+def test_stream_order_slack_absorbs_a_delay_and_other_streams_do_not_wait() -> None:
+    # K2 starts 20 µs after K1 ended because of its launch; K3 runs on another stream
+    events = [_host("cuda_runtime", "cudaLaunchKernel", 95, 3, corr=1), _kernel("K1", 100, 10, corr=1),
+              _host("cuda_runtime", "cudaLaunchKernel", 125, 3, corr=2), _kernel("K2", 130, 5, corr=2),
+              _host("cuda_runtime", "cudaLaunchKernel", 101, 3, corr=3), _kernel("K3", 106, 5, corr=3, stream=8)]
+    t = _times([_rank(0, events)], [GpuFault("slow_gpu", (0,), {"factor": 1.5})])
+    assert t[(0, "K1")] == (100, 115)
+    assert t[(0, "K2")] == (130, 135.0 + 2.5)  # slack of 20 µs absorbed the 5 µs; only its own duration grows
+    assert t[(0, "K3")][0] == 106
+
+
+# --- launch flows -------------------------------------------------------------------------------
+
+def _launch_trace() -> RankTrace:
+    return _rank(0, [
+        _host("cpu_op", "aten::zeros", 0, 5),
+        _host("cpu_op", "aten::add", 5, 10),
+        _host("cuda_runtime", "cudaLaunchKernel", 7, 4, corr=11),
+        _kernel("add_kernel", 20, 3, corr=11),
+        _host("cpu_op", "aten::mul", 20, 10),
+        _host("cuda_runtime", "cudaLaunchKernel", 22, 4, corr=12),
+        _kernel("mul_kernel", 30, 3, corr=12),
+    ])
+
+
+def test_launch_a_host_stall_before_the_launching_op_delays_its_kernel() -> None:
+    t = _times([_launch_trace()], [GpuFault("host_stall", (0,), {"ms": 1.0, "before": "aten::mul"})])
+    assert t[(0, "aten::mul")][0] == 1020
+    assert t[(0, "mul_kernel")] == (1030, 1033)  # starts no earlier than its launch, same latency
+
+
+def test_launch_work_launched_before_the_stall_is_not_delayed() -> None:
+    t = _times([_launch_trace()], [GpuFault("host_stall", (0,), {"ms": 1.0, "before": "aten::mul"})])
+    assert t[(0, "add_kernel")] == (20, 23)
+    assert t[(0, "aten::add")] == (5, 15)
+
+
+# --- synchronizing calls ------------------------------------------------------------------------
+
+def _sync_trace(sync_at: float) -> RankTrace:
+    return _rank(0, [
+        _host("cuda_runtime", "cudaLaunchKernel", 0, 5, corr=1),
+        _kernel("gemm", 10, 100, corr=1),
+        _host("cuda_runtime", "cudaStreamSynchronize", sync_at, max(2.0, 112 - sync_at)),
+        _host("cpu_op", "aten::after", max(sync_at + 2.0, 112), 10),
+    ])
+
+
+def test_sync_call_waits_for_the_slowed_kernel_and_the_host_follows() -> None:
+    t = _times([_sync_trace(20)], [slow(0, 2.0)])  # the sync waited from 20 to 112 (kernel end 110)
+    assert t[(0, "gemm")] == (10, 210)
+    assert t[(0, "cudaStreamSynchronize")] == (20, 212)  # ends its 2 µs tail after the GPU work
+    assert t[(0, "aten::after")] == (212, 222)
+
+
+def test_sync_call_whose_work_ended_long_before_does_not_move() -> None:
+    r = _rank(0, [
+        _host("cuda_runtime", "cudaLaunchKernel", 0, 5, corr=1),
+        _kernel("gemm", 10, 100, corr=1),
+        _host("cpu_op", "aten::busy", 6, 494),
+        _host("cuda_runtime", "cudaStreamSynchronize", 500, 3),
+        _host("cpu_op", "aten::after", 503, 10),
+    ])
+    t = _times([r], [slow(0, 2.0)])  # the kernel now ends at 210, still before the sync at 500
+    assert t[(0, "cudaStreamSynchronize")] == (500, 503)
+    assert t[(0, "aten::after")] == (503, 513)
+
+
+# --- collective instances -----------------------------------------------------------------------
+
+def _allreduce_pair(late_compute_us: float) -> list[RankTrace]:
+    """Rank 0 computes, then joins an all-reduce; rank 1 arrives first and waits (GPU-only traces)."""
+    r0 = _rank(0, [_kernel("gemm", 0, late_compute_us), _kernel("ncclKernel_AllReduce_RING_LL_Sum_float", late_compute_us, 20)], 2)
+    r1 = _rank(1, [_kernel("gemm", 0, 10), _kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 10, late_compute_us + 10)], 2)
+    return [r0, r1]
+
+
+def test_collective_members_end_at_latest_start_plus_transfer_and_the_waiting_peer_follows() -> None:
+    ranks = _allreduce_pair(100.0)  # rank 0 arrives at 100, transfer 20 µs: both end at 120
+    base = _times(ranks, [])
+    assert base[(0, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (100, 120)
+    assert base[(1, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (10, 120)
+    t = _times(ranks, [slow(0, 1.5)])  # rank 0 arrives at 150
+    assert t[(0, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (150, 170)
+    assert t[(1, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (10, 170)  # the peer waits 50 µs longer
+    link = _times(ranks, [GpuFault("slow_link", (1,), {"factor": 2.0})])
+    assert link[(0, "ncclKernel_AllReduce_RING_LL_Sum_float")][1] == 140  # 100 + 2 x 20 on every member
+
+
+def test_collective_a_rank_that_still_arrives_first_does_not_delay_the_instance() -> None:
+    ranks = _allreduce_pair(100.0)
+    t = _times(ranks, [slow(1, 5.0)])  # rank 1's gemm 10 -> 50 µs, still before rank 0's 100
+    assert t[(1, "gemm")] == (0, 50)
+    assert t[(0, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (100, 120)
+    assert t[(1, "ncclKernel_AllReduce_RING_LL_Sum_float")] == (50, 120)
+
+
+def test_sendrecv_peers_are_the_ranks_that_ended_together() -> None:
+    # two SendRecv pairs (0<->1 ends at 60, 2<->3 ends at 200): slowing rank 0 must not move 2 and 3
+    sr = "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t"
+    ranks = [_rank(0, [_kernel("gemm", 0, 40), _kernel(sr, 40, 20)], 4),
+             _rank(1, [_kernel("gemm", 0, 10), _kernel(sr, 10, 50)], 4),
+             _rank(2, [_kernel("gemm", 0, 150), _kernel(sr, 150, 50)], 4),
+             _rank(3, [_kernel("gemm", 0, 170), _kernel(sr, 170, 30)], 4)]
+    t = _times(ranks, [slow(0, 2.0)])
+    assert t[(1, sr)][1] == 100  # 0's partner waits: latest start 80 + transfer 20
+    assert t[(2, sr)][1] == 200 and t[(3, sr)][1] == 200
+
+
+# --- faults and tiling --------------------------------------------------------------------------
+
+def test_fault_parameters_are_checked() -> None:
+    with pytest.raises(ConfigError):
+        GpuFault("slow_gpu", (0,), {})
+    with pytest.raises(ConfigError):
+        GpuFault("slow_gpu", (0,), {"factor": 1.2, "ms": 3})
+    with pytest.raises(ConfigError):
+        GpuFault("teleport", (0,), {})
+    with pytest.raises(ConfigError, match="no main-thread event"):
+        retime([_launch_trace()], [GpuFault("host_stall", (0,), {"ms": 1.0, "before": "nothing like this"})])
+
+
+def test_tiling_repeats_the_step_with_fresh_ids_and_follows_on_directly() -> None:
+    events = [_host("user_annotation", "ProfilerStep#5", 0, 40),
+              _host("cuda_runtime", "cudaLaunchKernel", 2, 4, corr=1), _kernel("k", 10, 5, corr=1),
+              {"ph": "s", "id": 1, "pid": PID, "tid": TID, "ts": 2, "cat": "ac2g", "name": "ac2g"},
+              {"ph": "f", "id": 1, "pid": 0, "tid": 7, "ts": 10, "cat": "ac2g", "name": "ac2g", "bp": "e"}]
+    r = _rank(0, events)
+    tile([r], 3)
+    steps = [e for e in r.events if str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert [e["name"] for e in steps] == ["ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"]
+    corrs = sorted(e["args"]["correlation"] for e in r.events if e.get("cat") == "kernel")
+    assert len(set(corrs)) == 3
+    # each copy starts when the previous one ends (no recorded gap repeated), same inner timing
+    jg, out = retime([r], [])
+    starts = sorted(out[2 * i] + jg.origin_us for i, e in enumerate(jg.events) if e.name.startswith("ProfilerStep"))
+    assert starts == [0, 40, 80]
+
+
+# --- the real dlrm traces -----------------------------------------------------------------------
+
+def _events_by_key(directory: Path) -> dict[tuple[int, str, Any, Any, int], tuple[float, float]]:
+    out: dict[tuple[int, str, Any, Any, int], tuple[float, float]] = {}
+    for p in sorted(directory.iterdir()):
+        doc = json.loads(gzip.open(p).read()) if p.name.endswith(".gz") else json.loads(p.read_text())
+        rank = doc["distributedInfo"]["rank"]
+        seen: dict[tuple[Any, ...], int] = {}
+        for e in doc["traceEvents"]:
+            if e.get("ph") != "X":
+                continue
+            k = (rank, str(e.get("name")), e.get("pid"), e.get("tid"))
+            seen[k] = seen.get(k, 0) + 1
+            out[(*k, seen[k])] = (e["ts"], e.get("dur", 0))
+    return out
+
+
+@needs_dlrm
+def test_identity_on_dlrm_reproduces_the_input_within_1us(tmp_path: Path) -> None:
+    res = mutate_dir(DLRM, tmp_path / "same", [], steps=1)
+    assert res.identity_within_1us >= 0.99
+    before, after = _events_by_key(DLRM), _events_by_key(tmp_path / "same")
+    assert before.keys() == after.keys()
+    ok = sum(1 for k, (ts, dur) in before.items()
+             if abs(after[k][0] - ts) <= 1 and abs(after[k][0] + after[k][1] - ts - dur) <= 1)
+    assert ok / len(before) >= 0.99
+    src = json.loads(gzip.open(next(DLRM.iterdir())).read())
+    out = json.loads(gzip.open(tmp_path / "same" / next(DLRM.iterdir()).name).read())
+    assert out["distributedInfo"] == src["distributedInfo"]
+    assert set(out) == set(src)
+
+
+@needs_dlrm
+def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer() -> None:
+    ranks = read_trace_dir(DLRM)
+    jg, base = retime(ranks, [])
+    _, slow_t = retime(ranks, [GpuFault("slow_gpu", (7,), {"factor": 8.0})])
+    nccl = [i for i, e in enumerate(jg.events) if e.nccl]
+    # the culprit's compute stretched; every rank's collectives end no earlier, some later
+    assert all(slow_t[2 * i + 1] >= base[2 * i + 1] - 1e-6 for i in nccl)
+    assert any(slow_t[2 * i + 1] > base[2 * i + 1] + 100 for i in nccl if jg.events[i].rank != 7)
+    # no other rank's compute kernel got longer
+    for i, e in enumerate(jg.events):
+        if e.gpu and not e.nccl and e.rank != 7:
+            assert slow_t[2 * i + 1] - slow_t[2 * i] == pytest.approx(base[2 * i + 1] - base[2 * i])
+
+
+@needs_dlrm
+def test_two_suite_scenarios_run_end_to_end(tmp_path: Path) -> None:
+    from bench import gpu_faults
+    from bench.tracefault.scenario import load_gpu_scenario
+
+    outs = [gpu_faults.run_one(load_gpu_scenario(REPO / "bench" / "gpu_scenarios" / f), tmp_path, 2)
+            for f in ("clean.toml", "slow-gpu-r2.toml")]
+    clean, fault = outs
+    assert not clean.error and not fault.error
+    assert clean.mutation is not None and abs(clean.mutation.slowdown) < 1e-9
+    assert fault.mutation is not None and 0.10 <= fault.mutation.slowdown <= 0.40
+    assert clean.report is not None and fault.report is not None
+    assert fault.score.expected == {(2, "compute")}
+    row = gpu_faults.table(outs).splitlines()[-1]
+    assert row.startswith("slow-gpu-r2") and "%" in row
+    summary = gpu_faults.summary(outs)
+    assert set(summary) >= {"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max"}
+    assert summary["scenarios"] == 2
