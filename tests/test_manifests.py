@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,8 +21,28 @@ REPO = Path(__file__).resolve().parents[1]
 K8S_VERSION = "1.30.0"  # pinned: native sidecars (initContainers restartPolicy) need >= 1.28 schemas
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/example", "k8s/overlays/example-nsys"]
 RUN_DIR = "/var/run/perftracker"
+
+
+def _kustomize_major(kubectl: str | None) -> int:
+    """The major version of kubectl's built-in kustomize; 0 when kubectl is absent or does not say
+    (kubectl <= 1.20, e.g. Debian 12's kubernetes-client, whose kustomize v2 fails on these
+    manifests with 'unknown field "labels"')."""
+    if kubectl is None:
+        return 0
+    try:
+        out = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"Kustomize Version: v(\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
 KUBECTL = shutil.which("kubectl")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl not on PATH (.ci/run installs Debian's kubernetes-client)")
+KUSTOMIZE_MAJOR = _kustomize_major(KUBECTL)
+needs_kubectl = pytest.mark.skipif(
+    KUSTOMIZE_MAJOR < 5,
+    reason="needs kubectl >= 1.27 (kustomize v5: labels, patches); "
+           + ("no kubectl on PATH" if KUBECTL is None else f"{KUBECTL} has an older kustomize"))
 
 _cache: dict[str, list[dict[str, Any]]] = {}
 

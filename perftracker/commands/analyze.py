@@ -149,8 +149,7 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
             results[f] = ps
             if progress is not None:
                 note = "" if rank_source == "distributedInfo" else f" (rank taken from the {rank_source})"
-                progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions, "
-                         f"{len(data)} bytes")
+                progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
     if not results:
         raise InputError(f"{directory}: none of the {len(files)} file(s) is a readable Kineto trace")
     seen: dict[int, Path] = {}
@@ -203,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     err = output.console(stderr=True)
     summ = summarize_dir(directory, args.rank_from_filename, args.jobs, rank=args.rank, strict=args.strict,
-                         progress=(lambda line: err.print(line, soft_wrap=True)) if err else output.message,
+                         progress=(lambda line: err.print(line, overflow="fold")) if err else output.message,
                          warn=output.warning)
     sets = summ.sets
     con = None if args.output else output.console()
