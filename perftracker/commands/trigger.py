@@ -25,7 +25,9 @@ DEFAULT_RUNS_DIR = "perftracker-runs"
 
 def say(text: str) -> None:
     """Command output (stdout); library code logs instead."""
-    sys.stdout.write(text + "\n")
+    from perftracker.commands import output
+
+    output.print_text(text)
 
 
 def add_connection_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     code, text = wait_for_report(up, session, args.timeout_s, Path(args.runs_dir))
     if code:
-        sys.stderr.write(f"perftracker: {text}\n")
+        from perftracker.commands import output
+
+        output.error(text)
         return code
     if not text:
         say(f"session {session} closed without a report: {up.get_session(session)['error']}")
