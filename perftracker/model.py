@@ -24,7 +24,15 @@ from perftracker.pattern_model import (
     Triple,
     _pattern_from_row,
 )
-from perftracker.report_model import Box, Finding, RankState, Report, TopFunction, Wait, compress_ranks
+from perftracker.report_model import (
+    Box,
+    Finding,
+    RankState,
+    Report,
+    TopFunction,
+    Wait,
+    compress_ranks,
+)
 from perftracker.schema import SCHEMA_VERSION, check_schema_version, optional, require
 
 __all__ = [
