@@ -149,7 +149,7 @@ def _is_wait(info: FunctionInfo) -> bool:
 
 def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
                 medians: dict[int, Triple], opts: WaitOptions) -> None:
-    """Waits are consequences (DESIGN.md section 6): find the late workers of each collective, give
+    """Waits are consequences (docs/design.md section 6): find the late workers of each collective, give
     their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
     when they have none), and fold every collective finding of the waiting workers into it."""
     beta = arr.values[:, 0, :]

@@ -5,7 +5,7 @@ last member has arrived and the transfer is done. A member that arrives early sp
 the last one arrives inside the collective (on a GPU: an NCCL kernel that spins; on CPU DDP: the
 reducer's wait). So, within one group, the ranks that hold a collective *least* arrive last: they are
 the candidates for the cause, and the excess of every other member over them is time spent waiting
-for them: a consequence, never a finding of its own (DESIGN.md section 6, "Culprits and victims").
+for them: a consequence, never a finding of its own (docs/design.md section 6, "Culprits and victims").
 
 ``late_groups`` finds, per collective function and per group of like workers (the same pipeline
 stage where it is known), a small set of late workers that every other member waits for:
