@@ -214,12 +214,13 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, known: Sequ
                          opts: WaitOptions) -> list[LateGroup]:
     """Late groups from collective findings whose ranks hold the collective materially *less* than
     the others (the differential test singled them out: they arrive last), where the wait evidence
-    itself was not clear enough (a noisy group). The others' excess must be a material wait."""
+    itself was not clear enough (a noisy group). The others' excess must be a material wait. Such a
+    finding may already be folded into its ranks' own finding as a consequence; its waits still count."""
     covered = {(g.f, int(r)) for g in known for r in g.late}
     out = []
     for v in drafts:
         info = v.verdict.info
-        if v.folded or not _is_wait(info) or v.kind == "common" or v.tests != ("differential",):
+        if not _is_wait(info) or v.kind == "common" or v.tests != ("differential",):
             continue
         if all((v.f, int(r)) in covered for r in v.idx):
             continue
