@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,9 @@ def test_identity_on_dlrm_reproduces_the_input_within_1us(tmp_path: Path) -> Non
     out = json.loads(gzip.open(tmp_path / "same" / next(DLRM.iterdir()).name).read())
     assert out["distributedInfo"] == src["distributedInfo"]
     assert set(out) == set(src)
+    # laid out like Kineto's own files: tools (HTA) find the rank with a regex on '"rank": N'
+    head = gzip.open(tmp_path / "same" / next(DLRM.iterdir()).name).read(4096).decode()
+    assert re.search(r'"rank":\s+\d+', head)
 
 
 @needs_dlrm

@@ -144,11 +144,24 @@ def tile(ranks: list[RankTrace], steps: int) -> None:
         rt.tile = tiles
 
 
+def dumps_kineto(doc: dict[str, Any]) -> str:
+    """JSON laid out like Kineto writes it: one top-level key per line, one event per line, ``": "``
+    after keys (tools such as HTA find the rank with a regex on ``"rank": N``)."""
+    parts = []
+    for k, v in doc.items():
+        if k == "traceEvents" and isinstance(v, list):
+            body = ",\n".join("  " + json.dumps(e) for e in v)
+            parts.append(f'  "traceEvents": [\n{body}\n  ]')
+        else:
+            parts.append(f"  {json.dumps(k)}: {json.dumps(v)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def write_trace(rt: RankTrace, out_dir: Path) -> Path:
     """Write one rank's document under out_dir with its input file name (gzip if the input was)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / rt.path.name
-    data = json.dumps(rt.doc, separators=(",", ":")).encode()
+    data = dumps_kineto(rt.doc).encode()
     tmp = dest.with_name(dest.name + ".tmp")
     if dest.name.endswith(".gz"):
         with gzip.open(tmp, "wb", compresslevel=5) as fh:
