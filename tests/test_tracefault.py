@@ -3,7 +3,8 @@
 Unit tests of the re-timing rules on tiny hand-built Kineto traces (each rule: a case where the
 delay must propagate and one where it must not), the identity check on the real dlrm traces, and
 two scenarios of bench/gpu_scenarios run end to end through `perftracker analyze`'s code path.
-The dlrm traces are real V100 recordings; the hand-built ones are in Kineto's format only.
+The dlrm traces are real V100 recordings (the conftest's dlrm_dir); the hand-built ones are in
+Kineto's format only.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from bench.tracefault.traces import RankTrace, read_trace_dir, tile
 from perftracker.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-DLRM = (REPO / "../shared/data/dlrm_kineto").resolve()
-needs_dlrm = pytest.mark.skipif(not DLRM.is_dir(), reason="shared/data/dlrm_kineto not present")
 
 PID, TID = 100, 100
 
@@ -175,6 +174,30 @@ def test_sendrecv_peers_are_the_ranks_that_ended_together() -> None:
     assert t[(2, sr)][1] == 200 and t[(3, sr)][1] == 200
 
 
+def test_process_groups_from_record_param_comms_keep_instances_apart() -> None:
+    # ranks 0,1 all-reduce in group "a", ranks 2,3 in group "b" (record_param_comms args, as newer
+    # PyTorch writes them); slowing rank 0 delays its partner 1 and not the other group
+    ar = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+    def rank(r: int, group: str, members: list[int], compute_us: float, end_us: float) -> RankTrace:
+        rpc = _host("cpu_op", "record_param_comms", compute_us, 10)
+        rpc["args"] = {"Process Group Name": group, "Process Group Ranks": json.dumps(members)}
+        return _rank(r, [
+            _host("cuda_runtime", "cudaLaunchKernel", 0, 3, corr=1), _kernel("gemm", 5, compute_us, corr=1),
+            rpc, _host("cuda_runtime", "cudaLaunchKernel", compute_us + 2, 3, corr=2),
+            _kernel(ar, compute_us + 5, end_us - compute_us - 5, corr=2),
+        ], 4)
+
+    # as recorded: each group's members end together, the latest arrival + 20 µs
+    ranks = [rank(0, "a", [0, 1], 100, 125), rank(1, "a", [0, 1], 50, 125),
+             rank(2, "b", [2, 3], 30, 65), rank(3, "b", [2, 3], 40, 65)]
+    base = _times(ranks, [])
+    assert base[(1, ar)][1] == base[(0, ar)][1] == 125
+    t = _times(ranks, [slow(0, 2.0)])
+    assert t[(0, ar)][1] == 225 and t[(1, ar)][1] == 225  # stream order: 5 + 200, then + 20
+    assert t[(2, ar)] == base[(2, ar)] and t[(3, ar)] == base[(3, ar)]
+
+
 # --- faults and tiling --------------------------------------------------------------------------
 
 def test_fault_parameters_are_checked() -> None:
@@ -222,27 +245,25 @@ def _events_by_key(directory: Path) -> dict[tuple[int, str, Any, Any, int], tupl
     return out
 
 
-@needs_dlrm
-def test_identity_on_dlrm_reproduces_the_input_within_1us(tmp_path: Path) -> None:
-    res = mutate_dir(DLRM, tmp_path / "same", [], steps=1)
+def test_identity_on_dlrm_reproduces_the_input_within_1us(tmp_path: Path, dlrm_dir: Path) -> None:
+    res = mutate_dir(dlrm_dir, tmp_path / "same", [], steps=1)
     assert res.identity_within_1us >= 0.99
-    before, after = _events_by_key(DLRM), _events_by_key(tmp_path / "same")
+    before, after = _events_by_key(dlrm_dir), _events_by_key(tmp_path / "same")
     assert before.keys() == after.keys()
     ok = sum(1 for k, (ts, dur) in before.items()
              if abs(after[k][0] - ts) <= 1 and abs(after[k][0] + after[k][1] - ts - dur) <= 1)
     assert ok / len(before) >= 0.99
-    src = json.loads(gzip.open(next(DLRM.iterdir())).read())
-    out = json.loads(gzip.open(tmp_path / "same" / next(DLRM.iterdir()).name).read())
+    src = json.loads(gzip.open(next(dlrm_dir.iterdir())).read())
+    out = json.loads(gzip.open(tmp_path / "same" / next(dlrm_dir.iterdir()).name).read())
     assert out["distributedInfo"] == src["distributedInfo"]
     assert set(out) == set(src)
     # laid out like Kineto's own files: tools (HTA) find the rank with a regex on '"rank": N'
-    head = gzip.open(tmp_path / "same" / next(DLRM.iterdir()).name).read(4096).decode()
+    head = gzip.open(tmp_path / "same" / next(dlrm_dir.iterdir()).name).read(4096).decode()
     assert re.search(r'"rank":\s+\d+', head)
 
 
-@needs_dlrm
-def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer() -> None:
-    ranks = read_trace_dir(DLRM)
+def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer(dlrm_dir: Path) -> None:
+    ranks = read_trace_dir(dlrm_dir)
     jg, base = retime(ranks, [])
     _, slow_t = retime(ranks, [GpuFault("slow_gpu", (7,), {"factor": 8.0})])
     nccl = [i for i, e in enumerate(jg.events) if e.nccl]
@@ -255,12 +276,11 @@ def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer() -> None:
             assert slow_t[2 * i + 1] - slow_t[2 * i] == pytest.approx(base[2 * i + 1] - base[2 * i])
 
 
-@needs_dlrm
-def test_two_suite_scenarios_run_end_to_end(tmp_path: Path) -> None:
+def test_two_suite_scenarios_run_end_to_end(tmp_path: Path, dlrm_dir: Path) -> None:
     from bench import gpu_faults
     from bench.tracefault.scenario import load_gpu_scenario
 
-    outs = [gpu_faults.run_one(load_gpu_scenario(REPO / "bench" / "gpu_scenarios" / f), tmp_path, 2)
+    outs = [gpu_faults.run_one(load_gpu_scenario(REPO / "bench" / "gpu_scenarios" / f, dlrm_dir), tmp_path, 2)
             for f in ("clean.toml", "slow-gpu-r2.toml")]
     clean, fault = outs
     assert not clean.error and not fault.error
