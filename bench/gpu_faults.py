@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
