@@ -207,6 +207,8 @@ def test_fault_parameters_are_checked() -> None:
         GpuFault("slow_gpu", (0,), {"factor": 1.2, "ms": 3})
     with pytest.raises(ConfigError):
         GpuFault("teleport", (0,), {})
+    with pytest.raises(ConfigError, match="not in the trace set"):
+        retime([_launch_trace()], [slow(3)])
     with pytest.raises(ConfigError, match="no main-thread event"):
         retime([_launch_trace()], [GpuFault("host_stall", (0,), {"ms": 1.0, "before": "nothing like this"})])
 
@@ -226,6 +228,21 @@ def test_tiling_repeats_the_step_with_fresh_ids_and_follows_on_directly() -> Non
     jg, out = retime([r], [])
     starts = sorted(out[2 * i] + jg.origin_us for i, e in enumerate(jg.events) if e.name.startswith("ProfilerStep"))
     assert starts == [0, 40, 80]
+
+
+def test_a_bad_file_among_good_ones_is_skipped_and_the_rest_written(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    for r in (0, 1):
+        doc = _allreduce_pair(100.0)[r].doc
+        (src / f"rank{r}.json").write_text(json.dumps(doc))
+    (src / "rank2.json").write_text("{not json")
+    res = mutate_dir(src, tmp_path / "out", [slow(0, 1.5)])
+    assert res.ranks == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rank0.json", "rank1.json"]
+    out1 = json.loads((tmp_path / "out" / "rank1.json").read_text())
+    nccl = [e for e in out1["traceEvents"] if "nccl" in e["name"]]
+    assert nccl[0]["ts"] + nccl[0]["dur"] == 170  # rank 1 waits for the slowed rank 0 (plain .json in, .json out)
 
 
 # --- the real dlrm traces -----------------------------------------------------------------------
@@ -260,6 +277,9 @@ def test_identity_on_dlrm_reproduces_the_input_within_1us(tmp_path: Path, dlrm_d
     # laid out like Kineto's own files: tools (HTA) find the rank with a regex on '"rank": N'
     head = gzip.open(tmp_path / "same" / next(dlrm_dir.iterdir()).name).read(4096).decode()
     assert re.search(r'"rank":\s+\d+', head)
+    # in fact event for event equal, flows, instants and the profiler span included
+    for p in sorted(dlrm_dir.iterdir()):
+        assert json.loads(gzip.open(tmp_path / "same" / p.name).read()) == json.loads(gzip.open(p).read()), p.name
 
 
 def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer(dlrm_dir: Path) -> None:

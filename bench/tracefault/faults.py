@@ -73,7 +73,11 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
     src_ev = g.src // 2
     dst_ev = g.dst // 2
     link = np.ones(len(jg.instances))
+    present = set(ev_rank.tolist())
     for f in faults:
+        missing = sorted(set(f.ranks) - present)
+        if missing:
+            raise ConfigError(f"{f.kind}: ranks {missing} are not in the trace set (ranks {sorted(present)})")
         ranks = np.asarray(f.ranks, dtype=np.int64)
         k = f.kind
         if k in ("slow_gpu", "slow_memcpy", "imbalance"):

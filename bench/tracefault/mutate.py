@@ -116,11 +116,13 @@ def apply_times(ranks: list[RankTrace], jg: JobGraph, t_out: np.ndarray) -> None
             if id(e) in modelled or not isinstance(e.get("ts"), (int, float)) or e.get("ph") == "M":
                 continue
             rel = float(e["ts"] - origin)
-            if e.get("cat") == "Trace" or e.get("pid") == "Spans":
-                e["ts"] = _num(origin, lo, as_int)
-                e["dur"] = _num(0, hi - lo, as_int)
+            if e.get("cat") == "Trace" or e.get("pid") == "Spans":  # the profiler's span covers every event
+                s = min(lo, warp(rt.rank, None, None, rel))
+                end = max(hi, warp(rt.rank, None, None, rel + float(e.get("dur", 0))))
+                e["ts"] = _num(origin, s, as_int)
+                e["dur"] = _num(0, end - s, as_int)
             elif e.get("ph") == "i" and "End" in str(e.get("name", "")):
-                e["ts"] = _num(origin, hi, as_int)
+                e["ts"] = _num(origin, max(hi, warp(rt.rank, None, None, rel)), as_int)
             elif is_timed(e):
                 s = warp(rt.rank, e.get("pid"), e.get("tid"), rel)
                 end = warp(rt.rank, e.get("pid"), e.get("tid"), rel + float(e.get("dur", 0)))
