@@ -47,9 +47,26 @@ needs_kubectl = pytest.mark.skipif(
 _cache: dict[str, list[dict[str, Any]]] = {}
 
 
+def _tree() -> Path:
+    """A copy of k8s/ with the token file an operator creates before the first apply (not in git)."""
+    if "tree" not in _trees:
+        import secrets
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="pt-k8s-"))
+        shutil.copytree(REPO / "k8s", root / "k8s")
+        (root / "k8s" / "base" / "token").write_text(secrets.token_urlsafe(32))
+        _trees["tree"] = root
+    return _trees["tree"]
+
+
+_trees: dict[str, Path] = {}
+
+
 def render(path: str) -> list[dict[str, Any]]:
     if path not in _cache:
-        proc = subprocess.run([str(KUBECTL), "kustomize", str(REPO / path)], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([str(KUBECTL), "kustomize", str(_tree() / path)], capture_output=True, text=True,
+                              timeout=120)
         assert proc.returncode == 0, f"kubectl kustomize {path} failed:\n{proc.stderr}"
         _cache[path] = [d for d in yaml.safe_load_all(proc.stdout) if d]
     return _cache[path]
@@ -149,12 +166,27 @@ def test_localizer_deployment_service_pvc_secret() -> None:
     assert c["args"][0] == "localizer" and c["args"][c["args"].index("--store") + 1].startswith(store_mount["mountPath"] + "/")
     env = {e["name"]: e for e in c["env"]}
     assert env["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "token"}
-    assert "token" in secret["stringData"]
+    assert "token" in secret["data"]  # from the operator's file (secretGenerator), never a literal
     assert pod["serviceAccountName"] == "perftracker-localizer"
     port = c["ports"][0]["containerPort"]
     assert f":{port}" in next(
         e["value"] for e in _pod(one(docs, "Job"))["initContainers"][0]["env"] if e["name"] == "PERFTRACKER_LOCALIZER_URL"
     )
+
+
+@needs_kubectl
+def test_the_token_secret_is_generated_from_a_file_never_a_literal(tmp_path: Path) -> None:
+    import base64
+
+    text = "\n".join(p.read_text() for p in (REPO / "k8s").rglob("*.yaml"))
+    assert "stringData" not in text and "REPLACE-ME" not in text
+    secret = one(render("k8s/overlays/example"), "Secret", "perftracker-token")
+    assert base64.b64decode(secret["data"]["token"]).decode() == (_tree() / "k8s/base/token").read_text()
+    shutil.copytree(REPO / "k8s", tmp_path / "k8s")  # no token file: the render fails, naming it
+    (tmp_path / "k8s/base/token").unlink(missing_ok=True)
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(tmp_path / "k8s/base")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "token" in proc.stderr
 
 
 @needs_kubectl
@@ -196,6 +228,9 @@ def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> 
     assert agent["image"].startswith("perftracker/agent-nsys:")
     assert agent["securityContext"]["privileged"] is True
     assert agent["restartPolicy"] == "Always"  # the patch kept the sidecar a sidecar
+    # root agent, uid 10001 trainer: the socket's group is the trainer's (tests/test_hardening_rundir.py)
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["PERFTRACKER_SOCKET_GROUP"] == str(_pod(job)["securityContext"]["runAsGroup"])
     # the rest of the job is unchanged but for the GPUs the trainer requests (and the toleration)
     base_job = one(default, "Job")
     (trainer,), (base_trainer,) = copy.deepcopy(_pod(job)["containers"]), _pod(base_job)["containers"]
@@ -238,7 +273,8 @@ DEPRECATED_FIELDS = ("bases", "patchesStrategicMerge", "patchesJson6902", "commo
 def test_kustomize_renders_without_warnings_or_deprecated_fields(path: str) -> None:
     kust = yaml.safe_load((REPO / path / "kustomization.yaml").read_text())
     assert not set(kust) & set(DEPRECATED_FIELDS), f"{path}: deprecated {set(kust) & set(DEPRECATED_FIELDS)}"
-    proc = subprocess.run([str(KUBECTL), "kustomize", str(REPO / path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(_tree() / path)], capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
