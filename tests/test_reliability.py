@@ -157,7 +157,7 @@ def test_agent_dead_and_socket_gone_training_goes_on(tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_disk_full_run_dir_fails_the_window_not_training(tmp_path: Path) -> None:
     mnt = short_run_dir("full")
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)], capture_output=True).returncode:
         cleanup(mnt)
         pytest.skip("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)")
     progress = tmp_path / "progress"
