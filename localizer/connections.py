@@ -8,9 +8,12 @@ aiohttp's protocol factory:
 - a connection must complete its request headers within ``header_timeout_s`` of connecting, else it
   is closed (aiohttp's own ``keepalive_timeout`` bounds the wait for the next request's headers,
   and ``localizer.http_io.read_body`` bounds the body);
-- at most ``max_connections`` are open. At the cap, a new connection evicts the oldest one that has
-  not yet sent its headers (the idle kind an attacker opens); if every connection is busy with a
-  request, the new one is closed instead. Either way the service keeps answering its clients.
+- at most ``max_connections`` are open (default: the descriptor limit minus a reserve and one
+  accept batch; the listen backlog, which asyncio also uses as its accept batch, is sized to fit). At the cap, a new connection evicts the oldest one that has
+  not yet sent its headers (the idle kind an attacker opens), or else the oldest of all (a trickled
+  body, a long poll, whose client retries), sparing connections younger than ``EVICT_GRACE_S`` (a
+  burst must not evict a client before it could send its request); only when every slot is that
+  young is the newcomer turned away. However the slots are held, clients keep getting in.
 
 ``GuardedSite`` is an aiohttp ``TCPSite`` that listens through the guard.
 """
@@ -21,6 +24,7 @@ import asyncio
 import logging
 import resource
 import ssl
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -28,15 +32,27 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
+EVICT_GRACE_S = 0.25  # a connection this young is not evicted for a newcomer
 FD_RESERVE = 64  # descriptors kept for the store, report files, the Kubernetes client, logging
 
 
-def default_max_connections() -> int:
-    """The soft RLIMIT_NOFILE minus a reserve (at least 32)."""
+def _soft_nofile() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 65536
-    return max(32, int(soft) - FD_RESERVE)
+    return 65536 if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def accept_batch(soft_nofile: int | None = None) -> int:
+    """The listen backlog, which is also how many sockets asyncio accepts in one go, before any
+    of them reaches the guard: it must fit in the descriptors left above the cap (else EMFILE,
+    and asyncio stops accepting for a second, /v1/healthz included)."""
+    soft = soft_nofile or _soft_nofile()
+    return min(4096, max(16, soft // 8))
+
+
+def default_max_connections(soft_nofile: int | None = None) -> int:
+    """The soft RLIMIT_NOFILE minus a reserve and one accept batch (at least 32)."""
+    soft = soft_nofile or _soft_nofile()
+    return max(32, soft - FD_RESERVE - accept_batch(soft))
 
 
 def raise_fd_limit(want: int = 65536) -> int:
@@ -63,6 +79,7 @@ class _Guarded(asyncio.Protocol):
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self._inner_connected = False
+        self.since = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -113,7 +130,11 @@ class ConnectionGuard:
     def __init__(self, factory: Any, header_timeout_s: float = 10.0, max_connections: int | None = None) -> None:
         self.factory = factory  # aiohttp's web.Server: () -> RequestHandler
         self.header_timeout_s = header_timeout_s
-        self.max_connections = max_connections or default_max_connections()
+        limit = default_max_connections()
+        if max_connections and max_connections > limit:
+            log.warning("--max-connections %d is above what the descriptor limit allows; using %d", max_connections,
+                        limit)
+        self.max_connections = min(max_connections or limit, limit)
         self.open: OrderedDict[int, _Guarded] = OrderedDict()
         self.evicted = 0
         self.refused = 0
@@ -125,13 +146,26 @@ class ConnectionGuard:
 
     def admit(self, conn: _Guarded) -> bool:
         if len(self.open) >= self.max_connections:
-            victim = next((c for c in self.open.values() if c.waiting), None)
+            # the oldest one still without a request head (the idle kind), else the oldest of all (a
+            # trickled body, a long poll: its client retries); never the newcomer, who may be healthy
+            # one younger than EVICT_GRACE_S is spared: a burst must not evict a client that has not
+            # had the time to send its request; when all are that young, the newcomer is turned away
+            now = time.monotonic()
+            victim = None
+            for c in self.open.values():  # oldest first
+                if now - c.since < EVICT_GRACE_S:
+                    break
+                if c.waiting:
+                    victim = c
+                    break
+            if victim is None:
+                oldest = next(iter(self.open.values()))
+                victim = oldest if now - oldest.since >= EVICT_GRACE_S else None
+            self._warn()
             if victim is None:
                 self.refused += 1
-                self._warn()
                 return False
             self.evicted += 1
-            self._warn()
             self.release(victim)
             if victim.transport is not None:
                 victim.transport.abort()
@@ -144,15 +178,16 @@ class ConnectionGuard:
     def _warn(self) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("%d connections open (the cap): closing idle ones without a request first", self.max_connections)
+            log.warning("%d connections open (the cap): closing the oldest (idle ones first) for new ones",
+                        self.max_connections)
 
 
 class GuardedSite(web.TCPSite):
     """A TCPSite whose connections go through a ConnectionGuard."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, guard_options: dict[str, Any],
-                 ssl_context: ssl.SSLContext | None = None, backlog: int = 4096) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_address=True)
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=accept_batch(), reuse_address=True)
         self._guard_options = guard_options
         self.guard: ConnectionGuard | None = None
 

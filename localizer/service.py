@@ -35,7 +35,7 @@ from typing import Any
 from aiohttp import web
 
 from localizer.cluster import ClusterLink
-from localizer.connections import ConnectionGuard, GuardedSite
+from localizer.connections import ConnectionGuard, GuardedSite, raise_fd_limit
 from localizer.http_io import (
     HEALTHZ,
     PATTERNS_ZLIB,
@@ -422,6 +422,7 @@ def run_service(host: str, port: int, store_path: str | Path, token: str, option
     """Run the service until SIGINT/SIGTERM. ``on_ready(url)`` is called once it listens."""
 
     async def main() -> None:
+        raise_fd_limit()  # as many connections as the hard limit allows (the cap stays below it)
         store = Store(store_path)
         service = LocalizerService(store, token, options)
         bound = await service.start(host, port)

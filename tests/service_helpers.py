@@ -51,8 +51,9 @@ class LocalizerProcess:
     """`perftracker localizer` in a subprocess on a free port, with a ready file."""
 
     def __init__(self, tmp: Path, store: Path, port: int = 0, token: str = TOKEN, extra: list[str] | None = None,
-                 max_body_bytes: int | None = None) -> None:
+                 max_body_bytes: int | None = None, nofile: int | None = None) -> None:
         self.tmp, self.store, self.port, self.token = tmp, store, port, token
+        self.nofile = nofile  # RLIMIT_NOFILE (soft and hard) of the localizer process
         self.extra = list(extra or [])
         if max_body_bytes is not None:
             self.extra += ["--max-body-bytes", str(max_body_bytes)]
@@ -65,7 +66,8 @@ class LocalizerProcess:
         self.log = open(self.tmp / "localizer.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "perftracker", "localizer", "--port", str(self.port), "--store", str(self.store),
-             "--ready-file", str(ready), *self.extra], env=env, stdout=self.log, stderr=self.log)
+             "--ready-file", str(ready), *self.extra], env=env, stdout=self.log, stderr=self.log,
+            preexec_fn=self._limit if self.nofile else None)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             if ready.exists():
@@ -77,6 +79,11 @@ class LocalizerProcess:
                                    f"{(self.tmp / 'localizer.log').read_text()[-2000:]}")
             time.sleep(0.05)
         raise RuntimeError("localizer did not become ready")
+
+    def _limit(self) -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -68,6 +68,7 @@ def test_unfinished_headers_idle_sockets_and_slow_bodies_are_cut_off(tmp_path: P
 
         for _ in range(150):  # more idle sockets than the cap
             idle.append(socket.create_connection(("127.0.0.1", loc.port)))
+        time.sleep(0.5)  # held idle a moment (connections younger than 0.25 s are spared eviction)
         t0 = time.monotonic()
         conn = http.client.HTTPConnection("127.0.0.1", loc.port, timeout=5)
         conn.request("GET", "/v1/healthz")
@@ -89,6 +90,31 @@ def test_unfinished_headers_idle_sockets_and_slow_bodies_are_cut_off(tmp_path: P
         s.settimeout(10)
         assert s.recv(200).startswith(b"HTTP/1.1 408")
         s.close()
+    finally:
+        for c in idle:
+            c.close()
+        loc.stop()
+
+
+def test_with_ulimit_1024_healthz_answers_past_1100_idle_sockets(tmp_path: Path) -> None:
+    """The review's case: before, EMFILE, and /v1/healthz timed out for 30 s."""
+    loc = LocalizerProcess(tmp_path, tmp_path / "s.sqlite", nofile=1024, extra=["--header-timeout-s", "5"])
+    loc.start()
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1100):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", loc.port), timeout=5))
+            except OSError:
+                pass
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", loc.port, timeout=10)
+        conn.request("GET", "/v1/healthz")
+        assert conn.getresponse().status == 200
+        assert time.monotonic() - t0 < 2.0
+        conn.close()
+        assert "out of system resource" not in (tmp_path / "localizer.log").read_text()  # asyncio's EMFILE
     finally:
         for c in idle:
             c.close()
