@@ -105,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     who = [(culprit, "culprit"), (args.peer, "waits")]
     fault = sc.faults[0]
     params = ", ".join(f"{k}={v}" for k, v in fault.params.items())
-    for ax, t, start, title in ((axes[0], before, t0, "before: the recorded dlrm step, re-timed without faults"),
+    for ax, t, start, title in ((axes[0], before, t0, "before: dlrm re-timed without faults (a steady-state copy of the recorded step)"),
                                 (axes[1], after, t0_after, f"after: {fault.kind}({params}) on rank {culprit}")):
         draw(ax, jg, t, who, args.step, start)
         ends = [t[2 * i + 1] for i in sel]
-        ax.set_title(f"{title}  —  this step {(max(ends) - start) / 1000:.1f} ms", fontsize=10, loc="left")
+        ax.set_title(f"{title}  —  {(max(ends) - start) / 1000:.1f} ms from the first to the last event of this step on the two ranks", fontsize=10, loc="left")
         ax.set_xlim(0, span * 1.02)
         ax.grid(axis="x", alpha=0.3)
     axes[1].set_xlabel(f"ms from the start of step {args.step} (of {sc.steps}) on these two ranks")
