@@ -100,6 +100,13 @@ class WindowRunner:
         self.metrics.session("uploaded" if not run.failed else "failed")
         log.info("session %s: uploaded ranks %s%s", run.session, sorted(run.uploaded),
                  f"; failed {run.failed}" if run.failed else "")
+        if workers and not run.uploaded and run.failed:
+            # nothing of this node reaches the localizer: say so in the training log (once, local rank 0)
+            first = next(iter(run.failed.values()))
+            text = (f"perftracker: session {run.session}: no report will come from {len(workers)} rank(s) on this "
+                    f"node: {first}")
+            notice = wire.make_message(MessageType.NOTICE, key="session-failed", text=text)
+            await asyncio.gather(*(send(w, notice) for w in workers))
 
     async def collect(self, run: SessionRun, w: Any) -> None:
         """Sample the worker over the window, wait for its raw events, summarize and upload; after

@@ -1,7 +1,9 @@
 """The rule: f on w is abnormal if β > β_min ∧ (D_exp > 0 ∨ D_diff > median + k·MAD).
 
-The MAD comes from statsmodels (``statsmodels.robust.scale.mad``: the median absolute deviation
-divided by Φ⁻¹(3/4) ≈ 0.6745, so that it estimates σ for normal data).
+The MAD is statsmodels' definition (``statsmodels.robust.scale.mad``: the median absolute deviation
+divided by Φ⁻¹(3/4) ≈ 0.6745, so that it estimates σ for normal data), computed with numpy
+(``scaled_mad``) so that the embedded localizer runs on the base install; tests/test_rule.py checks
+it against statsmodels itself where that is installed (docs/compatibility.md says why).
 
 **[decision] Degenerate MAD.** D_diff is a count of sampled workers, an integer in [0, |S|]. When
 more than half of the workers share one count (the usual case for a healthy job, where nearly every
@@ -37,7 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from statsmodels.robust.scale import mad as _statsmodels_mad
 
 GAUSSIAN_3_4 = 0.6744897501960817  # Φ⁻¹(3/4), statsmodels' default normalization constant
 
@@ -64,7 +65,7 @@ def differential_threshold(d_diff: np.ndarray, k: float, sample_size: int,
     if counts.size == 0:
         return Threshold(0.0, 0.0, 0.0, 0.0, False)
     median = median_of_counts(d_diff)
-    mad = float(_statsmodels_mad(counts, center=median))
+    mad = scaled_mad(counts, median)
     floor = margin * sample_size / k if k > 0 else 0.0
     mad_used = max(mad, floor)
     return Threshold(median, mad, mad_used, median + k * mad_used, mad < floor)
@@ -89,6 +90,14 @@ def minority_only(flagged: np.ndarray) -> np.ndarray:
     """The flagged mask if fewer than half of the workers are flagged, else none (small jobs)."""
     mask = np.asarray(flagged, dtype=bool)
     return mask if 2 * int(np.count_nonzero(mask)) < mask.size else np.zeros_like(mask)
+
+
+def scaled_mad(values: np.ndarray, center: float) -> float:
+    """statsmodels.robust.scale.mad(values, center=center): median(|x - center|) / Φ⁻¹(3/4)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return 0.0
+    return float(np.median(np.abs(x - center)) / GAUSSIAN_3_4)
 
 
 def median_of_counts(counts: np.ndarray) -> float:

@@ -115,11 +115,34 @@ def _idle_exit_s() -> float:
         return DEFAULT_IDLE_EXIT_S
 
 
-def ensure_agent(config: Config, wait_s: float = 15.0) -> bool:
+AGENT_ERROR = "agent.error"  # perftracker/commands/agent.py leaves one line there when it cannot run
+_announced: set[str] = set()
+
+
+def _agent_failed(run_dir: str, code: int | None, announce: bool) -> None:
+    """The agent we started exited at once: one line saying why (its agent.error, when it left one)
+    on the worker that should say it (local rank 0), once per process; debug lines otherwise."""
+    try:
+        with open(os.path.join(run_dir, AGENT_ERROR)) as f:
+            line = f.readline().strip()
+    except OSError:
+        line = ""
+    if not line:
+        line = (f"perftracker: no report will come: the node agent exited at start (code {code}); "
+                f"see {os.path.join(run_dir, AGENT_LOG)}")
+    if announce and line not in _announced:
+        _announced.add(line)
+        log.warning("%s", line)
+    else:
+        log.debug("%s", line)
+
+
+def ensure_agent(config: Config, wait_s: float = 15.0, announce: bool = True) -> bool:
     """Make sure a node agent listens on ``<run_dir>/agent.sock``, starting one if needed.
 
     Blocks up to ``wait_s`` (call it from a background thread). Returns whether the socket answers.
-    Never raises: failures are logged and reported as False.
+    Never raises: failures are logged and reported as False; an agent that cannot run is announced
+    in one line when ``announce`` (local rank 0), once per process.
     """
     run_dir = config.run_dir
     path = wire.socket_path(run_dir)
@@ -156,11 +179,16 @@ def ensure_agent(config: Config, wait_s: float = 15.0) -> bool:
             if socket_alive(path):
                 return True
             if _spawned and _spawned[-1].poll() is not None and not lock_held(os.path.join(run_dir, AGENT_LOCK)):
-                log.warning("perftracker: the node agent exited at start (code %s); see %s",
-                            _spawned[-1].returncode, os.path.join(run_dir, AGENT_LOG))
+                _agent_failed(run_dir, _spawned[-1].returncode, announce)
                 return False
             time.sleep(0.1)
-        return socket_alive(path)
+        if socket_alive(path):
+            return True
+        if announce and "no-answer" not in _announced:
+            _announced.add("no-answer")
+            log.warning("perftracker: the node agent does not answer on %s after %.0f s (see %s); retrying",
+                        path, wait_s, os.path.join(run_dir, AGENT_LOG))
+        return False
     except OSError as exc:
         log.warning("perftracker: cannot start a node agent in %s: %s; training continues", run_dir, exc)
         return False

@@ -63,6 +63,7 @@ class ChannelOptions:
     recent_iterations: int = 50  # iteration times sent in ITER_STATS
     exit_flush_s: float = 0.5  # at exit, wait at most this long to send the last messages
     blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
+    settle_poll_s: float = 0.5  # until the identity is settled, how often to look again
 
 
 class AgentChannel:
@@ -186,6 +187,9 @@ class AgentChannel:
     def _run(self) -> None:
         delay = self.options.backoff_min_s
         while not self._stop.is_set():
+            if not self._identity_settled():
+                self._stop.wait(self.options.settle_poll_s)
+                continue
             try:
                 sock = self._connector.connect()
             except Exception as exc:  # noqa: BLE001 - a bug here must not kill the thread silently
@@ -211,6 +215,18 @@ class AgentChannel:
             else:  # refused or failed before registering: back off
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.options.backoff_max_s)
+
+    def _identity_settled(self) -> bool:
+        """Register only under the real identity (perftracker/identity.py): a process whose rank is
+        not known yet (before init_process_group, an mp.spawn parent, a DataLoader worker) waits."""
+        settle = getattr(self.runtime, "settle_identity", None)
+        if settle is None:
+            return True
+        try:
+            return bool(settle())
+        except Exception as exc:  # noqa: BLE001 - never kill the channel thread
+            self._warn_once("settle", "perftracker: could not settle this process's identity: %r", exc)
+            return False
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options
@@ -299,8 +315,19 @@ class AgentChannel:
         elif kind == MessageType.SNAPSHOT.value:
             with self._lock:
                 self._snapshot_wanted.append(str(msg["session"]))
+        elif kind == MessageType.NOTICE.value:
+            self._notice(str(msg["key"]), str(msg["text"]))
         else:
             log.debug("perftracker: ignoring %s from the agent", kind)
+
+    def _notice(self, key: str, text: str) -> None:
+        """An agent-side failure that means no report will come: one line in the training log, once
+        per kind, on local rank 0 only (the other ranks of the node log it at debug level)."""
+        line = " ".join(text.split())[:500]  # one line, whatever the agent sent
+        if int(getattr(self.runtime.identity, "local_rank", 0)) == 0:
+            self._warn_once(f"notice-{key}", "%s", line)
+        else:
+            log.debug("%s", line)
 
     def _default_window(self) -> Any:
         from perftracker.window import ProfileWindow, WindowOptions
@@ -359,10 +386,9 @@ def start_channel(runtime: Any, config: Config, options: ChannelOptions | None =
     try:
         if config.disable:
             return None
-        import multiprocessing
-
-        if multiprocessing.parent_process() is not None:  # a DataLoader/multiprocessing child
-            return None
+        # A multiprocessing child gets a channel too (torch.multiprocessing.spawn starts the ranks
+        # that way); one that never trains (a DataLoader worker) never settles its identity and so
+        # never registers (perftracker/identity.py).
         if "_pytest" in sys.modules and "PERFTRACKER_RUN_DIR" not in os.environ:
             return None  # a test process that imported perftracker: no agent traffic unless asked for
         with _channel_lock:

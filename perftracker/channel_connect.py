@@ -46,11 +46,13 @@ class AgentConnector:
                 self._last_autostart = now
                 from perftracker import autostart
 
-                if autostart.ensure_agent(self.config):
-                    try:
-                        return wire.connect(self.path, self.connect_timeout_s)
-                    except TransportError as exc:
-                        first_error = exc
+                announce = int(getattr(getattr(self.runtime, "identity", None), "local_rank", 0) or 0) == 0
+                if not autostart.ensure_agent(self.config, announce=announce):
+                    return None  # ensure_agent said why, in one line (local rank 0)
+                try:
+                    return wire.connect(self.path, self.connect_timeout_s)
+                except TransportError as exc:
+                    first_error = exc
         if self.autostart_pending():
             log.debug("perftracker: no node agent at %s yet; one starts after the first iteration", self.path)
         else:

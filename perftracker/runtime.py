@@ -14,19 +14,17 @@ Thread model:
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 
 from perftracker import hooks
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.detector import DATALOADER, KIND_NAMES, STEP, Detector, DetectorOptions
+from perftracker.identity import RuntimeIdentity, provisional_identity, settle_identity
 from perftracker.sinks import LoggingSink, TriggerSink
 
 log = logging.getLogger(__name__)
@@ -34,47 +32,11 @@ log = logging.getLogger(__name__)
 BoundaryListener = Callable[[int, int], None]
 
 
-@dataclass(frozen=True)
-class RuntimeIdentity:
-    rank: int
-    world_size: int
-    local_rank: int
-    host: str
-    pid: int
-    training_tid: int
-    job: str
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
-
-
 def identity_from_env(config: Config, environ: Mapping[str, str] | None = None) -> RuntimeIdentity:
-    """Rank and sizes from torchrun's environment; job from config, TORCHELASTIC_RUN_ID or script."""
-    env = os.environ if environ is None else environ
-
-    def _int(name: str, default: int) -> int:
-        try:
-            return int(env.get(name, default))
-        except ValueError:
-            log.warning("perftracker: ignoring non-integer %s=%r", name, env.get(name))
-            return default
-
-    job = config.job_id or env.get("TORCHELASTIC_RUN_ID", "")
-    if not job or job == "none":
-        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-        job = os.path.splitext(script)[0] or "python"
-        # two concurrent runs of one script on a node differ in their rendezvous port
-        if env.get("MASTER_PORT"):
-            job = f"{job}-{env['MASTER_PORT']}"
-    return RuntimeIdentity(
-        rank=_int("RANK", 0),
-        world_size=_int("WORLD_SIZE", 1),
-        local_rank=_int("LOCAL_RANK", 0),
-        host=socket.gethostname(),
-        pid=os.getpid(),
-        training_tid=threading.main_thread().native_id or threading.get_native_id(),
-        job=job,
-    )
+    """The provisional identity at import (perftracker/identity.py): torchrun's environment, or rank 0
+    of a job named after the script. The channel settles it from the process group before it
+    registers with the node agent."""
+    return provisional_identity(config.job_id, environ)
 
 
 class Runtime:
@@ -111,6 +73,22 @@ class Runtime:
     def iteration(self) -> int:
         """Completed iterations (before the sequence is learned: optimizer steps)."""
         return self.detector.iteration
+
+    def settle_identity(self, store_wait_s: float = 30.0) -> bool:
+        """Replace the provisional identity with the real one once it can be known (from the process
+        group, or because this process trains alone); see perftracker/identity.py. Call it from a
+        background thread (it may wait on the default store). Whether the identity is settled."""
+        if self.identity.settled:
+            return True
+        settled = settle_identity(self.identity, self.config.job_id, self.detector.iteration,
+                                  store_wait_s=store_wait_s)
+        if settled is None:
+            return False
+        if settled != self.identity:
+            log.info("perftracker: identity settled from the %s: job %s rank %d/%d (local rank %d)",
+                     settled.source, settled.job, settled.rank, settled.world_size, settled.local_rank)
+        self.identity = settled
+        return True
 
     def add_boundary_listener(self, fn: BoundaryListener) -> None:
         """``fn(t_ns, iteration)`` runs in the training thread right after each boundary event."""

@@ -7,7 +7,8 @@ is one object with a ``type`` field (one of ``MessageType``) and the fields that
 
 Workers send REGISTER first, then HEARTBEAT, ITER_STATS, TRIGGER, BLOCKED, HANG_SNAPSHOT and
 WINDOW_DONE. The agent answers REGISTER with ACK and sends START_WINDOW (and SNAPSHOT, a request for
-a hang snapshot) when a session opens.
+a hang snapshot) when a session opens, and NOTICE when something on its side means that no report
+will come (the worker logs it once, on local rank 0).
 
 The socket lives at ``<run_dir>/agent.sock`` (``socket_path``). Both blocking helpers
 (``send_message``/``recv_message`` for the worker's channel thread) and asyncio helpers
@@ -56,6 +57,7 @@ class MessageType(StrEnum):
     ACK = "ack"
     START_WINDOW = "start_window"
     SNAPSHOT = "snapshot"
+    NOTICE = "notice"  # an agent-side failure that means no report will come (logged once by the worker)
 
 
 # field -> accepted types; ints are also accepted where floats are expected
@@ -73,6 +75,7 @@ REQUIRED_FIELDS: dict[MessageType, dict[str, tuple[type, ...]]] = {
     MessageType.ACK: {"ok": (bool,)},
     MessageType.START_WINDOW: {"session": (str,), "window_s": (float, int)},
     MessageType.SNAPSHOT: {"session": (str,)},
+    MessageType.NOTICE: {"key": (str,), "text": (str,)},
 }
 
 

@@ -91,3 +91,15 @@ def test_two_ranks_flag_nothing_and_a_split_job_flags_nothing() -> None:
     assert small_job_threshold(np.array([1, 1]), 0.75).method == "none"
     assert minority_only(np.array([True, True, False, False])).tolist() == [False] * 4
     assert minority_only(np.array([True, False, False, False])).tolist() == [True, False, False, False]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_numpy_mad_is_statsmodels_mad(seed: int) -> None:
+    """The rule computes statsmodels' scaled MAD with numpy (the base install has no statsmodels)."""
+    from localizer.rule import scaled_mad
+
+    rng = np.random.default_rng(seed)
+    for n in (1, 2, 7, 100):
+        x = rng.integers(0, 40, n).astype(float)
+        center = float(np.median(x)) + (0.5 if seed == 2 else 0.0)
+        assert scaled_mad(x, center) == pytest.approx(float(mad(x, center=center)))

@@ -65,6 +65,34 @@ def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: fl
     return start_embedded(runs_dir, options=options)
 
 
+AGENT_ERROR = "agent.error"  # one line for the training log: why this agent could not run (autostart reads it)
+EXIT_MISSING_DEPENDENCY = 3
+
+
+def check_localizer_imports() -> None:
+    """Import what localizing needs now, in the agent: a missing package must stop the agent at
+    start with one clear line, not fail every report later (ImportError)."""
+    import importlib
+
+    for name in ("localizer.localize", "localizer.hang"):
+        importlib.import_module(name)
+
+
+def missing_dependency(run_dir: str, exc: ImportError) -> int:
+    """Log and leave ``<run_dir>/agent.error`` (for the worker that started us); the exit code."""
+    module = getattr(exc, "name", None) or str(exc)
+    line = (f"perftracker: no report will come: the node agent cannot run its localizer without the Python "
+            f"package {module!r}; install it (pip install {module.split('.')[0]}) or reinstall perftracker "
+            "with its default dependencies")
+    log.error("%s", line)
+    with contextlib.suppress(OSError):
+        path = os.path.join(run_dir, AGENT_ERROR)
+        with open(path + ".tmp", "w") as f:
+            f.write(line + "\n")
+        os.replace(path + ".tmp", path)
+    return EXIT_MISSING_DEPENDENCY
+
+
 def _embedded_idle(uplink: Any) -> bool:
     """True when the localizer has no open or localizing session (so an idle agent may exit)."""
     try:
@@ -83,11 +111,17 @@ async def serve(args: argparse.Namespace) -> int:
     if lock_fd is None:
         log.warning("another agent already runs for %s; exiting", args.run_dir)
         return 0
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(args.run_dir, AGENT_ERROR))  # an earlier agent's failure is not ours
     embedded = None
     try:
         if args.embedded_localizer:
-            embedded = await asyncio.to_thread(start_embedded_localizer, args.runs_dir, args.window_s,
-                                               args.collect_grace_s)
+            try:
+                embedded = await asyncio.to_thread(start_embedded_localizer, args.runs_dir, args.window_s,
+                                                   args.collect_grace_s)
+                await asyncio.to_thread(check_localizer_imports)
+            except ImportError as exc:
+                return missing_dependency(args.run_dir, exc)
             url, token = embedded.url, embedded.token
             log.warning("perftracker agent: embedded localizer at %s, reports under %s", url, embedded.runs_dir)
         else:
