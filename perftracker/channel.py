@@ -334,8 +334,8 @@ class AgentChannel:
 
         out_dir = os.path.join(self.config.run_dir, "windows")
         os.makedirs(out_dir, exist_ok=True)
-        return ProfileWindow(self.runtime.identity, out_dir, options=WindowOptions(stacks=self.config.window_stacks),
-                             runtime=self.runtime)
+        options = WindowOptions(stacks=self.config.window_stacks, exit_wait_s=self.config.exit_delay_s)
+        return ProfileWindow(self.runtime.identity, out_dir, options=options, runtime=self.runtime)
 
     def _start_window(self, session: str, window_s: float) -> None:
         grace_s = max(30.0, 2.0 * window_s)

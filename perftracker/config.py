@@ -51,6 +51,8 @@ class Config:
     # Python stacks in a window: "sample" (a 1 ms sampler thread, the default), "tracer" (torch's
     # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
+    # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
+    exit_delay_s: float = 8.0
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
@@ -62,6 +64,8 @@ class Config:
     def __post_init__(self) -> None:
         if self.trigger_burst < 1:
             raise ConfigError(f"PERFTRACKER_TRIGGER_BURST={self.trigger_burst}: expected at least 1")
+        if not 0.0 <= self.exit_delay_s <= 60.0:
+            raise ConfigError(f"PERFTRACKER_EXIT_DELAY_S={self.exit_delay_s}: expected 0 to 60 seconds")
         if self.window_stacks not in WINDOW_STACKS:
             raise ConfigError(f"PERFTRACKER_WINDOW_STACKS={self.window_stacks!r}: expected one of {', '.join(WINDOW_STACKS)}")
 

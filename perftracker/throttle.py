@@ -5,7 +5,8 @@ every time it comes back from a torch op, which can slow training several times 
 that run beside training call ``Throttle.tick()`` per item: after ``burst_s`` of work it sleeps
 long enough to keep its share of the GIL at ``duty`` (0.25 by default), so training keeps going at
 close to full speed while the window is written, and the writing takes longer instead. A set
-``cancel`` event makes the next check raise ``Cancelled`` (the window's exit path uses it).
+``cancel`` event makes the next check raise ``Cancelled``, and a set ``hurry`` event ends the pauses
+(the window's exit path uses both: hurry first, cancel when its time is up).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ class Cancelled(PerftrackerError):
 
 class Throttle:
     def __init__(self, duty: float = 0.25, burst_s: float = 0.002, check_every: int = 64,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, hurry: threading.Event | None = None) -> None:
         self.duty = min(max(duty, 0.01), 1.0)
         self.burst_ns = int(burst_s * 1e9)
         self.check_every = check_every
         self.cancel = cancel  # set -> the next check raises Cancelled
+        self.hurry = hurry  # set -> no more pauses (the process is exiting and waits for this work)
         self._n = 0
         self._t0 = time.monotonic_ns()
         self.slept_ns = 0
@@ -39,7 +41,7 @@ class Throttle:
         self._n = 0
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("cancelled")
-        if self.duty >= 1.0:
+        if self.duty >= 1.0 or (self.hurry is not None and self.hurry.is_set()):
             return
         busy = time.monotonic_ns() - self._t0
         if busy >= self.burst_ns:

@@ -90,6 +90,7 @@ class ProfileWindow(WindowWriter, WindowExit):
         self._cur: _Active | None = None
         self._finisher: threading.Thread | None = None
         self._cancel = threading.Event()  # set at exit: the writer stops at its next throttle check
+        self._hurry = threading.Event()  # set at exit: the writer stops yielding (window_exit.py)
         _register(self)
 
     # ---------------------------------------------------------------- any thread

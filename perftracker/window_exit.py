@@ -7,6 +7,22 @@ every ``ProfileWindow`` registers here, one ``atexit`` hook (registered with the
 them all, and ``Runtime.stop()`` calls ``shutdown_all`` too. ``WindowExit`` is a mixin of
 ``ProfileWindow`` (perftracker/window.py), which owns the state machine; ``shutdown_all`` is
 re-exported there (``perftracker.window.shutdown_all``).
+
+**A window near the end of training still yields a report** (issue 16). At interpreter exit
+(``finish_at_exit``) the window is not thrown away:
+
+- running in the training thread with at least one complete iteration: the profiler is stopped
+  there and the window is cut at its last complete iteration (the last boundary: what follows is
+  teardown, not training); then as below;
+- being written: the writer stops yielding the CPU and the GIL (``Throttle.hurry``) and the exit
+  hook waits for it, at most ``exit_wait_s`` (``PERFTRACKER_EXIT_DELAY_S``, 8 s by default). The
+  raw window is then handed to the node agent as usual (WINDOW_DONE, flushed by the channel's own
+  exit hook), and the agent summarizes and uploads it after this process has gone: the exiting
+  process only builds the raw events file, it never summarizes;
+- a writer still busy at the limit is cancelled: the window is discarded and logged once.
+
+An armed window (not started), or a running one with no complete iteration, is discarded as before.
+``perftracker.deactivate()`` (``shutdown``) still discards: it is asked for, and training goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from perftracker.window_writer import (
     _ACTIVE,
     _ARMED,
+    _FINISHING,
     _IDLE,
     _OVERRUN,
     WindowOptions,
@@ -41,11 +58,14 @@ class WindowExit:
     _cur: _Active | None
     _finisher: threading.Thread | None
     _cancel: threading.Event  # set at exit: the writer stops at its next check
+    _hurry: threading.Event  # set at exit: the writer stops yielding to training
 
     if TYPE_CHECKING:  # provided by ProfileWindow (perftracker/window.py)
         def _claim(self, cur: _Active, states: tuple[str, ...], to: str = ...) -> str | None: ...
         def _release(self, cur: _Active) -> Any: ...
         def _deliver(self, cur: _Active, res: WindowResult) -> None: ...
+        def _finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int,
+                    child: int | None) -> None: ...
 
     def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
         """End this window now (exit hook, deactivate); never raises.
@@ -74,6 +94,7 @@ class WindowExit:
         if prev is None:
             if writer_wait_s is not None:
                 self._cancel.set()
+                self._hurry.set()
                 self._join_writer(writer_wait_s, cur.session)
             return
         t0 = time.monotonic()
@@ -96,6 +117,63 @@ class WindowExit:
         log.warning("perftracker: window %s %s (%s, %.2f s)", cur.session, error,
                     "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
         self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
+
+    def finish_at_exit(self, wait_s: float) -> None:
+        """Interpreter exit: hand this window to the agent if it can be done in ``wait_s`` (see the
+        module doc), else discard it; never raises."""
+        t0 = time.monotonic()
+        cur = self._cur
+        if cur is None:
+            self._join_writer(wait_s, "")
+            return
+        state = self._state
+        if state == _ACTIVE:
+            if not self._cut_at_exit(cur):
+                self.shutdown("process exiting", wait_s)
+                return
+        elif state != _FINISHING:
+            self.shutdown("process exiting", wait_s)
+            return
+        self._hurry.set()
+        fin = self._finisher
+        if fin is not None and fin.is_alive() and fin is not threading.current_thread():
+            fin.join(max(0.0, wait_s - (time.monotonic() - t0)))
+            if fin.is_alive():
+                log.warning("perftracker: window %s: not written within the exit delay (%.1f s, "
+                            "PERFTRACKER_EXIT_DELAY_S); cancelling it", cur.session, wait_s)
+                self._cancel.set()
+                self._join_writer(1.0, cur.session)
+        if self._cur is None:
+            log.info("perftracker: window %s handed over at exit after %.2f s", cur.session, time.monotonic() - t0)
+
+    def _cut_at_exit(self, cur: _Active) -> bool:
+        """A running window at exit, in the training thread: stop the profiler and cut the window at
+        its last complete iteration, then write it (hurried). False when that cannot be done."""
+        if cur.capture is None or not cur.capture.started or threading.get_ident() != cur.thread_ident \
+                or len(cur.boundaries_ns) < 2:
+            return False
+        if self._claim(cur, (_ACTIVE,)) is None:
+            return False
+        t0 = time.monotonic_ns()
+        end_ns = cur.boundaries_ns[-1]
+        try:
+            result = self._release(cur)
+        except Exception as exc:  # noqa: BLE001 - exit path: never raise
+            error = f"discarded: process exiting; cleanup: {type(exc).__name__}: {exc}"
+            log.warning("perftracker: window %s %s", cur.session, error)
+            if cur.sampler is not None:
+                cur.sampler.close(timeout_s=0.5)
+            self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
+            return True
+        log.info("perftracker: window %s cut at exit at its last complete iteration (%d iterations)",
+                 cur.session, len(cur.boundaries_ns) - 1)
+        self._hurry.set()
+        self._finisher = threading.Thread(target=self._finish,
+                                          args=(cur, [result], end_ns, time.monotonic_ns() - t0, None),
+                                          name="perftracker-window-writer", daemon=True)
+        del result
+        self._finisher.start()
+        return True
 
     def _join_writer(self, wait_s: float, session: str) -> None:
         """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
@@ -139,12 +217,21 @@ def shutdown_all(reason: str = "perftracker deactivated", writer_wait_s: float |
             log.debug("perftracker: window shutdown failed", exc_info=True)
 
 
+def finish_all_at_exit() -> None:
+    """Hand every open window of this process to the agent, within its ``exit_wait_s``; never raises."""
+    with _windows_lock:
+        wins = list(_windows)
+    for win in wins:
+        try:
+            win.finish_at_exit(win.options.exit_wait_s)
+        except Exception:  # noqa: BLE001 - runs at exit
+            log.debug("perftracker: window exit failed", exc_info=True)
+
+
 def _at_exit() -> None:
     """Registered once: no profiler may be enabled when the interpreter finalizes (it segfaults)."""
     try:
-        with _windows_lock:
-            wait_s = max((w.options.exit_wait_s for w in _windows), default=0.0)
-        shutdown_all("process exiting", wait_s)
+        finish_all_at_exit()
         from perftracker.profiler import settle_after_stop
 
         slept_s = settle_after_stop()  # torch aborts a process that exits right after a stop

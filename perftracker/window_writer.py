@@ -44,11 +44,14 @@ class WindowOptions:
     writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
-    exit_wait_s: float = 2.0  # at interpreter exit: longest wait for a cancelled writer thread
+    # at interpreter exit: longest wait for the window to be written at full speed and handed to the
+    # agent (perftracker/window_exit.py); PERFTRACKER_EXIT_DELAY_S for the agent's windows
+    exit_wait_s: float = 8.0
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
-    # Test seam, None in production: called in the writer thread with the exit cancel event before
-    # it writes the file, so that a test can hold the window in "finishing" for as long as it needs
-    # (e.g. ``lambda cancel: cancel.wait(30)``: until the exit path cancels the writer).
+    # Test seam, None in production: called in the writer thread with the exit event (set as soon as
+    # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so
+    # that a test can hold the window in "finishing" for as long as it needs (e.g.
+    # ``lambda exiting: exiting.wait(30)``: until the exit path hurries or cancels the writer).
     writer_gate: Callable[[threading.Event], None] | None = field(default=None, compare=False, repr=False)
 
 
@@ -91,6 +94,7 @@ class WindowWriter:
     options: WindowOptions
     identity: Any
     _cancel: threading.Event
+    _hurry: threading.Event
 
     def _use_fork(self) -> bool:
         # Measured (bench/datagen.py): fork() of a training process costs ~1 s of main-thread time
@@ -142,7 +146,7 @@ class WindowWriter:
                 cur.sampler.send(f"end {end_ns}")
             raw_path = self._path(cur.session, "raw")
             if self.options.writer_gate is not None:
-                self.options.writer_gate(self._cancel)
+                self.options.writer_gate(self._hurry)
             if child is not None:
                 _, status = os.waitpid(child, 0)
                 if os.waitstatus_to_exitcode(status) != 0:
@@ -152,7 +156,8 @@ class WindowWriter:
             else:
                 if self._cancel.is_set():  # exiting already: do not start a build (it may take a minute)
                     raise Cancelled("cancelled before writing")
-                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel))
+                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel,
+                                                                hurry=self._hurry))
                 raw.save(raw_path)
                 rows = len(raw)
                 del raw
