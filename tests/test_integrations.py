@@ -1,0 +1,138 @@
+"""perftracker in the training stacks people use (issue 16): real frameworks, CPU, 2 ranks (one for the
+single-process job), the default embedded setup (an autostarted node agent and localizer).
+
+Each script under tests/integrations/ is a plain user script but for its `import perftracker` line.
+Each injects a clear slowdown (extra matrix products in the forward, well over +40 % of an
+iteration) on one rank from a given optimizer step. The test runs the job to its end as a user
+would, then waits for the agent to finish (the last window may be handed over at exit) and checks:
+
+- the job ran to the end (rc 0) and no perftracker traceback reached its output;
+- every rank registered under one job id (no job split by a guessed identity), the script's name;
+- a report stored after the slowdown began has a headline (its summary) that names the slow rank.
+
+Short windows and a short trigger cooldown come from PERFTRACKER_* variables only. Select these
+tests with ``-m integration``; they run in the default ``python -m pytest -q`` too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from agent_helpers import REPO, cleanup, env_for_tests, short_run_dir
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = REPO / "tests" / "integrations"
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    launcher: str  # "torchrun" | "python" (the script or its framework starts the other rank)
+    ranks: int
+    slow_rank: int
+    slow_from: int  # optimizer step from which the slow rank is slow
+    steps: int
+    extra: int  # extra matrix products per forward on the slow rank
+
+
+CASES = {
+    "hf_trainer": Case("hf_trainer.py", "torchrun", 2, 1, 80, 500, 2),
+    "accelerate": Case("accelerate_loop.py", "torchrun", 2, 1, 100, 900, 1),
+    "lightning": Case("lightning_ddp.py", "python", 2, 1, 100, 900, 1),
+    "mp_spawn": Case("mp_spawn_ddp.py", "python", 2, 1, 100, 900, 1),
+    "iterable_accum4": Case("iterable_accum.py", "torchrun", 2, 1, 60, 300, 1),
+    "single_process": Case("single_process.py", "python", 1, 0, 100, 900, 1),
+}
+_ITERATION = re.compile(r"iteration (\d+)")
+
+
+def _command(case: Case, port: int) -> list[str]:
+    args = [str(SCRIPTS / case.script), "--steps", str(case.steps), "--slow-rank", str(case.slow_rank),
+            "--slow-from", str(case.slow_from), "--extra", str(case.extra)]
+    if case.launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(case.ranks),
+                "--master_port", str(port), *args]
+    return [sys.executable, *args]
+
+
+def _reports(runs: Path) -> list[dict[str, object]]:
+    out = []
+    for path in (runs / "reports").glob("*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # being written
+            continue
+    return sorted(out, key=lambda r: int(r.get("created_ns", 0)))  # type: ignore[call-overload]
+
+
+def _after_slowdown(report: dict[str, object], slow_from: int) -> bool:
+    m = _ITERATION.search(str(report.get("trigger_reason", "")))
+    return m is not None and int(m.group(1)) >= slow_from
+
+
+def _stop_agent(run_dir: Path) -> None:
+    try:
+        pid = int(json.loads((run_dir / "agent.json").read_text())["pid"])
+        os.kill(pid, signal.SIGTERM)
+        psutil.Process(pid).wait(20)
+    except (OSError, ValueError, KeyError, psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass
+
+
+def _agent_log(run_dir: Path) -> str:
+    try:
+        return (run_dir / "agent.log").read_text(errors="replace")[-3000:]
+    except OSError as exc:
+        return f"(no agent log: {exc})"
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("name", list(CASES))
+def test_framework_job_ends_in_a_report_naming_the_slow_rank(name: str, tmp_path: Path, free_port: int) -> None:
+    case = CASES[name]
+    run_dir = short_run_dir(name[:6])
+    env = env_for_tests(
+        PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1",
+        PERFTRACKER_WINDOW_S="3", PERFTRACKER_TRIGGER_COOLDOWN_S="5",
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port),
+    )
+    runs = tmp_path / "perftracker-runs"
+    t0 = time.monotonic()
+    try:
+        job = subprocess.run(_command(case, free_port), cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+        out = job.stdout + job.stderr
+        trained_s = time.monotonic() - t0
+        assert job.returncode == 0, out[-4000:] + "\nagent log:\n" + _agent_log(run_dir)
+        assert f"{REPO}/perftracker/" not in out and f"{REPO}/agent/" not in out, out[-4000:]  # no traceback of ours
+        deadline = time.monotonic() + 120
+        found: dict[str, object] | None = None
+        while time.monotonic() < deadline and found is None:  # the agent finishes after the job ended
+            found = next((r for r in _reports(runs) if _after_slowdown(r, case.slow_from)), None)
+            time.sleep(0.5)
+        reports = _reports(runs)
+        listing = "\n".join(f"  {r.get('trigger_reason')} | {r.get('summary')}" for r in reports)
+        assert found is not None, f"no report after step {case.slow_from}; reports:\n{listing}\n" + _agent_log(run_dir)
+        headline = str(found["summary"])
+        print(f"\n{name}: trained {trained_s:.0f} s, report after {time.monotonic() - t0:.0f} s; "
+              f"headline: {headline}")
+        stem = Path(case.script).stem
+        jobs = {str(r["job"]) for r in reports}
+        assert len(jobs) == 1 and next(iter(jobs)).startswith(stem), jobs  # one job id, named after the script
+        assert list(found["ranks_reported"]) == list(range(case.ranks)), found["ranks_reported"]  # type: ignore[call-overload]
+        assert re.match(rf"rank {case.slow_rank}\b", headline), f"{name}: headline {headline!r}\n{listing}"
+    finally:
+        _stop_agent(run_dir)
+        cleanup(run_dir)
