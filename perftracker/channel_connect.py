@@ -33,6 +33,7 @@ class AgentConnector:
         self.autostart_every_s = autostart_every_s
         self._warn_once = warn_once
         self._last_autostart = -1.0  # monotonic time of the last autostart attempt; <0: none yet
+        self._autostart_failed = False  # an autostart failed: ensure_agent logged why; retries stay quiet
 
     def connect(self) -> socket.socket | None:
         """A connected socket, or None (logged once) when no agent answers."""
@@ -48,13 +49,14 @@ class AgentConnector:
 
                 announce = int(getattr(getattr(self.runtime, "identity", None), "local_rank", 0) or 0) == 0
                 if not autostart.ensure_agent(self.config, announce=announce):
+                    self._autostart_failed = True
                     return None  # ensure_agent said why, in one line (local rank 0)
                 try:
                     return wire.connect(self.path, self.connect_timeout_s)
                 except TransportError as exc:
                     first_error = exc
-        if self.autostart_pending():
-            log.debug("perftracker: no node agent at %s yet; one starts after the first iteration", self.path)
+        if self.autostart_pending() or self._autostart_failed:  # (a failed autostart said why, once)
+            log.debug("perftracker: no node agent at %s yet (%s)", self.path, first_error)
         else:
             self._warn_once("connect", "perftracker: no node agent at %s (%s); training continues, retrying with "
                             "backoff", self.path, first_error)

@@ -8,7 +8,10 @@ would, then waits for the agent to finish (the last window may be handed over at
 
 - the job ran to the end (rc 0) and no perftracker traceback reached its output;
 - every rank registered under one job id (no job split by a guessed identity), the script's name;
-- a report stored after the slowdown began has a headline (its summary) that names the slow rank.
+- the job's last report has a headline (its summary) that names the slow rank. The slowdown lasts
+  to the end of training, so the last session's window lies in it; on a loaded machine an earlier
+  noise trigger may open the session that the slowdown's own trigger then joins, so the test does
+  not insist that the session was opened by a trigger after the slowdown, only that one came.
 
 Short windows and a short trigger cooldown come from PERFTRACKER_* variables only. Select these
 tests with ``-m integration``; they run in the default ``python -m pytest -q`` too.
@@ -47,14 +50,15 @@ class Case:
 
 
 CASES = {
-    "hf_trainer": Case("hf_trainer.py", "torchrun", 2, 1, 80, 500, 2),
+    "hf_trainer": Case("hf_trainer.py", "torchrun", 2, 1, 60, 300, 6),
     "accelerate": Case("accelerate_loop.py", "torchrun", 2, 1, 100, 900, 1),
     "lightning": Case("lightning_ddp.py", "python", 2, 1, 100, 900, 1),
     "mp_spawn": Case("mp_spawn_ddp.py", "python", 2, 1, 100, 900, 1),
     "iterable_accum4": Case("iterable_accum.py", "torchrun", 2, 1, 60, 300, 1),
     "single_process": Case("single_process.py", "python", 1, 0, 100, 900, 1),
 }
-_ITERATION = re.compile(r"iteration (\d+)")
+# the agent's log line for each detector trigger it forwards (agent/upstream.py)
+_TRIGGERED = re.compile(r"triggered: slowdown \{[^\n]*'iteration': (\d+)")
 
 
 def _command(case: Case, port: int) -> list[str]:
@@ -76,9 +80,16 @@ def _reports(runs: Path) -> list[dict[str, object]]:
     return sorted(out, key=lambda r: int(r.get("created_ns", 0)))  # type: ignore[call-overload]
 
 
-def _after_slowdown(report: dict[str, object], slow_from: int) -> bool:
-    m = _ITERATION.search(str(report.get("trigger_reason", "")))
-    return m is not None and int(m.group(1)) >= slow_from
+def _settled(runs: Path) -> bool:
+    """Every session of the embedded localizer has ended (reported or failed), and there is one."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{runs / 'localizer.sqlite'}?mode=ro", uri=True, timeout=5) as db:
+            states = [s for (s,) in db.execute("SELECT state FROM sessions")]
+    except sqlite3.Error:
+        return False
+    return bool(states) and not any(s in ("open", "localizing") for s in states)
 
 
 def _stop_agent(run_dir: Path) -> None:
@@ -90,9 +101,9 @@ def _stop_agent(run_dir: Path) -> None:
         pass
 
 
-def _agent_log(run_dir: Path) -> str:
+def _agent_log(run_dir: Path, tail: int = 3000) -> str:
     try:
-        return (run_dir / "agent.log").read_text(errors="replace")[-3000:]
+        return (run_dir / "agent.log").read_text(errors="replace")[-tail:]
     except OSError as exc:
         return f"(no agent log: {exc})"
 
@@ -118,13 +129,15 @@ def test_framework_job_ends_in_a_report_naming_the_slow_rank(name: str, tmp_path
         assert job.returncode == 0, out[-4000:] + "\nagent log:\n" + _agent_log(run_dir)
         assert f"{REPO}/perftracker/" not in out and f"{REPO}/agent/" not in out, out[-4000:]  # no traceback of ours
         deadline = time.monotonic() + 120
-        found: dict[str, object] | None = None
-        while time.monotonic() < deadline and found is None:  # the agent finishes after the job ended
-            found = next((r for r in _reports(runs) if _after_slowdown(r, case.slow_from)), None)
+        while time.monotonic() < deadline and not _settled(runs):  # the agent finishes after the job ended
             time.sleep(0.5)
         reports = _reports(runs)
         listing = "\n".join(f"  {r.get('trigger_reason')} | {r.get('summary')}" for r in reports)
-        assert found is not None, f"no report after step {case.slow_from}; reports:\n{listing}\n" + _agent_log(run_dir)
+        log = _agent_log(run_dir, 10**7)
+        triggered = [int(m) for m in _TRIGGERED.findall(log)]
+        assert any(i >= case.slow_from for i in triggered), f"no trigger after step {case.slow_from}: {triggered}\n{log[-3000:]}"
+        assert reports, f"no report:\n{log[-3000:]}"
+        found = reports[-1]
         headline = str(found["summary"])
         print(f"\n{name}: trained {trained_s:.0f} s, report after {time.monotonic() - t0:.0f} s; "
               f"headline: {headline}")

@@ -6,9 +6,10 @@ extra matrix products in its forward from step SLOW_FROM on (the injected fault)
 
 import argparse
 
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
 from accelerate import Accelerator
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 
 class Net(torch.nn.Module):

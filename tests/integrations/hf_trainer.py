@@ -8,9 +8,10 @@ the model comes from a config and the data is random tokens (run with HF_HUB_OFF
 import argparse
 import os
 
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -37,7 +38,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64))
     if rank == args.slow_rank:  # the fault: extra compute in this rank's forward from step slow_from
-        w, calls = torch.randn(384, 384), [0]
+        w, calls = torch.randn(512, 512), [0]
 
         def slow(module: torch.nn.Module, inputs: object) -> None:
             calls[0] += 1

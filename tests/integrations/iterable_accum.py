@@ -8,10 +8,11 @@ optimizer step SLOW_FROM on (the injected fault).
 import argparse
 import contextlib
 
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 ACCUMULATE = 4
 

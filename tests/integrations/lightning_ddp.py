@@ -8,8 +8,9 @@ Rank SLOW_RANK does extra matrix products in its forward from step SLOW_FROM on 
 import argparse
 
 import lightning as L
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 
 class Model(L.LightningModule):

@@ -7,11 +7,12 @@ extra matrix products in its forward from step SLOW_FROM on (the injected fault)
 import argparse
 import os
 
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 
 class Net(torch.nn.Module):

@@ -6,8 +6,9 @@ on, its forward does extra matrix products (the injected fault, on rank 0: the o
 
 import argparse
 
-import perftracker  # noqa: F401  - the only perftracker line
 import torch
+
+import perftracker  # noqa: F401  - the only perftracker line
 
 
 class Net(torch.nn.Module):

@@ -1,0 +1,240 @@
+"""A Hugging Face Trainer job with and without `import perftracker`, side by side in one run (issue 16).
+
+The job: tests/integrations/hf_trainer.py's tiny GPT-2 (built from a config, random tokens, no
+download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
+
+1. **Throughput.** Runs alternate off, on, on, off, ... (ABBA, ``--rounds`` pairs): "off" never
+   imports perftracker; "on" imports it and gets the default embedded setup (a node agent is
+   autostarted in a fresh run dir, as for a user's first job; detector triggers may open windows,
+   which is part of the cost). Each run reports the Trainer's own ``train_samples_per_second``
+   (rank 0). ``ratio`` = median(on) / median(off).
+2. **A trigger about 30 s before the end** (``--trigger-before-end-s``): one more "on" run, longer,
+   with ``perftracker trigger`` (the CLI, default 20 s window) sent that long before the expected
+   end of training (from the "off" runs' speed). The window is still open or being written when
+   training ends; it must be handed to the agent and end in a report. ``exit_delay_s`` is how much
+   longer the ranks take from the end of ``trainer.train()`` to their last atexit hook than in the
+   "off" runs (each rank measures it; the worst rank counts).
+
+Usage: python bench/hf_job.py [--rounds 2] [--steps 150] [--trigger-before-end-s 30]
+Last stdout line: {"ratio": float, "samples_per_s_off": float, "samples_per_s_on": float,
+"exit_delay_s": float, "report_headline": str, ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------- child
+def child(args: argparse.Namespace) -> None:
+    """One rank of the job (under torchrun)."""
+    rank = os.environ.get("RANK", "0")
+
+    def at_exit() -> None:  # registered before perftracker's hooks: it runs after them
+        os.write(1, f"EXIT_END {rank} {time.monotonic_ns()}\n".encode())
+
+    atexit.register(at_exit)
+    if args.with_perftracker:
+        import perftracker  # noqa: F401
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    class Tokens(torch.utils.data.Dataset):
+        def __init__(self, n: int) -> None:
+            self.ids = torch.randint(0, 512, (n, 32), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64))
+    training = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8,
+                                 learning_rate=1e-3, logging_steps=10**6, save_strategy="no", report_to=[],
+                                 use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.steps * 16 + 64))
+    os.write(1, f"TRAIN_START {rank} {time.monotonic_ns()}\n".encode())
+    out = trainer.train()
+    os.write(1, f"TRAIN_END {rank} {time.monotonic_ns()}\n".encode())
+    if rank == "0":
+        os.write(1, ("METRICS " + json.dumps(out.metrics) + "\n").encode())
+
+
+# ---------------------------------------------------------------------------------------- parent
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFTRACKER_")}
+    env.update(PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), PERFTRACKER_RUN_DIR=str(run_dir),
+               PERFTRACKER_AUTOSTART_AGENT="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _stop_agent(run_dir: Path) -> None:
+    try:
+        pid = int(json.loads((run_dir / "agent.json").read_text())["pid"])
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(200):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def _parse(out: str) -> dict[str, object]:
+    starts: dict[str, int] = {}
+    ends: dict[str, int] = {}
+    exits: dict[str, int] = {}
+    metrics: dict[str, object] = {}
+    for line in out.splitlines():
+        parts = line.split(maxsplit=2)
+        if parts and parts[0] == "METRICS":
+            metrics = json.loads(line.split(" ", 1)[1])
+        elif len(parts) == 3 and parts[0] in ("TRAIN_START", "TRAIN_END", "EXIT_END"):
+            {"TRAIN_START": starts, "TRAIN_END": ends, "EXIT_END": exits}[parts[0]][parts[1]] = int(parts[2])
+    exit_s = max(((exits[r] - ends[r]) / 1e9 for r in ends if r in exits), default=float("nan"))
+    return {"metrics": metrics, "start_ns": starts.get("0", 0), "end_ns": ends.get("0", 0), "exit_s": exit_s}
+
+
+def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) -> dict[str, object]:
+    """One job; with ``trigger_after_start_s``, `perftracker trigger` that long after rank 0 began training."""
+    import threading
+
+    work = Path(tempfile.mkdtemp(prefix="pt-hfb-", dir="/tmp"))
+    run_dir = work / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           __file__, "--child", "--steps", str(steps), "--out", str(work / "hf-out")]
+    if on:
+        cmd.append("--with-perftracker")
+    env = _env(run_dir)
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("TRAIN_START 0 "):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    trigger = None
+    if trigger_after_start_s is not None and started.wait(600):
+        time.sleep(max(0.0, trigger_after_start_s))
+        trigger = subprocess.run([sys.executable, "-m", "perftracker", "trigger", "--no-wait"], cwd=work, env=env,
+                                 capture_output=True, text=True, timeout=60)
+    proc.wait(timeout=1800)
+    reader.join(30)
+    out = "".join(lines)
+    res = _parse(out)
+    res.update(rc=proc.returncode, work=str(work), tail=out[-2000:] if proc.returncode else "")
+    if trigger is not None:
+        res["trigger"] = (trigger.stdout + trigger.stderr).strip()[-500:]
+        res["report"] = _wait_report(work / "perftracker-runs", 180.0)
+        res["agent_log_tail"] = ""
+        if res["report"] is None:
+            try:
+                res["agent_log_tail"] = (run_dir / "agent.log").read_text()[-3000:]
+            except OSError:
+                pass
+    if on:
+        _stop_agent(run_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def _wait_report(runs: Path, timeout_s: float) -> dict[str, object] | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in sorted((runs / "reports").glob("*.json")):
+            try:
+                rep = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if "perftracker trigger" in str(rep.get("trigger_reason", "")):
+                return rep
+        time.sleep(1.0)
+    return None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--with-perftracker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default="hf-out", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=150, help="optimizer steps per throughput run")
+    p.add_argument("--rounds", type=int, default=2, help="ABBA pairs (off/on) for the throughput ratio")
+    p.add_argument("--trigger-before-end-s", type=float, default=30.0, help="0: skip the trigger run")
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
+    order = [False, True, True, False] * ((args.rounds + 1) // 2)
+    for on in order[: 2 * args.rounds]:
+        res = run_job(on, args.steps)
+        if res["rc"] != 0:
+            print(f"run failed (on={on}):\n{res['tail']}", file=sys.stderr)
+            return 1
+        m = res["metrics"]
+        runs[on].append(res)
+        print(f"{'on ' if on else 'off'}: {m['train_samples_per_second']:.1f} samples/s "  # type: ignore[index]
+              f"({m['train_runtime']:.1f} s), exit after train {res['exit_s']:.2f} s", flush=True)  # type: ignore[index]
+    sps = {on: statistics.median(float(r["metrics"]["train_samples_per_second"]) for r in runs[on])  # type: ignore[index]
+           for on in (False, True)}
+    exit_off = statistics.median(float(r["exit_s"]) for r in runs[False])  # type: ignore[arg-type]
+    result: dict[str, object] = {
+        "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
+        "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
+        "exit_after_train_off_s": round(exit_off, 3),
+    }
+    if args.trigger_before_end_s > 0:
+        s_per_step = statistics.median(float(r["metrics"]["train_runtime"]) for r in runs[False]) / args.steps  # type: ignore[index]
+        steps = max(args.steps, int((args.trigger_before_end_s + 40.0) / s_per_step))
+        train_s = steps * s_per_step
+        res = run_job(True, steps, trigger_after_start_s=train_s - args.trigger_before_end_s)
+        if res["rc"] != 0:
+            print(f"trigger run failed:\n{res['tail']}", file=sys.stderr)
+            return 1
+        trigger_to_end_s = (int(res["end_ns"]) - int(res["start_ns"])) / 1e9  # training time, rank 0
+        trigger_to_end_s = round(trigger_to_end_s, 1)
+        rep = res.get("report")
+        headline = str(rep.get("summary", "")) if isinstance(rep, dict) else ""
+        print(f"trigger run: {steps} steps, {trigger_to_end_s:.0f} s of training; trigger: {res.get('trigger')}")
+        print(f"  report: {json.dumps(rep)[:1500] if rep else 'none'}")
+        if not rep:
+            print(f"  agent log:\n{res.get('agent_log_tail')}")
+        result.update(exit_delay_s=round(float(res["exit_s"]) - exit_off, 3), exit_after_train_on_s=round(float(res["exit_s"]), 3),
+                      trigger_steps=steps, trigger_train_s=round(trigger_to_end_s, 1), report=bool(rep),
+                      report_headline=headline,
+                      report_ranks=list(rep.get("ranks_reported", [])) if isinstance(rep, dict) else [])
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
