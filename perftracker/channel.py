@@ -61,7 +61,10 @@ class ChannelOptions:
     autostart_every_s: float = 10.0  # at most one autostart attempt per this period
     queue_max: int = 256  # outgoing messages kept while disconnected (oldest dropped)
     recent_iterations: int = 50  # iteration times sent in ITER_STATS
-    exit_flush_s: float = 0.5  # at exit, wait at most this long to send the last messages
+    # at exit, wait at most this long to send the last messages (a handed-over window, "exited"): a
+    # worker that exits before its "exited" heartbeat is out looks dead to the agent (a hang session).
+    # With the window's exit delay (7 s) and its cancel (1 s), exit waits at most 10 s in all.
+    exit_flush_s: float = 2.0
     blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
     settle_poll_s: float = 0.5  # until the identity is settled, how often to look again
 
@@ -95,6 +98,7 @@ class AgentChannel:
         self._connector = AgentConnector(self.path, runtime, config, self.options.connect_timeout_s,
                                          self.options.autostart_every_s, self._warn_once)
         self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
+        self._exiting = False  # at_exit ran: every later heartbeat says "exited"
         self.connects = 0  # successful registrations, for status and tests
         self.sent_triggers = 0
 
@@ -159,6 +163,7 @@ class AgentChannel:
                 snap = exit_snapshot(self.runtime, exc)
                 if snap is not None:
                     self._enqueue(snapshot_message(snap))
+            self._exiting = True
             beat = heartbeat_message(self.runtime)
             beat["phase"] = "exited"
             self._enqueue(beat)
@@ -246,7 +251,10 @@ class AgentChannel:
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
-                self._send(sock, heartbeat_message(self.runtime))
+                beat = heartbeat_message(self.runtime)
+                if self._exiting:  # after at_exit: a later beat must not undo "exited" (a death)
+                    beat["phase"] = "exited"
+                self._send(sock, beat)
                 next_beat = now + opts.heartbeat_s
             if now >= next_stats:
                 stats = iter_stats_message(self.runtime, opts.recent_iterations)

@@ -52,7 +52,7 @@ class Config:
     # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
     # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
-    exit_delay_s: float = 8.0
+    exit_delay_s: float = 7.0
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here

@@ -15,7 +15,7 @@ re-exported there (``perftracker.window.shutdown_all``).
   there and the window is cut at its last complete iteration (the last boundary: what follows is
   teardown, not training); then as below;
 - being written: the writer stops yielding the CPU and the GIL (``Throttle.hurry``) and the exit
-  hook waits for it, at most ``exit_wait_s`` (``PERFTRACKER_EXIT_DELAY_S``, 8 s by default). The
+  hook waits for it, at most ``exit_wait_s`` (``PERFTRACKER_EXIT_DELAY_S``, 7 s by default). The
   raw window is then handed to the node agent as usual (WINDOW_DONE, flushed by the channel's own
   exit hook), and the agent summarizes and uploads it after this process has gone: the exiting
   process only builds the raw events file, it never summarizes;

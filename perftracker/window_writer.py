@@ -46,7 +46,7 @@ class WindowOptions:
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
     # at interpreter exit: longest wait for the window to be written at full speed and handed to the
     # agent (perftracker/window_exit.py); PERFTRACKER_EXIT_DELAY_S for the agent's windows
-    exit_wait_s: float = 8.0
+    exit_wait_s: float = 7.0
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
     # Test seam, None in production: called in the writer thread with the exit event (set as soon as
     # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so

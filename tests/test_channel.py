@@ -266,3 +266,22 @@ def test_no_blocked_checks_during_and_after_a_profile_window(run_dir: Path) -> N
     ch._quiet_until = time.monotonic() - 1  # the quiet period is over
     ch._check_blocked()
     assert len(calls) == 2
+
+
+def test_every_heartbeat_after_at_exit_says_exited(run_dir: Path) -> None:
+    """The interpreter may run for seconds after the channel's exit hook (other atexit hooks, module
+    teardown): a periodic heartbeat sent then must not undo "exited", or the agent takes the clean
+    exit for a death and opens a hang session."""
+    agent = Agent(wire.socket_path(run_dir))
+    ch = _channel(run_dir, Runtime())
+    try:
+        assert ch.wait_connected(5)
+        agent.wait_for("heartbeat", 2)
+        ch.at_exit()
+        n = len(agent.of("heartbeat"))
+        later = agent.wait_for("heartbeat", n + 3)[n:]  # FAST: a beat every 0.1 s
+        assert agent.of("heartbeat")[n - 1]["phase"] == "exited" or later[0]["phase"] == "exited"
+        assert [b["phase"] for b in later] == ["exited"] * len(later)
+    finally:
+        ch.stop()
+        agent.kill()
