@@ -174,6 +174,17 @@ def test_sendrecv_peers_are_the_ranks_that_ended_together() -> None:
     assert t[(2, sr)][1] == 200 and t[(3, sr)][1] == 200
 
 
+def test_sendrecv_pairs_when_ranks_run_different_numbers_of_them() -> None:
+    # pipeline-like: rank 0 sends to 1, then to 2; ranks 1 and 2 run one transfer each
+    sr = "ncclDevKernel_SendRecv"
+    ranks = [_rank(0, [_kernel("gemm", 0, 40), _kernel(sr, 40, 20), _kernel("gemm2", 60, 40), _kernel(sr, 100, 20)], 3),
+             _rank(1, [_kernel("gemm", 0, 10), _kernel(sr, 10, 50)], 3),
+             _rank(2, [_kernel("gemm", 0, 30), _kernel(sr, 30, 90)], 3)]
+    t = _times(ranks, [GpuFault("imbalance", (0,), {"factor": 2.0, "name": "gemm2"})])
+    assert t[(1, sr)][1] == 60  # the first transfer is not affected
+    assert t[(2, sr)][1] == 160  # rank 2's partner is rank 0's second transfer: 140 + 20
+
+
 def test_process_groups_from_record_param_comms_keep_instances_apart() -> None:
     # ranks 0,1 all-reduce in group "a", ranks 2,3 in group "b" (record_param_comms args, as newer
     # PyTorch writes them); slowing rank 0 delays its partner 1 and not the other group

@@ -366,44 +366,61 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
     return out
 
 
+def _is_p2p(name: str) -> bool:
+    n = name.lower()
+    return "send" in n or "recv" in n
+
+
 def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[str, list[int], bool, int]]],
                       edges: EdgeList, notes: list[str]) -> tuple[list[Instance], dict[int, int]]:
+    """Collective instances: the k-th NCCL kernel of a group on each member rank. Point-to-point
+    kernels (SendRecv, Send, Recv) of a group whose ranks the trace does not give are paired by
+    when they ended instead: a transfer ends on both sides at once, and ranks need not run the same
+    number of them (pipeline stages)."""
     seqs: dict[str, dict[int, list[tuple[list[int], bool, int]]]] = defaultdict(lambda: defaultdict(list))
+    pooled: dict[str, list[int]] = defaultdict(list)
     for rank, lst in nccl_by_rank.items():
         for key, members, given, g in lst:
-            seqs[key][rank].append((members, given, g))
+            if not given and _is_p2p(events[g].name):
+                pooled[key].append(g)
+            else:
+                seqs[key][rank].append((members, given, g))
     instances: list[Instance] = []
     edge_inst: dict[int, int] = {}
+
+    def add(key: str, k: int, grp: list[int]) -> None:
+        t = min(events[g].end_us - events[g].start_us for g in grp)
+        inst = len(instances)
+        instances.append(Instance(key, k, grp, t))
+        for m in grp:
+            for j in grp:
+                edge_inst[edges.add(2 * j, 2 * m + 1, t, TRANSFER)] = inst
+
     for key, per_rank in seqs.items():
         counts = {r: len(v) for r, v in per_rank.items()}
         if len(set(counts.values())) > 1:
-            notes.append(f"group {key}: ranks have different numbers of NCCL kernels {counts}; "
+            notes.append(f"group {key}: ranks have different numbers of NCCL collectives {counts}; "
                          "matching the k-th of each")
         for k in range(max(counts.values())):
             at = {r: v[k] for r, v in per_rank.items() if k < len(v)}
             members_given = next((m for m, given, _ in at.values() if given), None)
-            ranks_in = [r for r in at if members_given is None or r in members_given]
-            mem = [at[r][2] for r in sorted(ranks_in)]
-            groups = [mem]
-            if members_given is None and any("sendrecv" in events[g].name.lower() for g in mem):
-                groups = _split_by_end(events, mem)
-            for grp in groups:
-                t = min(events[g].end_us - events[g].start_us for g in grp)
-                inst = len(instances)
-                instances.append(Instance(key, k, grp, t))
-                for m in grp:
-                    for j in grp:
-                        edge_inst[edges.add(2 * j, 2 * m + 1, t, TRANSFER)] = inst
+            add(key, k, [at[r][2] for r in sorted(at) if members_given is None or r in members_given])
+    for key, gs in pooled.items():
+        for k, grp in enumerate(_pair_by_end(events, gs)):
+            add(key, k, grp)
     return instances, edge_inst
 
 
-def _split_by_end(events: list[Event], mem: list[int]) -> list[list[int]]:
-    """SendRecv peers: the members that ended together in the input (a transfer ends on both sides)."""
-    order = sorted(mem, key=lambda g: events[g].end_us)
-    groups = [[order[0]]]
-    for a, b in zip(order, order[1:], strict=False):
-        if events[b].end_us - events[a].end_us <= _SENDRECV_END_TOL_US:
-            groups[-1].append(b)
+def _pair_by_end(events: list[Event], kernels: list[int]) -> list[list[int]]:
+    """Point-to-point peers: kernels of different ranks that ended within a few µs of each other
+    in the input, at most one per rank."""
+    order = sorted(kernels, key=lambda g: (events[g].end_us, events[g].rank))
+    groups: list[list[int]] = []
+    for g in order:
+        cur = groups[-1] if groups else None
+        if (cur is not None and events[g].end_us - events[cur[0]].end_us <= _SENDRECV_END_TOL_US
+                and all(events[x].rank != events[g].rank for x in cur)):
+            cur.append(g)
         else:
-            groups.append([b])
+            groups.append([g])
     return groups
