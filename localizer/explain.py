@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from localizer.host import HOST_KEY, is_host_op
+from localizer.host import HOST_KEY, IDLE_KEY, is_host_op
 from perftracker.model import LINK_KEY, Box, Category, Triple, Wait, compress_ranks
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
@@ -82,6 +82,8 @@ def describe_function(label: str, key: str, category: Category, gpu: bool) -> st
         return f"memory op {label}"
     if category is Category.COLLECTIVE:
         return f"collective {label}"
+    if key == IDLE_KEY:
+        return "nothing on the critical path (no kernel ran and the host recorded nothing)"
     where = " in data loading" if _DATA_LOADING.search(key) else ""
     if gpu and is_host_op(key, label, category):
         return f"host op {label}{where}"
@@ -129,6 +131,8 @@ def _cause(category: Category, label: str, key: str, resource: str, beta_up: boo
         return "the process sleeps on the critical path"
     if _DATA_LOADING.search(key):
         return "slow input pipeline/storage"
+    if key == IDLE_KEY:
+        return "the host thread stalls outside the traced ops (a blocking call, I/O, a lock, a sleep)"
     if gpu and is_host_op(key, label, category):
         return "host-side work (op dispatch, annotations) on the critical path while the GPU waits"
     return f"Python work on the critical path while the {device} waits"
@@ -217,6 +221,15 @@ def _host_sentence(who: str, observed: Triple, median: Triple, expected: Box, te
         how = (f"{pct(observed.beta)} of the window" + (f", {ratio:.1f}× as long as on other ranks" if ratio else ""))
     top = ", ".join(f"{frame_text(label)} {pct(b)}" for label, b in parts)
     return f"{who}: the GPU waits for the host {how} — {cause}" + (f"; top host functions: {top}" if top else "")
+
+
+def also_clause(label: str, key: str, category: Category, observed: Triple, median: Triple, gpu: bool) -> str:
+    """"host op aten::copy_ 2.1× as long as on other ranks": a further symptom of the same ranks."""
+    what = describe_function(label, key, category, gpu)
+    ratio = _ratio(observed.beta, median.beta)
+    if ratio is None or median.beta < 1e-4:
+        return f"{what} {pct(observed.beta)} of the window, where other ranks barely run it"
+    return f"{what} {ratio:.1f}× as long as on other ranks ({pct(observed.beta)} of the window)"
 
 
 def waits_text(waits: Sequence[Wait], obj: str, n_workers: int) -> str:

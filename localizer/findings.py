@@ -26,7 +26,13 @@ import numpy as np
 
 from localizer.arrays import FunctionInfo, PatternArrays
 from localizer.distances import exact_median
-from localizer.explain import Consequence, describe_finding, describe_report
+from localizer.explain import (
+    Consequence,
+    also_clause,
+    describe_finding,
+    describe_ranks,
+    describe_report,
+)
 from localizer.host import HOST_KEY, top_host_functions
 from localizer.rule import Threshold
 from localizer.waits import LateGroup, WaitOptions, cause_of_lateness, late_groups, wait_families
@@ -39,6 +45,7 @@ if TYPE_CHECKING:
 _RANDOM_MIN_WORKERS = 3
 _RANDOM_IQR_OVER_MEDIAN = 0.5
 _LESS = 0.9
+_FEW_RANKS = 8  # a culprit of at most this many ranks absorbs findings on some of its ranks
 _MORE = 1.1
 
 
@@ -70,6 +77,7 @@ class _Draft:
     folded: bool = False
     waits: dict[str, Wait] | None = None  # collective label -> the peers that wait for these ranks there
     parts: tuple[tuple[str, float], ...] = ()
+    also: list[_Draft] | None = None  # other findings on exactly these ranks (one culprit, several symptoms)
 
 
 def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: LocalizeOptions
@@ -102,8 +110,9 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     for d in drafts:
         if d.verdict.info.key == HOST_KEY:
             d.parts = top_host_functions(arr, d.idx)
-    kept = [d for d in drafts if not d.folded]
-    kept.sort(key=lambda d: (-_impact(d), d.verdict.info.key, int(d.idx[0])))
+    kept = _merge_same_ranks([d for d in drafts if not d.folded])
+    material = opts.waits.wait_min
+    kept.sort(key=lambda d: (_tier(d, material), -_impact(d), d.verdict.info.key, int(d.idx[0])))
     max_points = opts.max_points
     findings = [_finding(d, arr, max_points) for d in kept]
     top = top_functions(arr, verdicts, opts.top_functions, medians)
@@ -250,6 +259,33 @@ def _add_wait(d: _Draft, w: Wait) -> None:
                                                          w.share)
 
 
+def _tier(d: _Draft, material: float) -> int:
+    """0 for a material cause on some ranks (measured against the job's own other ranks), 1 for the
+    rest. A job-wide (common) finding is judged against a configured expected range: it says how
+    the whole job runs, not why some ranks hold the others back, so a rank-specific cause that costs
+    the step at least ``material`` of the window is named first; both carry their impact."""
+    return 0 if d.kind != "common" and _impact(d) >= material else 1
+
+
+def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:
+    """Rank-specific findings on the same ranks, or on some of the few (≤ 8) ranks of a costlier
+    finding, are one culprit with several symptoms (a slow copy and the host op that waits for it):
+    the costliest keeps the others as "also" clauses, and their waits."""
+    specific = sorted((d for d in kept if d.kind != "common"), key=lambda d: -_impact(d))
+    for i, d in enumerate(specific):
+        for primary in specific[:i]:
+            if primary.folded or not np.isin(d.idx, primary.idx).all():
+                continue
+            if d.idx.size < primary.idx.size and primary.idx.size > _FEW_RANKS:
+                continue  # a part of a large group (3 of 48 hosts) is a finding of its own
+            primary.also = (primary.also or []) + [d]
+            for w in (d.waits or {}).values():
+                _add_wait(primary, w)
+            d.folded = True
+            break
+    return [d for d in kept if not d.folded]
+
+
 def _own_impact(d: _Draft) -> float:
     over_box = d.observed.beta - d.verdict.box.hi.beta if "expectation" in d.tests else 0.0
     return max(over_box, abs(d.observed.beta - d.median.beta), 0.0)
@@ -271,6 +307,10 @@ def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
         ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
         expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
         consequences=d.consequences, waits=waits, parts=d.parts)
+    for o in d.also or ():
+        on = "" if o.idx.size == d.idx.size else f" on {describe_ranks(np.sort(arr.ranks[o.idx]).tolist(), arr.n_workers)}"
+        sentence += f"; also{on} " + also_clause(o.verdict.info.label, o.verdict.info.key, o.verdict.info.category,
+                                                 o.observed, o.median, arr.gpu)
     impact = rounded(_impact(d))
     return Finding(
         key=info.key, label=info.label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,

@@ -22,10 +22,12 @@ from dataclasses import replace
 import numpy as np
 
 from localizer.arrays import FunctionInfo, PatternArrays
-from perftracker.model import Category
+from perftracker.model import LINK_KEY, Category
 
 HOST_KEY = "host:GPU waits for the host"
 HOST_LABEL = "GPU waits for the host"
+IDLE_KEY = "host:nothing on the critical path"
+IDLE_LABEL = "nothing on the critical path"
 # a Python frame in a function key: "/path/file.py(123): fn" (stack sampler, Kineto python_function),
 # "file.py:fn" (synthetic and hand-built stacks), or a C builtin called from Python
 _PY_FRAME = re.compile(r"\.py(\(\d+\)|:)|<built-in ")
@@ -34,7 +36,7 @@ _NOT_DISPATCH = re.compile(r"^(Python GC|CPU wait \(runnable, no core\))$")
 
 def is_host_op(key: str, label: str, category: Category) -> bool:
     """A python-category function that is a host op (dispatch, annotation), not a Python frame."""
-    return (category is Category.PYTHON and key != HOST_KEY and not _PY_FRAME.search(key)
+    return (category is Category.PYTHON and key not in (HOST_KEY, IDLE_KEY) and not _PY_FRAME.search(key)
             and not _NOT_DISPATCH.match(label))
 
 
@@ -55,6 +57,24 @@ def with_host_total(arr: PatternArrays) -> tuple[PatternArrays, list[int]]:
     total[0, 0] = np.minimum(arr.values[host, 0, :].sum(axis=0), 1.0)
     info = FunctionInfo(HOST_KEY, HOST_LABEL, Category.PYTHON, "")
     return replace(arr, functions=arr.functions + (info,), values=np.concatenate([arr.values, total])), host
+
+
+def with_idle_share(arr: PatternArrays) -> tuple[PatternArrays, int | None]:
+    """arr with one more function on a GPU window: the share of each worker's window in which no
+    function held the critical path (no kernel, copy or collective ran and the host recorded
+    nothing: a host thread that sleeps, blocks or works outside the traced ops), and its index.
+
+    It is never a finding by itself (how much of a window is untraced varies with the trace); it is
+    a candidate cause when a rank arrives late and none of its functions explains it (a host stall).
+    """
+    if not arr.gpu or any(info.key == IDLE_KEY for info in arr.functions):
+        return arr, None
+    own = [f for f, info in enumerate(arr.functions) if info.key not in (HOST_KEY, LINK_KEY)]
+    idle = np.zeros((1, 3, arr.n_workers))
+    idle[0, 0] = np.clip(1.0 - arr.values[own, 0, :].sum(axis=0), 0.0, 1.0)
+    info = FunctionInfo(IDLE_KEY, IDLE_LABEL, Category.PYTHON, "")
+    return (replace(arr, functions=arr.functions + (info,), values=np.concatenate([arr.values, idle])),
+            len(arr.functions))
 
 
 def top_host_functions(arr: PatternArrays, workers: np.ndarray, n: int = 5) -> tuple[tuple[str, float], ...]:

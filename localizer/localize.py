@@ -32,7 +32,7 @@ from localizer.distances import (
 from localizer.expect import OPEN_BOX, Expectations, load_expectations
 from localizer.findings import FunctionVerdict, build_findings
 from localizer.floors import Floors, floors_for
-from localizer.host import with_host_total
+from localizer.host import with_host_total, with_idle_share
 from localizer.rule import (
     GAUSSIAN_3_4,
     apply_rule,
@@ -116,6 +116,10 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
                 for f, info in enumerate(arr.functions)]
     if host:
         verdicts = judge_host_ops_together(verdicts, host, arr)
+    arr, idle = with_idle_share(arr)
+    if idle is not None:  # a candidate cause of lateness only, never a finding by itself
+        info = arr.functions[idle]
+        verdicts.append(FunctionVerdict(info, OPEN_BOX, "", exact_median(arr.values[idle, 0]), None, None, None))
     report = build_report(arr, verdicts, expectations, opts)
     log.info("localized %s/%s: %d workers x %d functions, %d finding(s) in %.2f s", arr.job, arr.session,
              arr.n_workers, len(arr.functions), len(report.findings), time.perf_counter() - t0)
