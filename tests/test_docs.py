@@ -71,15 +71,15 @@ def test_no_tracked_file_refers_to_a_path_outside_the_repository() -> None:
         try:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
-            continue  # binary (screenshots), or deleted in the work tree
-        reads_data = str(path.relative_to(REPO)).startswith(DATA_READERS)
+            continue  # binary, or deleted in the work tree
+        rel = str(path.relative_to(REPO))
         for lineno, line in enumerate(text.splitlines(), 1):
-            if reads_data:
+            if rel.startswith(DATA_READERS):
                 line = DATA_PATH.sub("", line)
-            if str(path.relative_to(REPO)) in STALE_DESIGN_CITATIONS:
+            if rel in STALE_DESIGN_CITATIONS:
                 line = line.replace("DESIGN.md section", "")
             if OUTSIDE_REFERENCES.search(line):
-                offenders.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
+                offenders.append(f"{rel}:{lineno}: {line.strip()}")
     assert not offenders, "references to files outside the repository:\n" + "\n".join(offenders)
 
 
