@@ -28,13 +28,6 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):
-        raise ValueError(f"number {text[:40]} overflows a float")
-    return v
-
-
 def _check_surrogates(value: Any) -> None:
     stack = [value]
     while stack:
@@ -53,27 +46,37 @@ def _check_surrogates(value: Any) -> None:
 
 def loads(raw: bytes | str) -> Any:
     """Parse strict JSON; ValueError names what is wrong."""
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
     try:
-        value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+        value = json.loads(raw, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 ({exc.reason})") from None
     _check_depth(value)
-    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
     if _SURROGATE_ESCAPE.search(data):
         _check_surrogates(value)
     return value
 
 
+_INF = float("inf")
+
+
 def _check_depth(value: Any) -> None:
-    stack = [(value, 1)]
+    """Nesting depth and overflowed numbers (``1e400`` parses as inf), iteratively."""
+    if type(value) is float and (value == _INF or value == -_INF):
+        raise ValueError("a number overflows a float")
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
     while stack:
         v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d > MAX_DEPTH:
-                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+        if d > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        for x in (v.values() if type(v) is dict else v):
+            t = type(x)
+            if t is list or t is dict:
+                stack.append((x, d + 1))
+            elif t is float and (x == _INF or x == -_INF):
+                raise ValueError("a number overflows a float")
 
 
 def _finite_copy(value: Any) -> Any:

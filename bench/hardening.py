@@ -1,0 +1,381 @@
+"""The issue-17 review's attacks, replayed against a perftracker tree: one line per item with what
+was observed. Run it against an older checkout to see the "before" column:
+
+    python bench/hardening.py [--tree /path/to/checkout]     # default: this checkout
+
+Only public interfaces are used (the CLI, HTTP, the Unix socket, the Store and SessionManager
+classes), so the same script runs against trees from before the fixes. Needs root for the
+cross-uid run-dir case (skipped otherwise). The last stdout line is one JSON object: item -> result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+TOKEN = "probe-token-0123456789abcdef"
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[hardening] {msg}\n")
+    sys.stderr.flush()
+
+
+class Localizer:
+    def __init__(self, tree: Path, tmp: Path, extra: list[str] | None = None, nofile: int | None = None,
+                 token: str | None = TOKEN) -> None:
+        self.tmp = tmp
+        ready = tmp / f"ready-{time.monotonic_ns()}.json"
+        env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1")
+        env.pop("PERFTRACKER_TOKEN", None)
+        if token is not None:
+            env["PERFTRACKER_TOKEN"] = token
+
+        def limit() -> None:
+            import resource
+
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        self.log_path = tmp / "localizer.log"
+        self.proc = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store",
+                                      str(tmp / "store" / "s.sqlite"), "--ready-file", str(ready), *(extra or [])],
+                                     env=env, stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                     preexec_fn=limit, cwd=str(tree))
+        end = time.monotonic() + 60
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"localizer did not start: {self.log_path.read_text()[-800:]}")
+            time.sleep(0.05)
+        self.port = int(json.loads(ready.read_text())["url"].rsplit(":", 1)[1])
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+                headers: dict[str, str] | None = None, timeout: float = 20) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+            conn.request(method, path, body=data, headers={"Authorization": f"Bearer {TOKEN}",
+                                                           "Content-Type": "application/json", **(headers or {})})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _ps(tree: Path, job: str, session: str, rank: int, world: int, **extra: Any) -> dict[str, Any]:
+    code = ("import json,sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + '/tests');"
+            "from service_helpers import make_pattern_set as m;"
+            "print(json.dumps(m(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])).to_dict()))")
+    out = subprocess.run([sys.executable, "-c", code, str(tree), job, session, str(rank), str(world)],
+                         capture_output=True, text=True, check=True, env=dict(os.environ, PERFTRACKER_DISABLE="1"))
+    return {**json.loads(out.stdout), **extra}
+
+
+def _workers(ranks: list[int], world: int) -> list[dict[str, Any]]:
+    return [{"rank": r, "local_rank": r, "world_size": world, "pid": 100 + r, "tid": 100 + r, "host": "n"} for r in ranks]
+
+
+# ---------------------------------------------------------------- items
+def item_run_dir(tree: Path, tmp: Path) -> str:
+    if os.geteuid() != 0:
+        return "skipped (needs root)"
+    d = Path(tempfile.mkdtemp(prefix="pt-probe-", dir="/tmp")) / "rd"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    os.chown(d, 10001, 10001)
+    victim = tmp / "victim"
+    victim.write_text("precious")
+    (d / "agent.tmp").symlink_to(victim)
+    (d / "agent.json.tmp").symlink_to(victim)
+    env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "agent", "--run-dir", str(d), "--runs-dir",
+                             str(tmp / "runs"), "--embedded-localizer", "--no-samplers"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 20
+    while time.monotonic() < end and proc.poll() is None and not (d / "agent.sock").exists():
+        time.sleep(0.1)
+    time.sleep(0.5)
+    started = (d / "agent.sock").exists()
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    refused = next((ln for ln in err.splitlines() if "refusing" in ln), "")
+    return (f"agent in a 0777 dir of uid 10001: {'listened' if started else 'refused'}"
+            f"{': ' + refused[:90] if refused else ''}; planted symlink target "
+            f"{'overwritten' if victim.read_text() != 'precious' else 'untouched'}")
+
+
+def item_slow_clients(tree: Path, tmp: Path) -> str:
+    (tmp / "slow").mkdir()
+    loc = Localizer(tree, tmp / "slow", nofile=1024)
+    try:
+        s = socket.create_connection(("127.0.0.1", loc.port))
+        s.sendall(b"GET /v1/healthz HTTP/1.1\r\nHost: x\r\n")
+        s.settimeout(15)
+        t0 = time.monotonic()
+        try:
+            closed = s.recv(10) == b""
+        except TimeoutError:
+            closed = False
+        held = time.monotonic() - t0
+        s.close()
+        idle = []
+        for _ in range(1100):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", loc.port), timeout=5))
+            except OSError:
+                break
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        try:
+            status, _ = loc.request("GET", "/v1/healthz", timeout=10)
+        except (OSError, http.client.HTTPException) as exc:
+            status = type(exc).__name__
+        took = time.monotonic() - t0
+        for c in idle:
+            c.close()
+        emfile = loc.log_path.read_text().count("Too many open files")
+        return (f"unfinished headers {'closed after %.1f s' % held if closed else 'still open after %.0f s' % held}; "
+                f"ulimit 1024 + 1100 idle sockets: healthz {status} in {took:.1f} s, {emfile} EMFILE log lines")
+    finally:
+        loc.stop()
+
+
+def item_sessions_1000(tree: Path, tmp: Path) -> str:
+    (tmp / "s1000" / "store").mkdir(parents=True)
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
+            "from localizer.store import Store, SessionRecord; s = Store(sys.argv[2]); now = time.time_ns();"
+            "[s.insert_session(SessionRecord(seq=0, session=f's{i:05d}', job='j', kind='slowdown', reason='r',"
+            " window_s=1.0, state='done', opened_ns=now, deadline_ns=now, expected=(0,))) for i in range(1002)]")
+    subprocess.run([sys.executable, "-c", code, str(tree), str(tmp / "s1000" / "store" / "s.sqlite")], check=True,
+                   env=dict(os.environ, PERFTRACKER_DISABLE="1"))
+    loc = Localizer(tree, tmp / "s1000")
+    try:
+        _, body = loc.request("GET", "/v1/sessions")
+        d = json.loads(body)
+        names = [s["session"] for s in d["sessions"]]
+        return (f"GET /v1/sessions of 1002: {len(names)} listed, newest s01001 "
+                f"{'present' if 's01001' in names else 'missing'}, next cursor {'yes' if d.get('next') else 'no'}")
+    finally:
+        loc.stop()
+
+
+def item_write_scope(tree: Path, tmp: Path) -> str:
+    (tmp / "scope").mkdir()
+    loc = Localizer(tree, tmp / "scope", extra=["--window-s", "60"])
+    try:
+        st, b = loc.request("POST", "/v1/agents/register", {"job": "victim", "agent_id": "a", "host": "n",
+                                                             "workers": _workers([0, 1], 2)})
+        key = json.loads(b).get("agent_key", "")
+        _, b = loc.request("POST", "/v1/jobs/victim/triggers", {"reason": "t"})
+        session = json.loads(b)["session"]
+        mine = _ps(tree, "victim", session, 0, 2)
+        st_up, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", mine, headers={"X-Perftracker-Agent-Key": key})
+        st_reg, _ = loc.request("POST", "/v1/agents/register", {"job": "victim", "agent_id": "evil", "host": "x",
+                                                                 "workers": _workers([0], 2)})
+        theirs = _ps(tree, "victim", session, 0, 2, host="evil-host")
+        st_rep, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", theirs)
+        return f"owner upload {st_up}; other agent re-registers rank 0: {st_reg}; replaces its upload: {st_rep}"
+    finally:
+        loc.stop()
+
+
+def item_tokens(tree: Path, tmp: Path) -> str:
+    tokens = []
+    for i in range(2):
+        (tmp / f"tok{i}").mkdir(exist_ok=True)
+        d = tmp / "tokstore"
+        env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1")
+        env.pop("PERFTRACKER_TOKEN", None)
+        ready = tmp / f"tok{i}" / "ready.json"
+        p = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store",
+                              str(d / "s.sqlite"), "--ready-file", str(ready)], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        tokens.append((d / "token").read_text().strip() if (d / "token").exists() else "")
+        p.terminate()
+        p.wait(15)
+    weak = {}
+    for t in ("x", "REPLACE-ME-with-a-random-token"):
+        env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1", PERFTRACKER_TOKEN=t)
+        ready = tmp / f"weak-{len(weak)}.json"
+        p = subprocess.Popen([sys.executable, "-m", "perftracker", "localizer", "--port", "0", "--store",
+                              str(tmp / f"weak{len(weak)}" / "s.sqlite"), "--ready-file", str(ready)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        end = time.monotonic() + 30
+        while not ready.exists() and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+        weak[t[:10]] = "refused" if p.poll() not in (None, 0) else "accepted"
+        p.terminate()
+        p.wait(15)
+    return f"token kept across a restart: {tokens[0] == tokens[1] and bool(tokens[0])}; weak tokens: {weak}"
+
+
+def item_bad_input(tree: Path, tmp: Path) -> str:
+    (tmp / "bad").mkdir()
+    loc = Localizer(tree, tmp / "bad", extra=["--window-s", "60"])
+    try:
+        _, b = loc.request("POST", "/v1/agents/register", {"job": "jb", "agent_id": "a", "host": "n",
+                                                           "workers": _workers([0, 1], 2)})
+        key = json.loads(b).get("agent_key", "")
+        _, b = loc.request("POST", "/v1/jobs/jb/triggers", {"reason": "t"})
+        session = json.loads(b)["session"]
+        good = _ps(tree, "jb", session, 0, 2)
+        h = {"X-Perftracker-Agent-Key": key}
+        reg = json.dumps({"job": "jb", "agent_id": "b", "host": "n", "workers": _workers([1], 2)})
+        cases = {
+            "deep": ("/v1/agents/register", b"[" * 100_000 + b"]" * 100_000),
+            "Infinity": (f"/v1/sessions/{session}/patterns", json.dumps({**good, "coords": {"dp": 1}}).replace(
+                '"dp": 1', '"dp": Infinity').encode()),
+            "surrogate": ("/v1/agents/register", reg.replace('"host": "n"', '"host": "\\ud800"', 1).encode()),
+            "nan_str": (f"/v1/sessions/{session}/patterns", json.dumps({**good, "iteration_ms": ["nan"]}).encode()),
+        }
+        out = {name: loc.request("POST", path, raw=body, headers=h)[0] for name, (path, body) in cases.items()}
+        tb = loc.log_path.read_text().count("Traceback")
+        return f"statuses {out}; tracebacks in the log: {tb}"
+    finally:
+        loc.stop()
+
+
+_FULL = r"""
+import json, resource, signal, sys
+sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[2] + "/tests")
+from pathlib import Path
+from localizer.sessions import SessionManager
+from localizer.store import Store
+from localizer.validate import parse_registration
+from service_helpers import make_pattern_set, workers
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+path = Path(sys.argv[1]); store = Store(path); mgr = SessionManager(store)
+mgr.register(parse_registration({"job": "j", "agent_id": "a", "workers": workers(range(400), 400)}))
+s, _ = mgr.trigger("j", "t")
+wal = Path(str(path) + "-wal"); soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (max(path.stat().st_size, wal.stat().st_size) + 400_000, hard))
+ok = 0
+for r in range(400):
+    try:
+        mgr.accept_patterns(make_pattern_set("j", s.session, r, 400, seed=r)); ok += 1
+    except Exception:
+        pass
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+print(json.dumps({"counted": len(mgr.view(s.session).uploaded), "stored": len(Store(path).uploaded_ranks(s.session))}))
+"""
+
+
+def item_counts(tree: Path, tmp: Path) -> str:
+    out = subprocess.run([sys.executable, "-c", _FULL, str(tmp / "full.sqlite"), str(tree)], capture_output=True,
+                         text=True, env=dict(os.environ, PERFTRACKER_DISABLE="1"), timeout=300)
+    if out.returncode:
+        return f"error: {out.stderr[-200:]}"
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    return f"disk full part way: {d['counted']} counted in memory vs {d['stored']} in the store"
+
+
+def item_agent_inputs(tree: Path, tmp: Path) -> str:
+    d = Path(tempfile.mkdtemp(prefix="pt-probe-", dir="/tmp"))
+    env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "agent", "--run-dir", str(d), "--runs-dir",
+                             str(tmp / "runs-agent"), "--embedded-localizer", "--no-samplers"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 30
+        while not (d / "agent.sock").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(d / "agent.sock"))
+
+        def send(msg: dict[str, Any]) -> None:
+            b = json.dumps(msg).encode()
+            s.sendall(struct.pack(">I", len(b)) + b)
+
+        send({"type": "register", "protocol": 1, "job": "jv", "rank": 0, "world_size": 1, "local_rank": 0,
+              "pid": os.getpid(), "training_tid": os.getpid(), "host": "h"})
+        s.settimeout(10)
+        (n,) = struct.unpack(">I", s.recv(4))
+        s.recv(n)
+        victim = tmp / "victim.npz"
+        victim.write_text("keep")
+        send({"type": "window_done", "session": "nosuch", "raw_path": str(victim), "start_ns": 1, "end_ns": 2,
+              "error": ""})
+        send({"type": "iter_stats", "iteration": 3, "recent_ms": [1.0], "mean_ms": "fast"})
+        time.sleep(3)
+        s.settimeout(1)
+        try:
+            alive = s.recv(1) != b""
+        except TimeoutError:
+            alive = True
+        s.close()
+        return (f"wrong-type field: connection {'kept' if alive else 'dropped'}; raw_path outside the run dir: "
+                f"{'kept' if victim.exists() else 'deleted'}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def item_modes(tree: Path, tmp: Path) -> str:
+    (tmp / "modes").mkdir()
+    loc = Localizer(tree, tmp / "modes")
+    loc.stop()
+    store = tmp / "modes" / "store"
+    return (f"store dir {stat.S_IMODE(store.stat().st_mode):04o}, store file "
+            f"{stat.S_IMODE((store / 's.sqlite').stat().st_mode):04o}")
+
+
+ITEMS = {"1 run dir": item_run_dir, "2 slow clients": item_slow_clients, "3 sessions > 1000": item_sessions_1000,
+         "4 write scope": item_write_scope, "6 tokens": item_tokens, "7/8 bad input": item_bad_input,
+         "9 counts": item_counts, "10 agent inputs": item_agent_inputs, "11 modes": item_modes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", default=str(HERE), help="the perftracker checkout to attack (default: this one)")
+    ap.add_argument("--only", default="", help="comma-separated item numbers")
+    args = ap.parse_args()
+    tree = Path(args.tree).resolve()
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="pt-hardening-") as t:
+        for name, fn in ITEMS.items():
+            if args.only and name.split()[0] not in args.only.split(","):
+                continue
+            sub = Path(t) / name.split()[0].replace("/", "_")
+            sub.mkdir()
+            t0 = time.monotonic()
+            try:
+                results[name] = fn(tree, sub)
+            except Exception as exc:  # noqa: BLE001 - reported as the observation
+                results[name] = f"error: {type(exc).__name__}: {exc}"[:300]
+            log(f"{name}: {results[name]} ({time.monotonic() - t0:.1f} s)")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
