@@ -191,11 +191,14 @@ async def drive(url: str, n_agents: int, window_s: float, seed: int, n_jobs: int
         log(f"{len(agents)} agents ({n_jobs} job(s)) registered in {time.monotonic() - t0:.1f} s; all long-polling")
         await asyncio.sleep(1.0)  # let every long poll reach the server
         h = {"Authorization": f"Bearer {TOKEN}"}
-        sessions = []
-        for job in jobs:
+        async def trigger(job: str) -> str:
             async with http.post(f"{url}/v1/jobs/{job}/triggers", json={"reason": "bench", "window_s": window_s},
                                  headers=h) as r:
-                sessions.append((await r.json())["session"])
+                return str((await r.json())["session"])
+
+        t_trig = time.monotonic()
+        sessions = list(await asyncio.gather(*(trigger(job) for job in jobs)))  # all sessions open together
+        log(f"{len(sessions)} session(s) opened in {time.monotonic() - t_trig:.2f} s")
         log(f"trigger: session(s) {sessions}")
         await asyncio.gather(*tasks)
         done = [a for a in agents if a.upload_ms is not None]

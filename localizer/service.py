@@ -94,6 +94,7 @@ class ServiceOptions:
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0
     max_connections: int | None = None
+    max_uploads_in_flight: int = 64  # uploads read, parsed and committed at once (memory bound)
     # TLS for agent <-> localizer (docs/security.md): PEM certificate chain and private key
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -129,6 +130,7 @@ class LocalizerService:
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.guard: ConnectionGuard | None = None
+        self._upload_slots: asyncio.Semaphore | None = None  # made on the service's loop
         self.app = self._build_app()
         self.metrics = install_metrics(self)  # GET /metrics (localizer.metrics)
 
@@ -312,6 +314,15 @@ class LocalizerService:
                                  status=200 if joined else 201)
 
     async def upload_patterns(self, request: web.Request) -> web.Response:
+        """At most ``max_uploads_in_flight`` uploads are read, parsed and committed at once; the
+        others wait with their bodies still in the kernel's socket buffers (bounded memory when
+        thousands of agents upload together)."""
+        if self._upload_slots is None:
+            self._upload_slots = asyncio.Semaphore(self.options.max_uploads_in_flight)
+        async with self._upload_slots:
+            return await self._upload_patterns(request)
+
+    async def _upload_patterns(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
         raw = await read_body(request, self.options.body_timeout_s)
         if request.content_type == PATTERNS_ZLIB:

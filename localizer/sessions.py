@@ -424,11 +424,11 @@ class SessionManager:
                                      self.clock.now_ns())
         with self._lock:
             cached = self.cache.sets(s.session)
-        stored = self.store.pattern_ranks(s.session)
-        if set(stored) == set(cached):  # every upload of this process's lifetime: no re-parsing
-            sets = [cached[r] for r in sorted(cached)]
-        else:  # after a restart: read the store
-            sets = self.store.pattern_sets(s.session)
+        stored = set(self.store.pattern_ranks(s.session))
+        have = {r: ps for r, ps in cached.items() if r in stored}
+        # what the bounded cache dropped (or a restart lost) is parsed again from the store
+        more = self.store.pattern_sets(s.session, skip=list(have)) if len(have) < len(stored) else []
+        sets = sorted([*have.values(), *more], key=lambda ps: ps.rank)
         return build_slowdown_report(s, sets, localize_options)
 
     def finish(self, session: str, report: Report) -> bool:

@@ -442,9 +442,11 @@ class Store:
     def pattern_ranks(self, session: str) -> list[int]:
         return [r[0] for r in self._query("SELECT rank FROM patterns WHERE session=? ORDER BY rank", (session,))]
 
-    def pattern_sets(self, session: str) -> list[PatternSet]:
-        rows = self._query("SELECT body, schema_version FROM patterns WHERE session=? ORDER BY rank", (session,))
-        return [PatternSet.from_bytes(bytes(body)) for body, _ in rows]
+    def pattern_sets(self, session: str, skip: Sequence[int] = ()) -> list[PatternSet]:
+        """The session's stored PatternSets by rank, leaving out the ranks in ``skip``."""
+        rows = self._query("SELECT rank, body FROM patterns WHERE session=? ORDER BY rank", (session,))
+        leave = set(skip)
+        return [PatternSet.from_bytes(bytes(body)) for rank, body in rows if rank not in leave]
 
     def put_hang_snapshot(self, snap: HangSnapshot, session: str, now_ns: int) -> None:
         with self._tx() as db:
