@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,7 @@ def item_slow_clients(tree: Path, tmp: Path) -> str:
         for c in idle:
             c.close()
         emfile = loc.log_path.read_text().count("Too many open files")
-        return (f"unfinished headers {'closed after %.1f s' % held if closed else 'still open after %.0f s' % held}; "
+        return (f"unfinished headers {f'closed after {held:.1f} s' if closed else f'still open after {held:.0f} s'}; "
                 f"ulimit 1024 + 1100 idle sockets: healthz {status} in {took:.1f} s, {emfile} EMFILE log lines")
     finally:
         loc.stop()
@@ -173,11 +174,19 @@ def item_sessions_1000(tree: Path, tmp: Path) -> str:
                    env=dict(os.environ, PERFTRACKER_DISABLE="1"))
     loc = Localizer(tree, tmp / "s1000")
     try:
-        _, body = loc.request("GET", "/v1/sessions")
-        d = json.loads(body)
-        names = [s["session"] for s in d["sessions"]]
-        return (f"GET /v1/sessions of 1002: {len(names)} listed, newest s01001 "
-                f"{'present' if 's01001' in names else 'missing'}, next cursor {'yes' if d.get('next') else 'no'}")
+        names: list[str] = []
+        after = None
+        for _ in range(10):  # follow the pages (an older localizer has no cursor: one page)
+            _, body = loc.request("GET", "/v1/sessions" + (f"?after={after}" if after else ""))
+            d = json.loads(body)
+            names += [s["session"] for s in d["sessions"]]
+            after = d.get("next")
+            if not after:
+                break
+        _, body = loc.request("GET", "/v1/sessions?order=desc&limit=1&state=done")
+        latest = json.loads(body)["sessions"][0]["session"]
+        return (f"1002 sessions: {len(set(names))} listed over the pages, newest s01001 "
+                f"{'present' if 's01001' in names else 'missing'}; 'latest' query answers {latest}")
     finally:
         loc.stop()
 
@@ -198,6 +207,45 @@ def item_write_scope(tree: Path, tmp: Path) -> str:
         theirs = _ps(tree, "victim", session, 0, 2, host="evil-host")
         st_rep, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", theirs)
         return f"owner upload {st_up}; other agent re-registers rank 0: {st_reg}; replaces its upload: {st_rep}"
+    finally:
+        loc.stop()
+
+
+_BIG = r"""
+import json, sys, zlib
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tests")
+from service_helpers import make_pattern_set
+ps = make_pattern_set("big", sys.argv[2], int(sys.argv[3]), 64, n_python=30000, n_kernels=10000, seed=int(sys.argv[3]))
+sys.stdout.buffer.write(zlib.compress(json.dumps(ps.to_dict()).encode(), 6))
+"""
+
+
+def item_memory(tree: Path, tmp: Path) -> str:
+    import psutil
+
+    (tmp / "mem").mkdir()
+    loc = Localizer(tree, tmp / "mem", extra=["--window-s", "300"])
+    try:
+        _, b = loc.request("POST", "/v1/agents/register", {"job": "big", "agent_id": "a", "host": "n",
+                                                           "workers": _workers(list(range(64)), 64)})
+        key = json.loads(b).get("agent_key", "")
+        _, b = loc.request("POST", "/v1/jobs/big/triggers", {"reason": "t"})
+        session = json.loads(b)["session"]
+        proc = psutil.Process(loc.proc.pid)
+        rss0 = proc.memory_info().rss
+        inflated = 0
+        statuses = []
+        for rank in range(16):
+            body = subprocess.run([sys.executable, "-c", _BIG, str(tree), session, str(rank)], capture_output=True,
+                                  check=True, env=dict(os.environ, PERFTRACKER_DISABLE="1")).stdout
+            inflated += len(zlib.decompress(body))
+            st, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", raw=body,
+                                headers={"Content-Type": "application/x-perftracker-patterns+zlib",
+                                         "X-Perftracker-Agent-Key": key}, timeout=120)
+            statuses.append(st)
+        rss1 = proc.memory_info().rss
+        return (f"16 uploads of {inflated / 16 / 2**20:.1f} MiB JSON ({set(statuses)}), session open: RSS "
+                f"{rss0 / 2**20:.0f} -> {rss1 / 2**20:.0f} MB")
     finally:
         loc.stop()
 
@@ -350,7 +398,7 @@ def item_modes(tree: Path, tmp: Path) -> str:
 
 
 ITEMS = {"1 run dir": item_run_dir, "2 slow clients": item_slow_clients, "3 sessions > 1000": item_sessions_1000,
-         "4 write scope": item_write_scope, "6 tokens": item_tokens, "7/8 bad input": item_bad_input,
+         "4 write scope": item_write_scope, "5 memory": item_memory, "6 tokens": item_tokens, "7/8 bad input": item_bad_input,
          "9 counts": item_counts, "10 agent inputs": item_agent_inputs, "11 modes": item_modes}
 
 
