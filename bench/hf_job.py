@@ -26,6 +26,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -48,6 +49,13 @@ def child(args: argparse.Namespace) -> None:
 
     atexit.register(at_exit)
     if args.with_perftracker:
+        import logging
+
+        handler = logging.StreamHandler(sys.stdout)  # the window's exit lines, for the trigger run
+        handler.setFormatter(logging.Formatter(f"PTLOG rank {rank}: %(message)s"))
+        win_log = logging.getLogger("perftracker.window")
+        win_log.setLevel(logging.INFO)
+        win_log.addHandler(handler)
         import perftracker  # noqa: F401
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -151,10 +159,12 @@ def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) ->
     reader.join(30)
     out = "".join(lines)
     res = _parse(out)
-    res.update(rc=proc.returncode, work=str(work), tail=out[-2000:] if proc.returncode else "")
+    res.update(rc=proc.returncode, work=str(work), tail=out[-2000:] if proc.returncode else "",
+               window_log=[ln.strip() for ln in lines if ln.startswith("PTLOG")])
     if trigger is not None:
         res["trigger"] = (trigger.stdout + trigger.stderr).strip()[-500:]
-        res["report"] = _wait_report(work / "perftracker-runs", 180.0)
+        m = re.search(r"(?:opened|joined) session (\S+)", trigger.stdout)
+        res["report"] = _wait_report(work / "perftracker-runs", m.group(1) if m else "", 180.0)
         res["agent_log_tail"] = ""
         if res["report"] is None:
             try:
@@ -167,17 +177,15 @@ def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) ->
     return res
 
 
-def _wait_report(runs: Path, timeout_s: float) -> dict[str, object] | None:
+def _wait_report(runs: Path, session: str, timeout_s: float) -> dict[str, object] | None:
+    """The stored report of ``session`` (the one the trigger opened or joined)."""
+    path = runs / "reports" / f"{session}.json"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for path in sorted((runs / "reports").glob("*.json")):
-            try:
-                rep = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if "perftracker trigger" in str(rep.get("trigger_reason", "")):
-                return rep
-        time.sleep(1.0)
+    while session and time.monotonic() < deadline:
+        try:
+            return dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            time.sleep(1.0)
     return None
 
 
@@ -220,16 +228,18 @@ def main() -> int:
         if res["rc"] != 0:
             print(f"trigger run failed:\n{res['tail']}", file=sys.stderr)
             return 1
-        trigger_to_end_s = (int(res["end_ns"]) - int(res["start_ns"])) / 1e9  # training time, rank 0
-        trigger_to_end_s = round(trigger_to_end_s, 1)
+        train_measured_s = round((int(res["end_ns"]) - int(res["start_ns"])) / 1e9, 1)  # rank 0
         rep = res.get("report")
         headline = str(rep.get("summary", "")) if isinstance(rep, dict) else ""
-        print(f"trigger run: {steps} steps, {trigger_to_end_s:.0f} s of training; trigger: {res.get('trigger')}")
+        print(f"trigger run: {steps} steps, {train_measured_s:.0f} s of training, trigger "
+              f"{args.trigger_before_end_s:.0f} s before the expected end: {res.get('trigger')}")
+        for line in res["window_log"]:  # type: ignore[attr-defined]
+            print(f"  {line}")
         print(f"  report: {json.dumps(rep)[:1500] if rep else 'none'}")
         if not rep:
             print(f"  agent log:\n{res.get('agent_log_tail')}")
         result.update(exit_delay_s=round(float(res["exit_s"]) - exit_off, 3), exit_after_train_on_s=round(float(res["exit_s"]), 3),
-                      trigger_steps=steps, trigger_train_s=round(trigger_to_end_s, 1), report=bool(rep),
+                      trigger_steps=steps, trigger_train_s=train_measured_s, report=bool(rep),
                       report_headline=headline,
                       report_ranks=list(rep.get("ranks_reported", [])) if isinstance(rep, dict) else [])
     print(json.dumps(result))

@@ -9,10 +9,11 @@ would, then waits for the agent to finish (the last window may be handed over at
 - the job ran to the end (rc 0) and no perftracker traceback reached its output;
 - every rank registered under one job id (no job split by a guessed identity), the script's name;
 - no hang report: the job ended cleanly, so no rank may look dead to the agent;
-- the job's last slowdown report has a headline (its summary) that names the slow rank. The slowdown lasts
-  to the end of training, so the last session's window lies in it; on a loaded machine an earlier
-  noise trigger may open the session that the slowdown's own trigger then joins, so the test does
-  not insist that the session was opened by a trigger after the slowdown, only that one came.
+- the job's last slowdown report has a headline (its summary) that names the slow rank. The slowdown
+  lasts to the end of training, so the last session's window lies in it. On a loaded machine a
+  noise trigger just before the slowdown may open that session, and the slowdown's own detection
+  is then absorbed by its window (by design: docs/detection.md), so the test does not insist on a
+  trigger after the slowdown; a window before the slowdown cannot name the slow rank.
 
 Short windows and a short trigger cooldown come from PERFTRACKER_* variables only. Select these
 tests with ``-m integration``; they run in the default ``python -m pytest -q`` too.
@@ -135,16 +136,15 @@ def test_framework_job_ends_in_a_report_naming_the_slow_rank(name: str, tmp_path
         reports = _reports(runs)
         listing = "\n".join(f"  {r.get('trigger_reason')} | {r.get('summary')}" for r in reports)
         log = _agent_log(run_dir, 10**7)
-        triggered = [int(m) for m in _TRIGGERED.findall(log)]
-        assert any(i >= case.slow_from for i in triggered), f"no trigger after step {case.slow_from}: {triggered}\n{log[-3000:]}"
+        triggered = [int(m) for m in _TRIGGERED.findall(log)]  # detector triggers, by iteration (for the record)
         assert reports, f"no report:\n{log[-3000:]}"
         assert not [r for r in reports if r.get("kind") == "hang"], listing  # it ended cleanly: no death, no hang
         slowdowns = [r for r in reports if r.get("kind") == "slowdown"]
         assert slowdowns, f"no slowdown report:\n{listing}\n{log[-3000:]}"
         found = slowdowns[-1]
         headline = str(found["summary"])
-        print(f"\n{name}: trained {trained_s:.0f} s, report after {time.monotonic() - t0:.0f} s; "
-              f"headline: {headline}")
+        print(f"\n{name}: trained {trained_s:.0f} s, report after {time.monotonic() - t0:.0f} s, "
+              f"triggers at iterations {triggered}; headline: {headline}")
         stem = Path(case.script).stem
         jobs = {str(r["job"]) for r in reports}
         assert len(jobs) == 1 and next(iter(jobs)).startswith(stem), jobs  # one job id, named after the script
