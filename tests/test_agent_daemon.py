@@ -147,6 +147,29 @@ def test_worker_whose_window_fails_is_named_missing(run_dir: Path, tmp_path: Pat
         agent.kill(signal.SIGTERM)
 
 
+def test_a_session_no_local_rank_could_upload_sends_one_notice_each(run_dir: Path, tmp_path: Path) -> None:
+    """No report will come from this node: each worker hears it (NOTICE), once, as one line of text;
+    a node where one rank uploaded sends none (the report comes, partial)."""
+    agent = AgentProc(run_dir, tmp_path / "runs", "--no-samplers", "--collect-grace-s", "30",
+                      "--poll-timeout-s", "5")
+    try:
+        agent.wait_ready()
+        w0, w1 = WireWorker(run_dir, 0, 2), WireWorker(run_dir, 1, 2)
+        up = agent.uplink()
+        wait_until(lambda: "jobT" in up.jobs(), 10, what="registration")
+        session, _ = up.create_trigger("jobT", "cli", 1.0)
+        for w in (w0, w1):
+            m = w.recv()
+            assert m["type"] == "start_window"
+            w.send(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0, end_ns=0, error="disk full")
+        notices = [w.recv(30) for w in (w0, w1)]
+        assert [n["type"] for n in notices] == ["notice", "notice"] and notices[0]["key"] == "session-failed"
+        assert notices[0]["text"].startswith(f"perftracker: session {session}: no report will come from 2 rank(s)")
+        assert "disk full" in notices[0]["text"] and "\n" not in notices[0]["text"]
+    finally:
+        agent.kill(signal.SIGTERM)
+
+
 def test_exactly_one_agent_per_run_dir(run_dir: Path, tmp_path: Path) -> None:
     a = AgentProc(run_dir, tmp_path / "runs1")
     try:

@@ -285,3 +285,28 @@ def test_every_heartbeat_after_at_exit_says_exited(run_dir: Path) -> None:
     finally:
         ch.stop()
         agent.kill()
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_an_agent_notice_is_one_line_once_on_local_rank_0(run_dir: Path, local_rank: int,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    agent = Agent(wire.socket_path(run_dir))
+    rt = Runtime()
+    rt.identity.local_rank = local_rank
+    ch = _channel(run_dir, rt)
+    text = "perftracker: session s1: no report will come from 2 rank(s) on this node:\nrank 0 window failed"
+    try:
+        assert ch.wait_connected(5)
+        with caplog.at_level(logging.DEBUG, logger="perftracker.channel"):
+            for _ in range(3):  # the same failure again: still one line
+                agent.send_all(wire.make_message(MessageType.NOTICE, key="session-failed", text=text))
+            agent.wait_for("heartbeat", len(agent.of("heartbeat")) + 3)  # the channel has read them
+        lines = [r for r in caplog.records if "no report will come" in r.getMessage()]
+        warnings = [r for r in lines if r.levelno >= logging.WARNING]
+        assert len(lines) == 3
+        assert [r.getMessage() for r in warnings] == (
+            ["perftracker: session s1: no report will come from 2 rank(s) on this node: rank 0 window failed"]
+            if local_rank == 0 else [])
+    finally:
+        ch.stop()
+        agent.kill()
