@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -134,7 +135,7 @@ class WindowExit:
         elif state != _FINISHING:
             self.shutdown("process exiting", wait_s)
             return
-        self._hurry.set()
+        self._hurry_writer()
         fin = self._finisher
         if fin is not None and fin.is_alive() and fin is not threading.current_thread():
             fin.join(max(0.0, wait_s - (time.monotonic() - t0)))
@@ -145,6 +146,17 @@ class WindowExit:
                 self._join_writer(1.0, cur.session)
         if self._cur is None:
             log.info("perftracker: window %s handed over at exit after %.2f s", cur.session, time.monotonic() - t0)
+
+    def _hurry_writer(self) -> None:
+        """Training is over: the writer stops yielding the GIL (Throttle) and, where the OS lets an
+        unprivileged process raise a thread's priority back, the CPU (nice 0)."""
+        self._hurry.set()
+        tid = getattr(self, "_writer_tid", 0)
+        if tid:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+            except (OSError, AttributeError):
+                pass
 
     def _cut_at_exit(self, cur: _Active) -> bool:
         """A running window at exit, in the training thread: stop the profiler and cut the window at

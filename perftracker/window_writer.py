@@ -95,6 +95,7 @@ class WindowWriter:
     identity: Any
     _cancel: threading.Event
     _hurry: threading.Event
+    _writer_tid: int = 0  # the writer thread's native id (the exit path restores its priority)
 
     def _use_fork(self) -> bool:
         # Measured (bench/datagen.py): fork() of a training process costs ~1 s of main-thread time
@@ -135,10 +136,12 @@ class WindowWriter:
         exit as soon as ``on_done`` returns, and a daemon thread still in torch's C++ code at
         finalization aborts the process."""
         result = holder.pop() if holder else None
-        try:  # the writer yields the CPU to training as well as the GIL (Throttle)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.options.writer_nice)
-        except (OSError, AttributeError):
-            pass
+        self._writer_tid = threading.get_native_id()
+        if not self._hurry.is_set():
+            try:  # the writer yields the CPU to training as well as the GIL (Throttle)
+                os.setpriority(os.PRIO_PROCESS, self._writer_tid, self.options.writer_nice)
+            except (OSError, AttributeError):
+                pass
         res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
         try:
             samples_path = None
