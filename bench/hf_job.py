@@ -9,13 +9,14 @@ download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
    which is part of the cost). Each run reports the Trainer's own ``train_samples_per_second``
    (rank 0). ``ratio`` = median(on) / median(off).
 2. **A trigger about 30 s before the end** (``--trigger-before-end-s``): one more "on" run, longer,
-   with ``perftracker trigger`` (the CLI, default 20 s window) sent that long before the expected
-   end of training (from the "off" runs' speed). The window is still open or being written when
+   with ``perftracker trigger`` (the CLI, default 20 s window) sent once rank 0's remaining steps
+   at its recent speed take that long (the detector's own triggers are off in this run, see
+   ``--auto-triggers``). The window is still open or being written when
    training ends; it must be handed to the agent and end in a report. ``exit_delay_s`` is how much
    longer the ranks take from the end of ``trainer.train()`` to their last atexit hook than in the
    "off" runs (each rank measures it; the worst rank counts).
 
-Usage: python bench/hf_job.py [--rounds 2] [--steps 150] [--trigger-before-end-s 30]
+Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30]
 Last stdout line: {"ratio": float, "samples_per_s_off": float, "samples_per_s_on": float,
 "exit_delay_s": float, "report_headline": str, ...}
 """
@@ -75,7 +76,15 @@ def child(args: argparse.Namespace) -> None:
     training = TrainingArguments(output_dir=args.out, max_steps=args.steps, per_device_train_batch_size=8,
                                  learning_rate=1e-3, logging_steps=10**6, save_strategy="no", report_to=[],
                                  use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=0)
-    trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.steps * 16 + 64))
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):  # rank 0 tells the bench how far it is (to time the trigger)
+        def on_step_end(self, a, state, control, **kw):  # type: ignore[no-untyped-def]
+            if rank == "0" and state.global_step % 25 == 0:
+                os.write(1, f"STEP {state.global_step} {time.monotonic_ns()}\n".encode())
+
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.steps * 16 + 64),
+                      callbacks=[Progress()])
     os.write(1, f"TRAIN_START {rank} {time.monotonic_ns()}\n".encode())
     out = trainer.train()
     os.write(1, f"TRAIN_END {rank} {time.monotonic_ns()}\n".encode())
@@ -126,8 +135,10 @@ def _parse(out: str) -> dict[str, object]:
     return {"metrics": metrics, "start_ns": starts.get("0", 0), "end_ns": ends.get("0", 0), "exit_s": exit_s}
 
 
-def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) -> dict[str, object]:
-    """One job; with ``trigger_after_start_s``, `perftracker trigger` that long after rank 0 began training."""
+def run_job(on: bool, steps: int, trigger_before_end_s: float | None = None,
+            env_extra: dict[str, str] | None = None) -> dict[str, object]:
+    """One job; with ``trigger_before_end_s``, `perftracker trigger` once rank 0's remaining steps at
+    its recent speed (the last 100 steps) take no longer than that."""
     import threading
 
     work = Path(tempfile.mkdtemp(prefix="pt-hfb-", dir="/tmp"))
@@ -136,29 +147,38 @@ def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) ->
            __file__, "--child", "--steps", str(steps), "--out", str(work / "hf-out")]
     if on:
         cmd.append("--with-perftracker")
-    env = _env(run_dir)
+    env = {**_env(run_dir), **(env_extra or {})}
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
-    started = threading.Event()
+    due = threading.Event()
+    progress: list[tuple[int, int]] = []  # (step, t_ns) of rank 0
 
     def read() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("TRAIN_START 0 "):
-                started.set()
+            if line.startswith("STEP ") and trigger_before_end_s is not None:
+                step, t_ns = (int(x) for x in line.split()[1:3])
+                progress.append((step, t_ns))
+                old = [p for p in progress if p[0] <= step - 100]
+                if old:
+                    s_per_step = (t_ns - old[-1][1]) / 1e9 / (step - old[-1][0])
+                    if (steps - step) * s_per_step <= trigger_before_end_s:
+                        due.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     trigger = None
-    if trigger_after_start_s is not None and started.wait(600):
-        time.sleep(max(0.0, trigger_after_start_s))
+    trigger_ns = 0
+    if trigger_before_end_s is not None and due.wait(1200):
+        trigger_ns = time.monotonic_ns()
         trigger = subprocess.run([sys.executable, "-m", "perftracker", "trigger", "--no-wait"], cwd=work, env=env,
                                  capture_output=True, text=True, timeout=60)
     proc.wait(timeout=1800)
     reader.join(30)
     out = "".join(lines)
     res = _parse(out)
+    res["trigger_to_end_s"] = (int(res["end_ns"]) - trigger_ns) / 1e9 if trigger_ns else float("nan")
     res.update(rc=proc.returncode, work=str(work), tail=out[-2000:] if proc.returncode else "",
                window_log=[ln.strip() for ln in lines if ln.startswith("PTLOG")])
     if trigger is not None:
@@ -166,7 +186,8 @@ def run_job(on: bool, steps: int, trigger_after_start_s: float | None = None) ->
         m = re.search(r"(?:opened|joined) session (\S+)", trigger.stdout)
         res["report"] = _wait_report(work / "perftracker-runs", m.group(1) if m else "", 180.0)
         res["agent_log_tail"] = ""
-        if res["report"] is None:
+        rep = res["report"]
+        if rep is None or rep.get("status") != "complete":  # type: ignore[attr-defined]
             try:
                 res["agent_log_tail"] = (run_dir / "agent.log").read_text()[-3000:]
             except OSError:
@@ -194,37 +215,49 @@ def main() -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--with-perftracker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="hf-out", help=argparse.SUPPRESS)
-    p.add_argument("--steps", type=int, default=150, help="optimizer steps per throughput run")
-    p.add_argument("--rounds", type=int, default=2, help="ABBA pairs (off/on) for the throughput ratio")
+    p.add_argument("--steps", type=int, default=600, help="optimizer steps per throughput run")
+    p.add_argument("--rounds", type=int, default=3, help="off/on pairs, in ABBA order, for the throughput ratio")
     p.add_argument("--trigger-before-end-s", type=float, default=30.0, help="0: skip the trigger run")
+    p.add_argument("--auto-triggers", action="store_true", help="keep the detector's triggers in the trigger run")
+    p.add_argument("--skip-throughput", type=float, default=0.0, metavar="S_PER_STEP",
+                   help="skip the off/on runs; use this many seconds per step for the trigger run")
     args = p.parse_args()
     if args.child:
         child(args)
         return 0
     runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
     order = [False, True, True, False] * ((args.rounds + 1) // 2)
-    for on in order[: 2 * args.rounds]:
+    for on in ([] if args.skip_throughput else order[: 2 * args.rounds]):
         res = run_job(on, args.steps)
         if res["rc"] != 0:
             print(f"run failed (on={on}):\n{res['tail']}", file=sys.stderr)
             return 1
         m = res["metrics"]
         runs[on].append(res)
+        windows = sum(" started" in ln for ln in res["window_log"])  # type: ignore[attr-defined]
         print(f"{'on ' if on else 'off'}: {m['train_samples_per_second']:.1f} samples/s "  # type: ignore[index]
-              f"({m['train_runtime']:.1f} s), exit after train {res['exit_s']:.2f} s", flush=True)  # type: ignore[index]
-    sps = {on: statistics.median(float(r["metrics"]["train_samples_per_second"]) for r in runs[on])  # type: ignore[index]
-           for on in (False, True)}
-    exit_off = statistics.median(float(r["exit_s"]) for r in runs[False])  # type: ignore[arg-type]
-    result: dict[str, object] = {
-        "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
-        "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
-        "exit_after_train_off_s": round(exit_off, 3),
-    }
+              f"({m['train_runtime']:.1f} s), exit after train {res['exit_s']:.2f} s"  # type: ignore[index]
+              + (f", {windows // 2} detector window(s)" if on else ""), flush=True)
+    result: dict[str, object] = {}
+    exit_off = 0.0
+    if runs[False]:
+        sps = {on: statistics.median(float(r["metrics"]["train_samples_per_second"]) for r in runs[on])  # type: ignore[index]
+               for on in (False, True)}
+        exit_off = statistics.median(float(r["exit_s"]) for r in runs[False])  # type: ignore[arg-type]
+        result = {
+            "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
+            "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
+            "exit_after_train_off_s": round(exit_off, 3),
+        }
     if args.trigger_before_end_s > 0:
-        s_per_step = statistics.median(float(r["metrics"]["train_runtime"]) for r in runs[False]) / args.steps  # type: ignore[index]
+        s_per_step = args.skip_throughput or (
+            statistics.median(float(r["metrics"]["train_runtime"]) for r in runs[False]) / args.steps)  # type: ignore[index]
         steps = max(args.steps, int((args.trigger_before_end_s + 40.0) / s_per_step))
-        train_s = steps * s_per_step
-        res = run_job(True, steps, trigger_after_start_s=train_s - args.trigger_before_end_s)
+        # the detector's own triggers off for this run (--auto-triggers keeps them): on a loaded
+        # machine a noise trigger's 20 s window may still be written when the CLI trigger comes, and
+        # the worker then refuses the second window; this run is about the window at exit
+        extra = {} if args.auto_triggers else {"PERFTRACKER_SLOWDOWN_THRESHOLD": "100"}
+        res = run_job(True, steps, trigger_before_end_s=args.trigger_before_end_s, env_extra=extra)
         if res["rc"] != 0:
             print(f"trigger run failed:\n{res['tail']}", file=sys.stderr)
             return 1
@@ -232,14 +265,15 @@ def main() -> int:
         rep = res.get("report")
         headline = str(rep.get("summary", "")) if isinstance(rep, dict) else ""
         print(f"trigger run: {steps} steps, {train_measured_s:.0f} s of training, trigger "
-              f"{args.trigger_before_end_s:.0f} s before the expected end: {res.get('trigger')}")
+              f"{float(res['trigger_to_end_s']):.1f} s before its end: {res.get('trigger')}")
         for line in res["window_log"]:  # type: ignore[attr-defined]
             print(f"  {line}")
         print(f"  report: {json.dumps(rep)[:1500] if rep else 'none'}")
-        if not rep:
+        if res.get("agent_log_tail"):
             print(f"  agent log:\n{res.get('agent_log_tail')}")
         result.update(exit_delay_s=round(float(res["exit_s"]) - exit_off, 3), exit_after_train_on_s=round(float(res["exit_s"]), 3),
-                      trigger_steps=steps, trigger_train_s=train_measured_s, report=bool(rep),
+                      trigger_steps=steps, trigger_train_s=train_measured_s,
+                      trigger_to_end_s=round(float(res["trigger_to_end_s"]), 1), report=bool(rep),
                       report_headline=headline,
                       report_ranks=list(rep.get("ranks_reported", [])) if isinstance(rep, dict) else [])
     print(json.dumps(result))
