@@ -9,7 +9,8 @@ would, then waits for the agent to finish (the last window may be handed over at
 - the job ran to the end (rc 0) and no perftracker traceback reached its output;
 - every rank registered under one job id (no job split by a guessed identity), the script's name;
 - no hang report: the job ended cleanly, so no rank may look dead to the agent;
-- the job's last slowdown report has a headline (its summary) that names the slow rank. The slowdown
+- the job's last slowdown report of every rank has a headline (its summary) that names the slow
+  rank (a session opened in the job's last seconds may miss a rank that ended first). The slowdown
   lasts to the end of training, so the last session's window lies in it. On a loaded machine a
   noise trigger just before the slowdown may open that session, and the slowdown's own detection
   is then absorbed by its window (by design: docs/detection.md), so the test does not insist on a
@@ -139,8 +140,11 @@ def test_framework_job_ends_in_a_report_naming_the_slow_rank(name: str, tmp_path
         triggered = [int(m) for m in _TRIGGERED.findall(log)]  # detector triggers, by iteration (for the record)
         assert reports, f"no report:\n{log[-3000:]}"
         assert not [r for r in reports if r.get("kind") == "hang"], listing  # it ended cleanly: no death, no hang
-        slowdowns = [r for r in reports if r.get("kind") == "slowdown"]
-        assert slowdowns, f"no slowdown report:\n{listing}\n{log[-3000:]}"
+        # a session opened in the last seconds of training may miss a rank that ended before its
+        # window could start (a partial report, by design); the last report with every rank counts
+        slowdowns = [r for r in reports if r.get("kind") == "slowdown"
+                     and list(r.get("ranks_reported", ())) == list(range(case.ranks))]  # type: ignore[call-overload]
+        assert slowdowns, f"no slowdown report of every rank:\n{listing}\n{log[-6000:]}"
         found = slowdowns[-1]
         headline = str(found["summary"])
         print(f"\n{name}: trained {trained_s:.0f} s, report after {time.monotonic() - t0:.0f} s, "
@@ -148,7 +152,6 @@ def test_framework_job_ends_in_a_report_naming_the_slow_rank(name: str, tmp_path
         stem = Path(case.script).stem
         jobs = {str(r["job"]) for r in reports}
         assert len(jobs) == 1 and next(iter(jobs)).startswith(stem), jobs  # one job id, named after the script
-        assert list(found["ranks_reported"]) == list(range(case.ranks)), found["ranks_reported"]  # type: ignore[call-overload]
         assert re.match(rf"rank {case.slow_rank}\b", headline), f"{name}: headline {headline!r}\n{listing}"
     finally:
         _stop_agent(run_dir)
