@@ -255,10 +255,16 @@ def _late_sentence(who: str, what: str, category: Category, observed: Triple, me
 
 
 def describe_report(n_findings: int, first_sentence: str, n_workers: int,
-                    top: Sequence[tuple[str, float]]) -> str:
-    """The report's one-line summary. ``top``: (label, median β) of the top critical-path functions."""
+                    top: Sequence[tuple[str, float]], only_rank: int | None = None) -> str:
+    """The report's one-line summary. ``top``: (label, median β) of the top critical-path functions.
+    ``only_rank``: the rank of a one-rank job, which has no peer to be compared with: the summary
+    names it and what holds its critical path, and says that nothing could be compared."""
     if n_findings == 0:
         tops = ", ".join(f"{label} {pct(b)}" for label, b in top[:3])
+        if only_rank is not None:
+            held = f"its critical path is held by {tops}" if tops else "no function held its critical path"
+            return (f"rank {only_rank} (the only rank): {held}; no other rank to compare it with, and "
+                    f"nothing is outside its expected range")
         where = f" (top of the critical path: {tops})" if tops else ""
         return f"no abnormal function on {n_workers:,} rank{'' if n_workers == 1 else 's'}{where}"
     more = f" (+{n_findings - 1} more)" if n_findings > 1 else ""

@@ -117,7 +117,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     findings = [_finding(d, arr, max_points) for d in kept]
     top = top_functions(arr, verdicts, opts.top_functions, medians)
     summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
-                              [(t.label, t.median.beta) for t in top])
+                              [(t.label, t.median.beta) for t in top], int(arr.ranks[0]) if n == 1 else None)
     return findings, summary, top
 
 

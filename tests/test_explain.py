@@ -78,3 +78,11 @@ def test_python_frames_are_shortened_in_sentences() -> None:
     assert frame_text("/work/main/examples/train.py(243): main") == "main (examples/train.py:243)"
     assert frame_text("/usr/lib/python3.11/threading.py(10): run") == "run (threading.py:10)"
     assert frame_text("aten::mm") == "aten::mm"
+
+
+def test_one_rank_summary_names_the_rank_and_says_nothing_was_compared() -> None:
+    s = describe_report(0, "", 1, [("aten::mm", 0.47), ("aten::tanh", 0.051)], only_rank=0)
+    assert s.startswith("rank 0 (the only rank): its critical path is held by aten::mm 47%, aten::tanh 5.1%")
+    assert "no other rank to compare it with" in s
+    # with more ranks the summary stays "no abnormal function"
+    assert describe_report(0, "", 2, [("aten::mm", 0.47)]).startswith("no abnormal function on 2 ranks")
