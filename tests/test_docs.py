@@ -19,7 +19,6 @@ README_MAX_LINES = 200
 OUTSIDE_REFERENCES = re.compile(r"\.\./shared\b|\bshared/DESIGN\.md|/work/shared\b|\bDESIGN\.md")
 # The design is docs/design.md; DESIGN.md was a file outside the repository. Files still citing it,
 # each to be changed by its owner:
-STALE_DESIGN_CITATIONS = {"perftracker/commands/export_trace.py"}
 # Tests and benchmarks may read the dlrm reference traces where CI lays them out, beside the checkout
 # (docs/development.md); that is input data, not a document the reader is sent to.
 DATA_READERS = ("tests/", "bench/")
@@ -76,8 +75,6 @@ def test_no_tracked_file_refers_to_a_path_outside_the_repository() -> None:
         for lineno, line in enumerate(text.splitlines(), 1):
             if rel.startswith(DATA_READERS):
                 line = DATA_PATH.sub("", line)
-            if rel in STALE_DESIGN_CITATIONS:
-                line = line.replace("DESIGN.md section", "")
             if OUTSIDE_REFERENCES.search(line):
                 offenders.append(f"{rel}:{lineno}: {line.strip()}")
     assert not offenders, "references to files outside the repository:\n" + "\n".join(offenders)

@@ -9,7 +9,7 @@ window start), which ui.perfetto.dev and chrome://tracing open.
 
 Tracks: one process for the rank's CPU threads (training thread first), one per GPU (streams as
 threads), and one process "critical path" whose single thread shows, for each moment of the window,
-the function that holds the critical path (DESIGN.md section 5: the highest-priority category
+the function that holds the critical path (docs/design.md section 5: the highest-priority category
 active; within a category, one of the active executions). The track is drawn from the summarizer's
 own frames (``agent.summarize.window_frames``: its roles, thread timelines and sweep priorities)
 with the priority rule of ``agent.critical_path``.
