@@ -17,8 +17,6 @@ README_MAX_LINES = 200
 
 # Paths that exist only on the development machines, never in a clone of the repository.
 OUTSIDE_REFERENCES = re.compile(r"\.\./shared\b|\bshared/DESIGN\.md|/work/shared\b|\bDESIGN\.md")
-# The design is docs/design.md; DESIGN.md was a file outside the repository. Files still citing it,
-# each to be changed by its owner:
 # Tests and benchmarks may read the dlrm reference traces where CI lays them out, beside the checkout
 # (docs/development.md); that is input data, not a document the reader is sent to.
 DATA_READERS = ("tests/", "bench/")
