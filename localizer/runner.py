@@ -103,12 +103,16 @@ class LocalizeRunner:
                 error = f"{type(exc).__name__}: {exc}"
                 writer.call(lambda: self.sessions.fail(session, error))
                 return
+            # the file first: a client that sees the session done (CLI trigger, report latest)
+            # reads the file next, so it must already be there
+            written = self._write_report_file(report)
             if writer.call(lambda: self.sessions.finish(session, report)):
-                self._write_report_file(report)
                 if self.cluster is not None:
                     self.cluster.post_events(report)
                 for callback in self.on_report:
                     callback(report)
+            elif written is not None:  # the session was not this report's to finish
+                written.unlink(missing_ok=True)
         except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
             log.exception("localizing session %s stopped", session)
         finally:
@@ -133,15 +137,18 @@ class LocalizeRunner:
             return None
         return Path(self.report_dir).resolve() / f"{session}.json"
 
-    def _write_report_file(self, report: Report) -> None:
+    def _write_report_file(self, report: Report) -> Path | None:
+        """The report as a JSON file beside the store; its path, or None when none was written."""
         path = self.report_path(report.session)
         if path is None:
-            return
+            return None
         try:
             make_private_dir(path.parent)
             write_private(path, strict_dumps(report.to_dict(), indent=2) + "\n")
         except OSError as exc:  # the store has it; the file is a convenience
             log.warning("could not write report file %s: %s", path, exc)
+            return None
+        return path
 
 
 def _warm_imports() -> None:
