@@ -35,7 +35,14 @@ from localizer.explain import (
 )
 from localizer.host import HOST_KEY, top_host_functions
 from localizer.rule import Threshold
-from localizer.waits import LateGroup, WaitOptions, cause_of_lateness, late_groups, wait_families
+from localizer.waits import (
+    LateGroup,
+    WaitOptions,
+    cause_of_lateness,
+    late_groups,
+    material_wait,
+    wait_families,
+)
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
 from perftracker.schema import rounded
 
@@ -238,7 +245,7 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, known: Sequ
         if others.size == 0:
             continue
         share = float(np.median(b[others]) - np.median(b[v.idx]))
-        if share >= opts.wait_min:
+        if material_wait(share, float(np.median(b[others])), opts):
             out.append(LateGroup(v.f, np.sort(v.idx), others, share))
     return out
 

@@ -10,15 +10,16 @@ for them: a consequence, never a finding of its own (docs/design.md section 6, "
 ``late_groups`` finds, per collective function and per group of like workers (the same pipeline
 stage where it is known), a small set of late workers that every other member waits for:
 
+- A wait is material when the waiters wait at least ``wait_min`` of the window and at least
+  ``pair_ratio`` (¼) of their own collective time longer than the late workers.
 - N ≥ 3: some worker lies below the median β of the *other* workers by more than
   δ = ``max(wait_min, k·MADn(others))`` (a low outlier against the spread of the waiting majority,
   leave-one-out so that the late worker's own deviation does not widen it); in a group of more
-  than 64 workers the late cluster is every worker below the median by more than δ/2; it is a minority of the group (at most ``late_fraction``) and
-  the waiters' median exceeds the late workers' median by at least ``wait_min`` (a typical, not
-  only an extreme, late worker);
-- N = 2: the one that holds the collective less is late when the other holds it at least
-  ``wait_min`` of the window and ``pair_ratio`` of its own share longer (two ranks can be compared
-  only with each other, so the bar is a clear, relative difference).
+  than 64 workers the late cluster is every worker below the median by more than δ/2; the late
+  workers are a minority of the group (at most ``late_fraction``) and the waiters' median exceeds
+  theirs by a material wait (a typical, not only an extreme, late worker);
+- N = 2: the one that holds the collective less is late when the other holds it longer by a
+  material wait (above).
 
 ``wait_min`` (default 5% of the window) is the materiality of a wait: jitter of a clean job moves the
 collective shares by a few percent from rank to rank, a slowdown worth a report (≥ 10% of the step)
@@ -42,7 +43,7 @@ class WaitOptions:
     wait_min: float = 0.05  # share of the window: a smaller wait is not material
     k: float = 4.0  # late = below the median by more than k · MADn (N ≥ 3)
     late_fraction: float = 0.4  # the late workers are at most this share of the group
-    pair_ratio: float = 0.25  # N = 2: the waiter's excess is at least this share of its collective time
+    pair_ratio: float = 0.25  # the waiters' excess is at least this share of their collective time
     cause_min: float = 0.01  # a late worker's cause holds at least this much more of the window
 
 
@@ -72,7 +73,7 @@ def late_workers(beta: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float
     if b.size == 2:
         lo, hi = int(np.argmin(b)), int(np.argmax(b))
         excess = float(b[hi] - b[lo])
-        if lo == hi or excess < opts.wait_min or excess < opts.pair_ratio * float(b[hi]):
+        if lo == hi or not material_wait(excess, float(b[hi]), opts):
             return none
         late = np.zeros(2, dtype=bool)
         late[lo] = True
@@ -86,7 +87,16 @@ def late_workers(beta: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float
     if late.sum() > opts.late_fraction * b.size:
         return none
     share = float(np.median(b[~late]) - np.median(b[late]))
-    return (late, share) if share >= opts.wait_min else none
+    return (late, share) if material_wait(share, float(np.median(b[~late])), opts) else none
+
+
+def material_wait(share: float, waiters: float, opts: WaitOptions) -> bool:
+    """The waiters wait for the late ranks at least ``wait_min`` of the window, and at least
+    ``pair_ratio`` of their own time in the collective. In a job whose ranks wait for each other a
+    lot as a matter of course (4 CPU ranks sharing 2 cores hold the DDP reducer's wait for half of
+    the window, each rank late in turn), one rank a little later than the rest is jitter; a culprit
+    makes the others' wait a large multiple of its own."""
+    return share >= opts.wait_min and share >= opts.pair_ratio * waiters
 
 
 def _loo_threshold(b: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, np.ndarray]:

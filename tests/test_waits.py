@@ -220,3 +220,15 @@ def test_a_flagged_early_exit_becomes_wait_evidence_with_a_cause() -> None:
     assert head.ranks == (4, 5) and head.label == "aten::op0", report.summary
     assert set(head.waits[0].ranks) == {0, 1, 2, 3, 6, 7} and head.waits[0].function == "ncclKernel_AllReduce"
     assert not any(f.category is Category.COLLECTIVE for f in report.findings)
+
+
+def test_jitter_in_a_job_that_waits_a_lot_is_not_a_late_rank() -> None:
+    """Four CPU ranks that each hold the reducer's wait for half the window (each late in turn):
+    one rank 8 points below the others is jitter (under a quarter of their wait); 30 points is a
+    culprit."""
+    assert not late_workers(np.array([0.50, 0.52, 0.48, 0.42]), WO)[0].any()
+    late, share = late_workers(np.array([0.50, 0.52, 0.48, 0.20]), WO)
+    assert late.tolist() == [False, False, False, True] and share == pytest.approx(0.30)
+    # two ranks: the same relative bar
+    assert not late_workers(np.array([0.50, 0.42]), WO)[0].any()
+    assert late_workers(np.array([0.50, 0.30]), WO)[0].tolist() == [False, True]
