@@ -267,11 +267,13 @@ def _add_wait(d: _Draft, w: Wait) -> None:
 
 
 def _tier(d: _Draft, material: float) -> int:
-    """0 for a material cause on some ranks (measured against the job's own other ranks), 1 for the
-    rest. A job-wide (common) finding is judged against a configured expected range: it says how
-    the whole job runs, not why some ranks hold the others back, so a rank-specific cause that costs
-    the step at least ``material`` of the window is named first; both carry their impact."""
-    return 0 if d.kind != "common" and _impact(d) >= material else 1
+    """0 for a material cause on some ranks measured against the job's own other ranks (the
+    differential test, the wait evidence, or peers that wait for it), 1 for the rest. A finding
+    judged only against a configured expected range, job-wide or not, says how the job runs, not
+    why some ranks hold the others back; a rank-specific cause that costs the step at least
+    ``material`` of the window is named first, and every finding carries its impact."""
+    peers = "differential" in d.tests or "waits" in d.tests or bool(d.waits)
+    return 0 if d.kind != "common" and peers and _impact(d) >= material else 1
 
 
 def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:

@@ -232,3 +232,34 @@ def test_jitter_in_a_job_that_waits_a_lot_is_not_a_late_rank() -> None:
     # two ranks: the same relative bar
     assert not late_workers(np.array([0.50, 0.42]), WO)[0].any()
     assert late_workers(np.array([0.50, 0.30]), WO)[0].tolist() == [False, True]
+
+
+def test_a_culprit_measured_against_its_peers_comes_before_a_job_wide_finding() -> None:
+    """All ranks wait on input (12% in recv_into, common): that is the headline. Add a slowed rank
+    the others wait for (measured against its peers): it comes first."""
+    arr = sy.simulate_job(16, seed=31)
+    sy.inject_slow_input(arr, 0.12)
+    report = localize_arrays(arr, OPTS)
+    assert report.findings[0].kind == "common" and report.findings[0].label == "socket.recv_into"
+    sy.inject_throttled_compute(arr, np.array([3]), beta_factor=1.5, mu_factor=1.0)
+    report = localize_arrays(arr, OPTS)
+    assert report.findings[0].ranks == (3,), report.summary
+
+
+def test_tier_needs_peer_evidence() -> None:
+    """A specific finding judged only against its expected range sorts with the job-wide ones by
+    impact; one with the differential test, the wait evidence or waiters goes first."""
+    from localizer.findings import _Draft, _tier
+
+    def draft(tests: tuple[str, ...], kind: str = "specific") -> _Draft:
+        info = FunctionInfo("k", "k", Category.PYTHON)
+        from localizer.expect import OPEN_BOX
+        from localizer.findings import FunctionVerdict
+        from perftracker.model import Triple
+        v = FunctionVerdict(info, OPEN_BOX, "", 0.01, None, None, None)
+        return _Draft(0, v, np.array([0]), tests, Triple(0.2, 0, 0), Triple(0.01, 0, 0), kind, (0, 0), [])
+
+    assert _tier(draft(("differential",)), 0.05) == 0
+    assert _tier(draft(("waits",)), 0.05) == 0
+    assert _tier(draft(("expectation",)), 0.05) == 1
+    assert _tier(draft(("differential",), kind="common"), 0.05) == 1
