@@ -188,10 +188,9 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         if owner is None:
             cause = cause_of_lateness(beta, causes, lg.late, lg.waiting, arr.worker_window_s, opts)
             f = lg.f if cause is None else cause[0]
-            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",),
-                           _median_triple(arr, verdicts, f, medians), arr.n_workers, 1.0)
-            owner.kind = "specific"
-            owner.median = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
+            waiting = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
+            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",), waiting, arr.n_workers, 1.0)
+            owner.kind = "specific"  # compared with the ranks that wait for it, never "random"
             drafts.append(owner)
             culprits.append(owner)
         _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
