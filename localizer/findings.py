@@ -113,7 +113,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         for idx, tests in groups:
             drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
     _fold_consequences(drafts, arr)
-    _fold_waits(drafts, arr, verdicts, medians, opts.waits)
+    _fold_waits(drafts, arr, verdicts, opts.waits)
     for d in drafts:
         if d.verdict.info.key == HOST_KEY:
             d.parts = top_host_functions(arr, d.idx)
@@ -164,7 +164,7 @@ def _is_wait(info: FunctionInfo) -> bool:
 
 
 def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
-                medians: dict[int, Triple], opts: WaitOptions) -> None:
+                opts: WaitOptions) -> None:
     """Waits are consequences (docs/design.md section 6): find the late workers of each collective, give
     their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
     when they have none), and fold every collective finding of the waiting workers into it."""
