@@ -8,8 +8,9 @@ aiohttp's protocol factory:
 - a connection must complete its request headers within ``header_timeout_s`` of connecting, else it
   is closed (aiohttp's own ``keepalive_timeout`` bounds the wait for the next request's headers,
   and ``localizer.http_io.read_body`` bounds the body);
-- at most ``max_connections`` are open (default: the descriptor limit minus a reserve and one
-  accept batch; the listen backlog, which asyncio also uses as its accept batch, is sized to fit). At the cap, a new connection evicts the oldest one that has
+- at most ``max_connections`` are open (default: the descriptor limit minus a reserve and
+  ``ACCEPT_BATCHES_IN_FLIGHT`` accept batches; the listen backlog, which asyncio also uses as its
+  accept batch, is sized to fit). At the cap, a new connection evicts the oldest one that has
   not yet sent its headers (the idle kind an attacker opens), or else the oldest of all (a trickled
   body, a long poll, whose client retries), sparing connections younger than ``EVICT_GRACE_S`` (a
   burst must not evict a client before it could send its request); only when every slot is that
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 
 EVICT_GRACE_S = 0.25  # a connection this young is not evicted for a newcomer
 FD_RESERVE = 64  # descriptors kept for the store, report files, the Kubernetes client, logging
+# Descriptors above the cap while a burst arrives at a full cap: asyncio accepts a batch in one loop
+# pass and creates the transports (which reach the guard) a pass later, and an evicted socket is
+# closed a pass after its abort(), while the listener keeps accepting a batch per pass. Up to three
+# batches are open above the cap (a fast client filling 1,100 sockets under ulimit -n 1024 hit EMFILE
+# with room for one); four leave a margin.
+ACCEPT_BATCHES_IN_FLIGHT = 4
 
 
 def _soft_nofile() -> int:
@@ -46,13 +53,13 @@ def accept_batch(soft_nofile: int | None = None) -> int:
     of them reaches the guard: it must fit in the descriptors left above the cap (else EMFILE,
     and asyncio stops accepting for a second, /v1/healthz included)."""
     soft = soft_nofile or _soft_nofile()
-    return min(4096, max(16, soft // 8))
+    return min(4096, max(16, soft // 32))
 
 
 def default_max_connections(soft_nofile: int | None = None) -> int:
-    """The soft RLIMIT_NOFILE minus a reserve and one accept batch (at least 32)."""
+    """The soft RLIMIT_NOFILE minus a reserve and the accept batches in flight (at least 32)."""
     soft = soft_nofile or _soft_nofile()
-    return max(32, soft - FD_RESERVE - accept_batch(soft))
+    return max(32, soft - FD_RESERVE - ACCEPT_BATCHES_IN_FLIGHT * accept_batch(soft))
 
 
 def raise_fd_limit(want: int = 65536) -> int:
