@@ -31,7 +31,8 @@ class SamplerProcess:
         threading.Thread(target=self._read, name="perftracker-sampler-reader", daemon=True).start()
 
     @classmethod
-    def spawn(cls, pid: int, tid: int, window_s: float, out: Path, extra_args: Sequence[str] = ()) -> SamplerProcess:
+    def spawn(cls, pid: int, tid: int, window_s: float, out: Path, extra_args: Sequence[str] = (),
+              cpus: Sequence[int] = ()) -> SamplerProcess:
         now = time.monotonic_ns()
         # Generous provisional end: the real one comes over stdin when the window stops.
         provisional_end = now + int((2 * window_s + 120) * 1e9)
@@ -45,6 +46,11 @@ class SamplerProcess:
         with open(log_path, "w") as log_fh:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fh,
                                     text=True, env=env, close_fds=True)
+        if cpus:  # off the training process's CPUs (WindowOptions.helper_cpus)
+            try:
+                os.sched_setaffinity(proc.pid, set(cpus))
+            except OSError as exc:
+                log.debug("perftracker: sampler affinity %s not set: %s", cpus, exc)
         return cls(proc, out)
 
     def _read(self) -> None:

@@ -45,8 +45,9 @@ def frame_name(code: CodeType) -> str:
 class StackSampler:
     """Samples one thread's Python stack from a helper thread in the same process."""
 
-    def __init__(self, thread_ident: int, period_us: int = 1000) -> None:
+    def __init__(self, thread_ident: int, period_us: int = 1000, cpus: tuple[int, ...] = ()) -> None:
         self.thread_ident = thread_ident
+        self.cpus = cpus
         self.period_ns = period_us * 1000
         self.t_ns: list[int] = []
         self.samples: list[Sample] = []
@@ -74,6 +75,11 @@ class StackSampler:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
         except (OSError, AttributeError):
             pass
+        if self.cpus:
+            try:
+                os.sched_setaffinity(threading.get_native_id(), self.cpus)
+            except (OSError, AttributeError, ValueError):
+                pass
         current_frames = sys._current_frames
         ident = self.thread_ident
         t_list, s_list = self.t_ns, self.samples

@@ -113,7 +113,8 @@ class ProfileWindow(WindowWriter, WindowExit):
         if self.options.spawn_sampler:
             try:
                 cur.sampler = SamplerProcess.spawn(self._pid(), self._training_tid(), window_s,
-                                                   self._path(session, "samples"), self.options.sampler_args)
+                                                   self._path(session, "samples"), self.options.sampler_args,
+                                                   self.options.helper_cpus)
             except (OSError, PerftrackerError) as exc:
                 log.warning("perftracker: sampler process not started (%s); window goes on without samples", exc)
         return True
@@ -172,7 +173,7 @@ class ProfileWindow(WindowWriter, WindowExit):
         if opts.record_gc and opts.stacks != "tracer":
             cur.gc.install()
         if opts.stacks == "sample":
-            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us)
+            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus)
             cur.stack_sampler.start()
         if opts.switch_interval_s > 0:
             cur.old_switch_s = sys.getswitchinterval()
@@ -256,9 +257,9 @@ class ProfileWindow(WindowWriter, WindowExit):
             self._abort_claimed(cur, f"{type(exc).__name__}: {exc}")
             return
         t1 = time.monotonic_ns()
+        # with a conversion child, the result is kept until the child has written the file: if the
+        # child fails, the writer thread converts it (window_writer.py, _wait_child)
         child = self._fork_writer(cur, result, end_ns) if result is not None and self._use_fork() else None
-        if child is not None:
-            result = None  # the child has its own copy; free ours now
         blocking_ns = time.monotonic_ns() - t0
         log.info("perftracker: window %s stopped: %.3f s blocked (profiler stop %.3f s, fork %.3f s)",
                  cur.session, blocking_ns / 1e9, (t1 - t0) / 1e9, (blocking_ns - (t1 - t0)) / 1e9)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from perftracker import stacks as stacks_mod
-from perftracker.errors import PerftrackerError
 from perftracker.profiler import KinetoCapture, kineto_rows
 from perftracker.rawbuild import build_raw_window
 from perftracker.rawdata import WindowMeta
@@ -41,9 +42,18 @@ class WindowOptions:
     spawn_sampler: bool = False  # run `python -m agent.samplers` for this window ourselves
     sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
     sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
-    writer: str = "thread"  # "thread": a throttled thread writes the file; "fork": a forked child does
+    # "fork": a forked child process converts and writes the file (the training process keeps the
+    # profiler result until the child succeeds, and converts it in a throttled thread if the child
+    # fails, hangs or is killed); "thread": a throttled thread in the training process does it
+    writer: str = "thread"
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
+    child_nice: int = 19  # the conversion child's nice value ("fork")
+    child_soft_s: float = 30.0  # a child still converting after this long is reniced to writer_nice
+    child_timeout_s: float = 60.0  # ... and killed after this long; a thread then writes the window
+    # CPUs for perftracker's helpers (sampler process, conversion child, writer and stack-sampler
+    # threads); () leaves them on the training process's own CPUs
+    helper_cpus: tuple[int, ...] = ()
     # at interpreter exit: longest wait for the window to be written at full speed and handed to the
     # agent (perftracker/window_exit.py); PERFTRACKER_EXIT_DELAY_S for the agent's windows
     exit_wait_s: float = 7.0
@@ -96,21 +106,19 @@ class WindowWriter:
     _cancel: threading.Event
     _hurry: threading.Event
     _writer_tid: int = 0  # the writer thread's native id (the exit path restores its priority)
+    _child_pid: int = 0  # the conversion child while the writer waits for it
 
     def _use_fork(self) -> bool:
-        # Measured (bench/datagen.py): fork() of a training process costs ~1 s of main-thread time
-        # on a loaded node, more than it saves; and a forked child must never touch CUDA.
-        if self.options.writer != "fork":
-            return False
-        import torch
-
-        return hasattr(os, "fork") and not torch.cuda.is_initialized()
+        # The child only reads the profiler result's host memory and numpy; it never calls CUDA (as
+        # a DataLoader worker forked from a CUDA process). Not verified on GPU hardware.
+        return self.options.writer == "fork" and hasattr(os, "fork")
 
     def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
         """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
         beyond the fork itself. Returns the child's pid, or None (then a thread writes)."""
         path = self._path(cur.session, "raw")
         try:
+            path.unlink(missing_ok=True)  # the file's presence is the child's success (saved atomically)
             pid = os.fork()
         except OSError as exc:
             log.warning("perftracker: fork failed (%s); writing the window in a thread", exc)
@@ -118,6 +126,7 @@ class WindowWriter:
         if pid == 0:  # child: only this thread exists; never return into training code
             code = 1
             try:
+                _lower_priority(0, self.options.child_nice, self.options.helper_cpus)
                 self._build(cur, result, end_ns).save(path)
                 code = 0
             except BaseException as exc:  # noqa: BLE001
@@ -127,6 +136,7 @@ class WindowWriter:
                     pass
             finally:
                 os._exit(code)
+        self._child_pid = pid
         return pid
 
     # ---------------------------------------------------------------- writer thread
@@ -137,11 +147,8 @@ class WindowWriter:
         finalization aborts the process."""
         result = holder.pop() if holder else None
         self._writer_tid = threading.get_native_id()
-        if not self._hurry.is_set():
-            try:  # the writer yields the CPU to training as well as the GIL (Throttle)
-                os.setpriority(os.PRIO_PROCESS, self._writer_tid, self.options.writer_nice)
-            except (OSError, AttributeError):
-                pass
+        if not self._hurry.is_set():  # the writer yields the CPU to training as well as the GIL (Throttle)
+            _lower_priority(self._writer_tid, self.options.writer_nice, self.options.helper_cpus)
         res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
         try:
             samples_path = None
@@ -150,12 +157,8 @@ class WindowWriter:
             raw_path = self._path(cur.session, "raw")
             if self.options.writer_gate is not None:
                 self.options.writer_gate(self._hurry)
-            if child is not None:
-                _, status = os.waitpid(child, 0)
-                if os.waitstatus_to_exitcode(status) != 0:
-                    err = raw_path.with_name(raw_path.name + ".error")
-                    raise PerftrackerError(err.read_text() if err.exists() else f"writer exited with {status}")
-                rows = int(os.path.getsize(raw_path) > 0) and _count_rows(raw_path)
+            if child is not None and self._wait_child(cur, child, raw_path):
+                rows = _count_rows(raw_path)
             else:
                 if self._cancel.is_set():  # exiting already: do not start a build (it may take a minute)
                     raise Cancelled("cancelled before writing")
@@ -186,6 +189,54 @@ class WindowWriter:
         del result  # the profiler result's destructor runs here, before delivery (see the docstring)
         self._deliver(cur, res)
 
+    def _wait_child(self, cur: _Active, pid: int, raw_path: Path) -> bool:
+        """Wait for the conversion child. True: it wrote ``raw_path``. False (logged): it failed,
+        was killed or took longer than ``child_timeout_s`` (then killed); the caller still holds the
+        profiler result and converts it itself, so no window is lost. At exit (``_hurry``) the child
+        is reniced to 0 where the OS allows it; on ``_cancel`` it is killed and Cancelled raised."""
+        opts = self.options
+        t0 = time.monotonic()
+        nice = opts.child_nice
+        err = raw_path.with_name(raw_path.name + ".error")
+        try:
+            while True:
+                try:
+                    got, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by someone else (user code calling os.wait())
+                    if raw_path.exists():  # the child saves atomically: the file is whole
+                        return True
+                    log.warning("perftracker: window %s: the conversion child was reaped elsewhere "
+                                "without its file; converting in this process", cur.session)
+                    return False
+                if got:
+                    code = os.waitstatus_to_exitcode(status)
+                    if code == 0 and raw_path.exists():
+                        return True
+                    why = err.read_text()[:300] if err.exists() else f"exit code {code}"
+                    log.warning("perftracker: window %s: the conversion child failed (%s); converting "
+                                "in this process", cur.session, why)
+                    return False
+                if self._cancel.is_set():
+                    _kill(pid)
+                    raise Cancelled("cancelled while the child converted")
+                waited_s = time.monotonic() - t0
+                want = 0 if self._hurry.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
+                if want < nice:
+                    try:
+                        os.setpriority(os.PRIO_PROCESS, pid, want)
+                    except OSError:  # an unprivileged process cannot lower a nice value
+                        pass
+                    nice = want
+                if waited_s > opts.child_timeout_s:
+                    _kill(pid)
+                    log.warning("perftracker: window %s: the conversion child took over %.0f s; stopped "
+                                "it, converting in this process", cur.session, opts.child_timeout_s)
+                    return False
+                time.sleep(0.05)
+        finally:
+            self._child_pid = 0
+            err.unlink(missing_ok=True)
+
     def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
         tid = self._training_tid()
         krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
@@ -205,6 +256,27 @@ class WindowWriter:
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
         )
         return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
+
+
+def _lower_priority(tid: int, nice: int, cpus: tuple[int, ...]) -> None:
+    """Nice ``tid`` (0: this process) to ``nice`` and move it to ``cpus`` (if any); best effort."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (OSError, AttributeError):
+        pass
+    if cpus:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (OSError, AttributeError, ValueError):
+            pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (OSError, ChildProcessError):
+        pass
 
 
 def _count_rows(path: Path) -> int:

@@ -1,0 +1,109 @@
+"""The conversion child (``WindowOptions(writer="fork")``): the training process keeps the profiler
+result until a forked child at nice 19 has written the window, and converts it itself when the
+child fails, is killed or hangs. No window is lost and nothing is raised into training."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from perftracker import rawbuild
+from perftracker.rawdata import EventKind, RawWindow
+from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from tests.test_window import _drive, _Ident
+
+
+def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult, list[int]]:  # type: ignore[no-untyped-def]
+    """One 0.6 s window with the conversion child; ``gate(win, child_pid)`` runs in the writer
+    thread before it waits for the child."""
+    pids: list[int] = []
+    win: ProfileWindow
+
+    def _gate(_hurry: threading.Event) -> None:
+        pids.append(win._child_pid)
+        if gate is not None:
+            gate(win, win._child_pid)
+
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(writer="fork", writer_gate=_gate, **opts))
+    done: list[WindowResult] = []
+    assert win.arm("f", 0.6, done.append)
+    _drive(win, done)
+    assert len(done) == 1 and win.state == "idle"
+    return win, done[0], pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # reaped (by the writer): no zombie left behind
+    return False
+
+
+def _complete(res: WindowResult) -> RawWindow:
+    assert res.error == "" and res.raw_path is not None and res.rows > 0
+    raw = RawWindow.load(res.raw_path)
+    assert len(raw) == res.rows
+    kinds = set(raw.col("kind").tolist())
+    assert {EventKind.CPU_OP, EventKind.PYTHON} <= kinds
+    assert not res.raw_path.with_name(res.raw_path.name + ".error").exists()
+    return raw
+
+
+@pytest.mark.timeout(120)
+def test_child_writes_the_window(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        _, res, pids = _run(tmp_path)
+    _complete(res)
+    assert pids and pids[0] > 0 and pids[0] != os.getpid() and _gone(pids[0])
+    assert "conversion child" not in caplog.text  # the child did it: no fallback
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["killed", "hangs"])
+def test_a_killed_or_hung_child_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str) -> None:
+    sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        _, res, pids = _run(tmp_path, gate=lambda win, pid: os.kill(pid, sig), child_timeout_s=1.0)
+    _complete(res)  # written by the training process's thread from the result it kept
+    assert _gone(pids[0])
+    assert ("took over 1 s" if how == "hangs" else "conversion child failed") in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_a_child_whose_conversion_fails_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = os.getpid()
+    real = rawbuild.build_raw_window
+
+    def only_the_parent(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.getpid() != parent:
+            raise MemoryError("the child ran out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("perftracker.window_writer.build_raw_window", only_the_parent)
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        _, res, _ = _run(tmp_path)
+    _complete(res)
+    assert "the child ran out of memory" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_exit_cancels_a_busy_child(tmp_path: Path) -> None:
+    """shutdown at exit while the child converts: the child is killed and reaped, the window is
+    reported as discarded, nothing raises."""
+    pids: list[int] = []
+
+    def gate(win: ProfileWindow, pid: int) -> None:
+        pids.append(pid)
+        os.kill(pid, signal.SIGSTOP)  # a child that would never finish
+        win._cancel.set()  # what the exit hook does once its wait is over
+
+    _, res, _ = _run(tmp_path, gate=gate)
+    assert res.error.startswith("discarded") and res.raw_path is None
+    assert _gone(pids[0])
