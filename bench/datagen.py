@@ -334,7 +334,7 @@ def main() -> int:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--layout", choices=("shared", "pinned"), default="shared")
-    p.add_argument("--stacks", choices=("sample", "tracer", "off"), default="sample", help="our window's Python stacks")
+    p.add_argument("--stacks", choices=("sample", "remote", "tracer", "off"), default="sample", help="our window's Python stacks")
     p.add_argument("--stack-period-us", type=int, default=WindowOptions.stack_period_us)
     p.add_argument("--writer", default=WindowOptions.writer, help="WindowOptions.writer for our window")
     p.add_argument("--tracer", action="store_true", help="also run our window with torch's Python tracer")

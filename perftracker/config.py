@@ -21,7 +21,7 @@ def _default_run_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"perftracker-{os.getuid()}")
 
 
-WINDOW_STACKS = ("sample", "tracer", "off")
+WINDOW_STACKS = ("sample", "remote", "tracer", "off")
 
 
 @dataclass(frozen=True)

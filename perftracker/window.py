@@ -30,6 +30,7 @@ perftracker/window_writer.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -85,6 +86,7 @@ class ProfileWindow(WindowWriter, WindowExit):
         self.options = options or WindowOptions()
         self._runtime = runtime
         self._hooked = False
+        self._remote_warned = False
         self._lock = threading.Lock()
         self._state = _IDLE
         self._cur: _Active | None = None
@@ -172,7 +174,9 @@ class ProfileWindow(WindowWriter, WindowExit):
             return
         if opts.record_gc and opts.stacks != "tracer":
             cur.gc.install()
-        if opts.stacks == "sample":
+        if opts.stacks == "remote" and cur.sampler is not None:
+            cur.pystacks_path = self._remote_stacks(cur)
+        if opts.stacks == "sample" or (opts.stacks == "remote" and cur.pystacks_path is None):
             cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus)
             cur.stack_sampler.start()
         if opts.switch_interval_s > 0:
@@ -200,6 +204,25 @@ class ProfileWindow(WindowWriter, WindowExit):
         cur.watchdog.daemon = True
         cur.watchdog.start()
         log.info("perftracker: window %s started", cur.session)
+
+    def _remote_stacks(self, cur: _Active) -> Path | None:
+        """stacks="remote" (training thread): have the sampler process read this thread's Python
+        stack from outside; None (logged once) where that cannot work here."""
+        from perftracker import remote_stacks
+
+        try:
+            layout = remote_stacks.calibrate()
+        except PerftrackerError as exc:
+            if not self._remote_warned:
+                log.warning("perftracker: %s; sampling Python stacks in a thread instead", exc)
+                self._remote_warned = True
+            return None
+        path = self._path(cur.session, "pystacks")
+        path.unlink(missing_ok=True)
+        assert cur.sampler is not None
+        req = {"path": str(path), "period_us": self.options.stack_period_us, "layout": json.loads(layout.to_json())}
+        cur.sampler.send("pystacks " + json.dumps(req, separators=(",", ":")))
+        return path
 
     def _nvtx_iteration(self, cur: _Active, iteration: int) -> None:
         nvtx = _nvtx()

@@ -34,7 +34,10 @@ _OVERRUN = "overrun"  # no boundary came to close the window: abandoned, profile
 
 @dataclass(frozen=True)
 class WindowOptions:
-    stacks: str = "sample"  # "sample": stack sampler thread; "tracer": torch's Python tracer; "off"
+    # "sample": stack sampler thread; "remote": read by the sampler process from outside (needs
+    # spawn_sampler; else, or where perftracker/remote_stacks.py cannot calibrate, as "sample");
+    # "tracer": torch's Python tracer; "off"
+    stacks: str = "sample"
     stack_period_us: int = 1000
     switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window (0: leave as is)
     record_gc: bool = True
@@ -87,6 +90,7 @@ class _Active:
     sampler: SamplerProcess | None = None
     capture: KinetoCapture | None = None
     stack_sampler: stacks_mod.StackSampler | None = None
+    pystacks_path: Path | None = None  # stacks="remote": the sampler process's stack file
     gc: stacks_mod.GcRecorder = field(default_factory=stacks_mod.GcRecorder)
     start_ns: int = 0
     boundaries_ns: list[int] = field(default_factory=list)
@@ -172,6 +176,8 @@ class WindowWriter:
             res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
                                len(cur.boundaries_ns) - 1, rows)
             log.info("perftracker: window %s written: %s (%d rows)", cur.session, raw_path, rows)
+            if cur.pystacks_path is not None:  # in the raw file now
+                cur.pystacks_path.unlink(missing_ok=True)
         except Cancelled:
             log.warning("perftracker: window %s discarded: the process is exiting while it was written",
                         cur.session)
@@ -242,7 +248,13 @@ class WindowWriter:
         krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
                  if result is not None else None)
         pyexec = None
-        if cur.stack_sampler is not None:
+        if cur.pystacks_path is not None:
+            got = _load_remote_stacks(cur.pystacks_path, cur.session)
+            if got is not None:
+                pyexec = stacks_mod.python_executions(got[0], got[1], cur.start_ns, end_ns,
+                                                      self.options.stack_period_us * 1000,
+                                                      throttle.tick if throttle is not None else None)
+        elif cur.stack_sampler is not None:
             ss = cur.stack_sampler
             pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns,
                                                   throttle.tick if throttle is not None else None)
@@ -256,6 +268,20 @@ class WindowWriter:
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
         )
         return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
+
+
+def _load_remote_stacks(path: Path, session: str, wait_s: float = 30.0) -> tuple[list[int], list[Any]] | None:
+    """The sampler process's stack samples (it writes them once the window's end has passed)."""
+    from perftracker.remote_stacks import load_samples
+
+    deadline = time.monotonic() + wait_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        return load_samples(path)
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("perftracker: window %s: no Python stacks from the sampler process (%s)", session, exc)
+        return None
 
 
 def _lower_priority(tid: int, nice: int, cpus: tuple[int, ...]) -> None:

@@ -2,13 +2,15 @@
 
 Writes a ``SampleSet`` file. With ``--control-stdin`` it prints ``ready`` once it is sampling and
 reads lines from stdin: ``start NS`` / ``end NS`` move the window bounds, ``stop`` or end of input
-stops at once. The worker uses this because it learns its window's real bounds only at iteration
+stops at once, ``pystacks {"path", "period_us", "layout"}`` (JSON) also samples the training thread's Python
+stack from outside (agent/samplers/pystacks.py) into PATH. The worker uses this because it learns its window's real bounds only at iteration
 boundaries. It also stops when the target process exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -17,6 +19,8 @@ import time
 
 from agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
 from agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
+from agent.samplers.pystacks import PyStackThread
+from perftracker.remote_stacks import StackLayout
 
 log = logging.getLogger("agent.samplers")
 
@@ -60,18 +64,22 @@ def raise_priority() -> str:
         return "normal"
 
 
-def _control(bounds: WindowBounds) -> None:
+def _control(bounds: WindowBounds, pid: int, pystacks: list[PyStackThread]) -> None:
     for line in sys.stdin:
-        parts = line.split()
+        parts = line.split(maxsplit=1)
         try:
-            if parts[:1] == ["start"]:
+            if parts[:1] == ["pystacks"] and not pystacks:
+                req = json.loads(parts[1])
+                pystacks.append(PyStackThread(pid, str(req["path"]), int(req["period_us"]),
+                                              StackLayout.from_json(json.dumps(req["layout"])), bounds))
+            elif parts[:1] == ["start"]:
                 bounds.set_start(int(parts[1]))
             elif parts[:1] == ["end"]:
                 bounds.set_end(int(parts[1]))
             elif parts[:1] == ["stop"]:
                 break
-        except (IndexError, ValueError):
-            log.warning("bad control line %r ignored", line)
+        except (IndexError, ValueError, TypeError, KeyError):
+            log.warning("bad control line %r ignored", line[:200])
     else:
         log.info("control input closed")
     bounds.stop()
@@ -104,11 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         log.error("no sampler can run (pid %d, tid %d)", a.pid, a.tid)
         return 2
     threading.Thread(target=_watch_pid, args=(a.pid, bounds), daemon=True).start()
+    pystacks: list[PyStackThread] = []  # started by a "pystacks" control line
     if a.control_stdin:
-        threading.Thread(target=_control, args=(bounds,), daemon=True).start()
+        threading.Thread(target=_control, args=(bounds, a.pid, pystacks), daemon=True).start()
         sys.stdout.write("ready\n")
         sys.stdout.flush()
     samples = run_samplers(samplers, bounds)
+    for thread in pystacks[:1]:  # written first: the samples file's presence means both are
+        thread.save()
     samples.save(a.out)
     log.info("wrote %s (%s)", a.out, ", ".join(f"{k}:{len(v.t_ns)}" for k, v in samples.series.items()))
     return 0

@@ -1,0 +1,121 @@
+"""Python stacks read from outside the training process (perftracker/remote_stacks.py, run by the
+sampler process): the same executions as the in-process sampler gives, and a fallback to it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perftracker import remote_stacks
+from perftracker.errors import PerftrackerError
+from perftracker.rawdata import EventKind, RawWindow
+from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from tests import test_window as tw
+
+pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="remote stacks are built for CPython 3.11")
+
+
+def test_reads_another_process_stack(tmp_path: Path) -> None:
+    """A real second process: calibrate there, read its stack from here, by name and line."""
+    script = tmp_path / "target.py"
+    script.write_text(encoding="utf-8", data=textwrap.dedent("""
+        import sys, time
+        from perftracker.remote_stacks import calibrate
+        def leaf_\xe9():
+            while True:
+                time.sleep(0.001)
+        def middle():
+            leaf_\xe9()
+        print(calibrate().to_json(), flush=True)
+        middle()
+    """))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), PERFTRACKER_DISABLE="1")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        layout = remote_stacks.StackLayout.from_json(proc.stdout.readline())
+        reader = remote_stacks.RemoteStackReader(proc.pid, layout)
+        stack = None
+        for _ in range(200):
+            stack = reader.sample()
+            if stack and stack[0][1].co_name == "leaf_\xe9":
+                break
+            time.sleep(0.01)
+        assert stack is not None
+        got = [(c.co_name, c.co_firstlineno, c.co_filename) for _, c in stack]
+        assert got == [("leaf_\xe9", 4, str(script)), ("middle", 7, str(script)), ("<module>", 1, str(script))]
+        t, samples = [1, 2], [stack, stack[1:]]
+        remote_stacks.save_samples(str(tmp_path / "s.npz"), t, samples)
+        t2, back = remote_stacks.load_samples(tmp_path / "s.npz")
+        assert t2 == t and [[(f, c.co_name) for f, c in s] for s in back] == [[(f, c.co_name) for f, c in s]
+                                                                            for s in samples]
+        assert back[0][1][1] is back[1][0][1]  # one object per code, compared with `is` downstream
+    finally:
+        proc.kill()
+        proc.wait()
+    assert reader.sample() is None  # the process is gone: no stack, no exception
+
+
+def _window(tmp_path: Path, fallback: bool = False) -> tuple[RawWindow, WindowResult]:
+    win = ProfileWindow(tw._Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
+    done: list[WindowResult] = []
+    tw.CALLS.clear()
+    assert win.arm("r", 1.5, done.append)
+    threads: set[str] = set()
+
+    def body() -> None:
+        tw.outer()
+        tw.other()
+        if win.state == "active":
+            threads.update(t.name for t in threading.enumerate())
+
+    tw._drive(win, done, body=body)
+    res = done[0]
+    assert threads and ("perftracker-stack-sampler" in threads) == fallback
+    assert res.error == "" and res.raw_path is not None and res.samples_path is not None
+    return RawWindow.load(res.raw_path), res
+
+
+@pytest.mark.timeout(120)
+def test_remote_stacks_give_the_executions(tmp_path: Path) -> None:
+    raw, res = _window(tmp_path)
+    m = raw.meta
+    names = raw.names
+    py = raw.col("kind") == EventKind.PYTHON
+    T = m.window_ns
+    for func in ("outer", "inner", "other"):
+        ids = [i for i, n in enumerate(names) if n.endswith(f": {func}") and tw.__file__ in n]
+        sel = py & np.isin(raw.col("name_id"), ids)
+        beta = float((raw.col("end_ns")[sel] - raw.col("start_ns")[sel]).sum() / T)
+        lo, hi = m.window_start_ns, m.window_end_ns
+        truth = sum(max(0, min(e, hi) - max(s, lo)) for f, s, e in tw.CALLS if f == func) / T
+        assert truth > 0.05
+        assert abs(beta - truth) < 0.2 * truth + 0.02, (func, beta, truth)
+        assert int(sel.sum()) >= res.iterations - 2  # one execution per call
+    inner_ids = [i for i, n in enumerate(names) if n.endswith(": inner") and tw.__file__ in n]
+    for r in np.nonzero(py & np.isin(raw.col("name_id"), inner_ids))[0]:
+        p = raw.col("parent")[r]
+        assert p >= 0 and names[raw.col("name_id")[p]].endswith(": outer")
+    assert not (tmp_path / "r-rank3.pystacks.npz").exists()  # consumed into the raw file
+
+
+@pytest.mark.timeout(120)
+def test_no_calibration_falls_back_to_the_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    def refuse() -> remote_stacks.StackLayout:
+        raise PerftrackerError("remote stacks: not built for this interpreter")
+
+    monkeypatch.setattr(remote_stacks, "calibrate", refuse)
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        raw, _ = _window(tmp_path, fallback=True)
+    assert "sampling Python stacks in a thread instead" in caplog.text
+    assert (raw.col("kind") == EventKind.PYTHON).sum() > 0  # the thread sampled them
