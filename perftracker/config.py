@@ -22,6 +22,7 @@ def _default_run_dir() -> str:
 
 
 WINDOW_STACKS = ("sample", "remote", "tracer", "off")
+WINDOW_WRITERS = ("fork", "thread")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class Config:
     # Python stacks in a window: "sample" (a 1 ms sampler thread, the default), "tracer" (torch's
     # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
+    window_stack_period_us: int = 1000  # the stack sampler's period (thread or sampler process)
+    # who converts the profiler result into the raw file: "fork" (a forked child at nice 19; the
+    # training process converts it itself if the child fails) or "thread" (a throttled thread)
+    window_writer: str = "thread"
     # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
     exit_delay_s: float = 7.0
 
@@ -66,6 +71,10 @@ class Config:
             raise ConfigError(f"PERFTRACKER_TRIGGER_BURST={self.trigger_burst}: expected at least 1")
         if not 0.0 <= self.exit_delay_s <= 60.0:
             raise ConfigError(f"PERFTRACKER_EXIT_DELAY_S={self.exit_delay_s}: expected 0 to 60 seconds")
+        if self.window_writer not in WINDOW_WRITERS:
+            raise ConfigError(f"PERFTRACKER_WINDOW_WRITER={self.window_writer!r}: expected one of {', '.join(WINDOW_WRITERS)}")
+        if not 100 <= self.window_stack_period_us <= 100_000:
+            raise ConfigError(f"PERFTRACKER_WINDOW_STACK_PERIOD_US={self.window_stack_period_us}: expected 100 to 100000")
         if self.window_stacks not in WINDOW_STACKS:
             raise ConfigError(f"PERFTRACKER_WINDOW_STACKS={self.window_stacks!r}: expected one of {', '.join(WINDOW_STACKS)}")
 

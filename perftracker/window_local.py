@@ -30,7 +30,11 @@ def run_local_window(
     with _local_lock:
         if _local is None or _local.out_dir != Path(out_dir) or _local._runtime is not runtime:
             config = getattr(runtime, "config", None)
-            opts = options or WindowOptions(spawn_sampler=True, stacks=getattr(config, "window_stacks", "sample"))
+            opts = options or WindowOptions(
+                spawn_sampler=True, stacks=getattr(config, "window_stacks", "sample"),
+                stack_period_us=getattr(config, "window_stack_period_us", 1000),
+                writer=getattr(config, "window_writer", WindowOptions.writer),
+                exit_wait_s=getattr(config, "exit_delay_s", WindowOptions.exit_wait_s))
             _local = ProfileWindow(runtime.identity, out_dir, options=opts, runtime=runtime)
         win = _local
 

@@ -407,5 +407,11 @@ def test_config_fields_from_env() -> None:
     assert Config.from_env({"PERFTRACKER_WINDOW_STACKS": "off"}).window_stacks == "off"
     with pytest.raises(ConfigError, match="PERFTRACKER_WINDOW_STACKS='gdb'"):
         Config.from_env({"PERFTRACKER_WINDOW_STACKS": "gdb"})
+    cfg = Config.from_env({"PERFTRACKER_WINDOW_WRITER": "fork", "PERFTRACKER_WINDOW_STACK_PERIOD_US": "4000"})
+    assert (cfg.window_writer, cfg.window_stack_period_us) == ("fork", 4000)
+    with pytest.raises(ConfigError, match="PERFTRACKER_WINDOW_WRITER='vfork'"):
+        Config.from_env({"PERFTRACKER_WINDOW_WRITER": "vfork"})
+    with pytest.raises(ConfigError, match="PERFTRACKER_WINDOW_STACK_PERIOD_US=50"):
+        Config.from_env({"PERFTRACKER_WINDOW_STACK_PERIOD_US": "50"})
     with pytest.raises(ConfigError, match="PERFTRACKER_DETECTOR_MODE"):
         Detector(DetectorOptions(mode="magic"))
