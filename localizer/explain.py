@@ -235,7 +235,7 @@ def also_clause(label: str, key: str, category: Category, observed: Triple, medi
 def waits_text(waits: Sequence[Wait], obj: str, n_workers: int) -> str:
     """"; ranks 0-1,3 wait for it 12% of the window in AllReduce" for each collective."""
     return "".join(f"; {describe_ranks(list(w.ranks), n_workers)} {'waits' if len(w.ranks) == 1 else 'wait'} "
-                   f"for {obj} {pct(w.share)} of the window in {w.function}" for w in waits)
+                   f"for {obj} {pct(w.share)} of the window in {frame_text(w.function)}" for w in waits)
 
 
 def _late_sentence(who: str, what: str, category: Category, observed: Triple, median: Triple, cause: str,
@@ -243,7 +243,7 @@ def _late_sentence(who: str, what: str, category: Category, observed: Triple, me
     """A finding made from wait evidence alone: the ranks arrive last, and what they spend more on."""
     obj = "it" if n_ranks == 1 else "them"
     verb = "arrives" if n_ranks == 1 else "arrive"
-    coll = waits[0].function if waits else "the collectives"
+    coll = frame_text(waits[0].function) if waits else "the collectives"
     if category is Category.COLLECTIVE:  # no function of theirs explains it: the cause is outside
         return (f"{who} {verb} last at {coll}; the cause is not among the profiled functions (it starts "
                 f"late, e.g. from work before the window or outside the traced threads)"
@@ -260,7 +260,7 @@ def describe_report(n_findings: int, first_sentence: str, n_workers: int,
     ``only_rank``: the rank of a one-rank job, which has no peer to be compared with: the summary
     names it and what holds its critical path, and says that nothing could be compared."""
     if n_findings == 0:
-        tops = ", ".join(f"{label} {pct(b)}" for label, b in top[:3])
+        tops = ", ".join(f"{frame_text(label)} {pct(b)}" for label, b in top[:3])
         if only_rank is not None:
             held = f"its critical path is held by {tops}" if tops else "no function held its critical path"
             return (f"rank {only_rank} (the only rank): {held}; no other rank to compare it with, and "

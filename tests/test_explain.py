@@ -86,3 +86,15 @@ def test_one_rank_summary_names_the_rank_and_says_nothing_was_compared() -> None
     assert "no other rank to compare it with" in s
     # with more ranks the summary stays "no abnormal function"
     assert describe_report(0, "", 2, [("aten::mm", 0.47)]).startswith("no abnormal function on 2 ranks")
+
+
+def test_wait_clauses_and_the_no_finding_summary_shorten_python_frames() -> None:
+    from localizer.explain import waits_text
+    from perftracker.model import Wait
+
+    c10d = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py(4191): all_gather"
+    s = waits_text([Wait(function=c10d, ranks=(0,), share=0.17)], "it", 2)
+    assert s == "; rank 0 waits for it 17% of the window in all_gather (torch/distributed/distributed_c10d.py:4191)"
+    assert "site-packages" not in describe_report(0, "", 2, [(c10d, 0.3)])
+    # a collective that is not a Python frame is shown as it is
+    assert waits_text([Wait(function="AllReduce", ranks=(1, 2), share=0.1)], "them", 4).endswith("in AllReduce")
