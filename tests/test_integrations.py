@@ -57,7 +57,7 @@ class Case:
 
 
 CASES = {
-    "hf_trainer": Case("hf_trainer.py", "torchrun", 2, 1, 60, 300, 6),
+    "hf_trainer": Case("hf_trainer.py", "torchrun", 2, 1, 100, 320, 6),
     "accelerate": Case("accelerate_loop.py", "torchrun", 2, 1, 100, 600, 1),
     "lightning": Case("lightning_ddp.py", "python", 2, 1, 100, 600, 1),
     "mp_spawn": Case("mp_spawn_ddp.py", "python", 2, 1, 100, 600, 1),
