@@ -21,10 +21,20 @@ from localizer import strict_json
 from localizer.tokens import job_allowed
 from localizer.validate import RequestError
 from perftracker.errors import PerftrackerError, SchemaError
+from perftracker.model import PatternSet
+from perftracker.pattern_wire import (
+    COLUMNS_CONTENT_TYPE,
+    PatternBatch,
+    WireVersionError,
+    batch_from_sets,
+    decode_batch,
+    encode_batch,
+)
 
 log = logging.getLogger(__name__)
 
 PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
+JSON = "application/json"
 HEALTHZ = "/v1/healthz"  # the one path without auth
 SCOPE: web.RequestKey[tuple[str, ...] | None] = web.RequestKey("scope", object)  # type: ignore[arg-type]
 
@@ -138,3 +148,28 @@ def inflate_json(raw: bytes, max_inflated_bytes: int) -> Any:
     if inflater.unconsumed_tail:
         raise RequestError(f"body inflates past {max_inflated_bytes} bytes", status=413)
     return parse_json(data, "inflated body")
+
+
+def decode_patterns(content_type: str, raw: bytes, max_inflated_bytes: int) -> tuple[PatternBatch, bytes]:
+    """An upload body -> (its patterns as a batch, the columnar bytes to store), by content type:
+    ``application/x-perftracker-columns`` (one node's ranks, ``perftracker.pattern_wire``), or one
+    PatternSet as JSON or zlib JSON (for people and tests). 415 for another content type or a
+    columnar format version this localizer does not read; 422 for a bad shape; 400 for bad JSON."""
+    if content_type == COLUMNS_CONTENT_TYPE:
+        try:
+            return decode_batch(raw, max_inflated_bytes), raw
+        except WireVersionError as exc:
+            raise RequestError(str(exc), status=415) from None
+    if content_type == PATTERNS_ZLIB:
+        d = inflate_json(raw, max_inflated_bytes)
+    elif content_type in (JSON, "", "text/plain"):
+        d = parse_json(raw)
+    else:
+        raise RequestError(f"unsupported content type {content_type!r} for patterns (use {COLUMNS_CONTENT_TYPE}, "
+                           f"{PATTERNS_ZLIB} or {JSON})", status=415)
+    try:
+        ps = PatternSet.from_dict(d)
+    except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
+        raise RequestError(f"PatternSet: bad shape ({exc})", status=422) from None
+    batch = batch_from_sets([ps])
+    return batch, encode_batch(batch)

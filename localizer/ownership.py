@@ -88,6 +88,22 @@ class Ownership:
         return {r for r in ranks if owners.get(r, agent_id) == agent_id
                 or not self._alive(job, owners[r], now_ns)}
 
+    def check_ranks_writer(self, job: str, ranks: Sequence[int], key: str | None) -> None:
+        """``check_rank_writer`` for several ranks (one upload of a node): one owners query."""
+        owners = self.store.rank_owners(job, ranks)
+        checked: dict[str, bool] = {}
+        for rank in ranks:
+            owner = owners.get(rank)
+            if owner is None:
+                continue
+            ok = checked.get(owner)
+            if ok is None:
+                a = self.store.agent(job, owner)
+                ok = checked[owner] = not (a is not None and a[1] and not self._key_ok(a[1], key))
+            if not ok:
+                raise RequestError(f"rank {rank} of job {job!r} belongs to agent {owner!r}; this upload does not "
+                                   f"carry its agent key ({AGENT_KEY_HEADER})", status=409)
+
     def check_rank_writer(self, job: str, rank: int, key: str | None) -> None:
         """409 unless ``key`` belongs to the agent that owns ``rank`` (an unregistered rank has no owner)."""
         owner = self.store.rank_owners(job, [rank]).get(rank)

@@ -79,10 +79,11 @@ class LocalizeRunner:
     def after_commit(self, results: list[tuple[bool, Any]]) -> None:
         """Writer thread, after a commit: sessions that just became complete are localized at once,
         without waiting for the event loop (which may be busy answering the uploads)."""
+        seen: set[str] = set()
         for ok, value in results:
-            if ok and isinstance(value, Uploaded):
-                s = self.sessions.view(value.session)
-                if s.state == "open" and self.sessions.is_complete(s):
+            if ok and isinstance(value, Uploaded) and value.session not in seen:
+                seen.add(value.session)
+                if self.sessions.complete_now(value.session):
                     self.schedule(value.session)
 
     def _localize(self, session: str) -> None:

@@ -1,9 +1,11 @@
 """The localizer HTTP service (aiohttp): JSON under /v1/, bearer-token auth, size limit, sessions.
 
 Every request except ``GET /v1/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise).
-Bodies over ``max_body_bytes`` get 413 before they are read. Bodies are JSON, or for patterns
-zlib-compressed JSON (``application/x-perftracker-patterns+zlib``, inflated with a bound); they go
-through the request schemas in ``localizer.validate`` and the model's ``from_dict``. Nothing from
+Bodies over ``max_body_bytes`` get 413 before they are read. Bodies are JSON; patterns also come
+as zlib-compressed JSON (``application/x-perftracker-patterns+zlib``, inflated with a bound) or, one
+upload per node, in the columnar form (``application/x-perftracker-columns``,
+``perftracker.pattern_wire``), validated with numpy and kept as arrays (``localizer.columns``);
+JSON goes through the request schemas in ``localizer.validate`` and the model's ``from_dict``. Nothing from
 the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status. The
 middlewares and body decoding are ``localizer.http_io``; this module holds the app, its lifecycle
 (startup, the deadline checker, cleanup) and the request handlers.
@@ -26,7 +28,6 @@ import contextlib
 import logging
 import signal
 import ssl
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,15 +39,13 @@ from localizer.cluster import ClusterLink
 from localizer.connections import ConnectionGuard, GuardedSite, raise_fd_limit
 from localizer.http_io import (
     HEALTHZ,
-    PATTERNS_ZLIB,
     SCOPE,
     auth_middleware,
     check_scope,
+    decode_patterns,
     error_response,
     errors_middleware,
-    inflate_json,
     json_response,
-    parse_json,
     read_body,
     read_json,
 )
@@ -69,7 +68,7 @@ from localizer.validate import (
 )
 from perftracker.clock import Clock
 from perftracker.errors import ConfigError, PerftrackerError
-from perftracker.model import HangSnapshot, PatternSet
+from perftracker.model import HangSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -323,36 +322,30 @@ class LocalizerService:
             return await self._upload_patterns(request)
 
     async def _upload_patterns(self, request: web.Request) -> web.Response:
+        """One PatternSet (JSON) or one node's ranks (columnar), parsed once here into arrays."""
         session = parse_name(request.match_info["session"], "session")
         raw = await read_body(request, self.options.body_timeout_s)
-        if request.content_type == PATTERNS_ZLIB:
-            d = inflate_json(raw, self.options.max_inflated_bytes)
-        else:
-            d = parse_json(raw)
-        try:
-            ps = PatternSet.from_dict(d)
-        except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
-            raise RequestError(f"PatternSet: bad shape ({exc})", status=422) from None
-        check_scope(request, ps.job)
-        if ps.session != session:
-            raise RequestError(f"PatternSet.session {ps.session!r} does not match the URL's session {session!r}",
+        batch, body = decode_patterns(request.content_type, raw, self.options.max_inflated_bytes)
+        check_scope(request, batch.job)
+        if batch.session != session:
+            raise RequestError(f"PatternSet.session {batch.session!r} does not match the URL's session {session!r}",
                                status=422)
-        self.sessions.check_patterns(ps)
-        self.sessions.ownership.check_rank_writer(ps.job, ps.rank, request.headers.get(AGENT_KEY_HEADER))
-        body = raw if request.content_type == PATTERNS_ZLIB else zlib.compress(raw, 1)
+        self.sessions.check_batch(batch)
+        self.sessions.ownership.check_ranks_writer(batch.job, batch.ranks, request.headers.get(AGENT_KEY_HEADER))
         # committed (group commit: one transaction and fsync for concurrent uploads) before we answer.
-        # The writer is FIFO and commit_patterns re-checks the session inside the transaction, so an
+        # The writer is FIFO and commit_batches re-checks the session inside the transaction, so an
         # upload queued before the session starts localizing is in the report, and one after gets 409.
         def commit() -> Uploaded:
-            self.sessions.commit_patterns([(ps, body)])
+            self.sessions.commit_batches([(batch, body)])
             return Uploaded(session)
 
         await self._write(commit)
-        s = self.sessions.view(session)
-        if self.sessions.is_complete(s):
+        s, n_uploaded = self.sessions.upload_counts(session)
+        if s.state == "open" and self.sessions.is_complete(s):
             self.localize_runner.schedule(s.session)
-        return json_response({"ok": True, "session": s.session, "rank": ps.rank, "stored": True,
-                                  "uploaded": len(s.uploaded), "expected": len(s.expected)})
+        ranks = batch.ranks
+        return json_response({"ok": True, "session": s.session, "rank": ranks[0], "ranks": ranks, "stored": True,
+                              "uploaded": n_uploaded, "expected": len(s.expected)})
 
     async def upload_hang_snapshot(self, request: web.Request) -> web.Response:
         d = await read_json(request, self.options.body_timeout_s)

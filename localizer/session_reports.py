@@ -1,6 +1,7 @@
 """The reports that close a session, built from its stored uploads (the CPU-heavy step).
 
-``build_slowdown_report`` runs the localizer over the session's PatternSets; ``build_hang_report``
+``build_slowdown_report`` runs the localizer over the session's uploads, held as arrays
+(``localizer.columns``: no Python object per pattern); ``build_hang_report``
 hands its hang snapshots and the ranks' liveness (from heartbeats) to ``localizer.hang``. Both
 stages are imported lazily (numpy/statsmodels). The session state machine is localizer.sessions.
 """
@@ -12,25 +13,28 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from localizer.columns import SessionColumns
 from localizer.store import HeartbeatRecord, SessionRecord
-from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model import HangSnapshot, Report
 
 SLOWDOWN, HANG = "slowdown", "hang"
 PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see SessionManager.finish)
 
 
-def build_slowdown_report(s: SessionRecord, sets: Sequence[PatternSet],
+def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
                           localize_options: object | None = None) -> Report:
-    """Localize a slowdown session's PatternSets; ranks without one are ``ranks_missing``."""
-    missing = tuple(r for r in s.expected if r not in {p.rank for p in sets})
-    if not sets:
+    """Localize a slowdown session's uploads (held as arrays); ranks without one are ``ranks_missing``."""
+    arr = columns.to_arrays() if columns is not None else None
+    if arr is None or arr.n_workers == 0:
         return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
                       trigger_reason=s.reason, window_s=s.window_s, ranks_reported=(),
-                      ranks_missing=missing, status="partial",
+                      ranks_missing=tuple(s.expected), status="partial",
                       summary="no worker uploaded patterns before the deadline")
-    from localizer.localize import localize  # lazy: the numpy/statsmodels stage
+    from localizer.localize import localize_arrays  # lazy: the numpy/statsmodels stage
 
-    report = localize(sets, localize_options)  # type: ignore[arg-type]
+    got = set(arr.ranks.tolist())
+    missing = tuple(r for r in s.expected if r not in got)
+    report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
     return dataclasses.replace(
         report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
         ranks_missing=missing, status="partial" if missing else report.status)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from localizer.columns import ColumnCache
 from localizer.ownership import Ownership, hash_key
 from localizer.session_reports import (
     HANG,
@@ -36,13 +37,12 @@ from localizer.session_reports import (
     RESUMED,
     SLOWDOWN,
     build_hang_report,
-    build_slowdown_report,
 )
-from localizer.set_cache import SetCache
+from localizer.session_uploads import PatternUploads
 from localizer.store import HeartbeatRecord, SessionRecord, Store, WorkerRecord
 from localizer.validate import Heartbeat, Registration, RequestError
 from perftracker.clock import Clock
-from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model import HangSnapshot, Report
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,9 @@ class SessionOptions:
     # a slowdown trigger joins the open session up to this long past its window's nominal end (the
     # agents start the window a little after the session opens); later ones open the next session
     join_slack_s: float = 2.0
-    # parsed uploads kept for localization (estimated bytes); the rest is re-read from the store
-    max_cached_set_bytes: int = 192 * 1024 * 1024
+    # uploads kept in memory as arrays for localization (bytes; ~32 per pattern: 1 GiB holds 100,000
+    # ranks x 300 functions); past it a session's arrays are read back from the store when localized
+    max_cached_set_bytes: int = 1024 * 1024 * 1024
     # an agent not heard from (registration, heartbeat) for this long is dead: others may take its ranks
     agent_dead_s: float = 15.0
 
@@ -104,8 +105,8 @@ def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> tuple[int, ..
     return tuple(sorted(ranks))
 
 
-class SessionManager:
-    """Opens, joins, fills and closes sessions over a Store."""
+class SessionManager(PatternUploads):
+    """Opens, joins, fills and closes sessions over a Store (uploads: ``localizer.session_uploads``)."""
 
     def __init__(self, store: Store, clock: Clock | None = None, options: SessionOptions | None = None) -> None:
         self.store = store
@@ -117,7 +118,8 @@ class SessionManager:
         self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
         # In-memory views of open sessions, so an upload costs no scan of the store:
         self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
-        self.cache = SetCache(self.options.max_cached_set_bytes)  # parsed uploads, bounded
+        self._outstanding: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # session -> (expected, not uploaded)
+        self.cache = ColumnCache(self.options.max_cached_set_bytes)  # uploads as arrays, bounded
         self.ownership = Ownership(store, self.options.agent_dead_s, lambda job: set(self._dead_of(job)))
         self.issued_key: str | None = None
         self._dead: dict[str, dict[int, int]] = {}  # job -> rank -> received_ns of a "never answers" beat
@@ -257,65 +259,12 @@ class SessionManager:
         """The open session an agent that last saw ``after`` should act on, or None."""
         after_seq = 0
         if after:
-            prev = self.store.get_session(after)
+            prev = self.store.get_session(after, with_uploaded=False)
             after_seq = prev.seq if prev is not None and prev.job == job else 0
-        open_ = self.store.sessions(job=job, states=(OPEN,), after_seq=after_seq, limit=1)
-        if not open_:
-            return None
-        s = open_[0]
-        return Trigger(s.session, s.window_s, s.reason, s.kind)
+        found = self.store.next_open(job, after_seq)
+        return Trigger(*found) if found is not None else None
 
     # ---------------------------------------------------------------- uploads
-    def _open_session_for(self, session: str, job: str, rank: int) -> SessionRecord:
-        s = self.store.get_session(session, with_uploaded=False)
-        if s is None:
-            raise RequestError(f"unknown session {session!r}", status=404)
-        if s.job != job:
-            raise RequestError(f"session {session!r} belongs to job {s.job!r}, not {job!r}", status=422)
-        if s.state != OPEN:
-            raise RequestError(f"session {session!r} is already {s.state}; uploads are closed", status=409)
-        if rank not in s.expected and rank not in {w.rank for w in self.store.workers(job)}:
-            raise RequestError(f"rank {rank} is not registered for job {job!r} "
-                               f"(register the agent first)", status=422)
-        return s
-
-    def check_patterns(self, ps: PatternSet) -> SessionRecord:
-        """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
-        with self._lock:
-            return self._open_session_for(ps.session, ps.job, ps.rank)
-
-    def commit_patterns(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
-        """Persist checked uploads in one transaction, then count them. Safe to call from a writer thread."""
-        if not items:
-            return
-        with self._lock, self.store.transaction():
-            for ps, _ in items:  # again, inside the transaction: the session may have closed meanwhile
-                self._open_session_for(ps.session, ps.job, ps.rank)
-                self._uploaded_of(ps.session)  # loaded before this write, if not yet in memory
-            self.store.put_patterns_many(items, self.clock.now_ns())
-            by_session: dict[str, list[PatternSet]] = {}
-            for ps, _ in items:
-                by_session.setdefault(ps.session, []).append(ps)
-            self.store.on_commit(lambda: self._count_uploads(items))  # counted once on disk, never before
-            for session, sets in by_session.items():
-                s = self.store.get_session(session, with_uploaded=False)
-                extra = {p.rank for p in sets} - set(s.expected) if s is not None else set()
-                if s is not None and extra:  # an unregistered-at-open rank that uploads is expected
-                    self.store.update_session(session, expected=sorted({*s.expected, *extra}))
-
-    def _count_uploads(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
-        with self._lock:
-            for ps, _ in items:
-                self._uploaded_of(ps.session).add(ps.rank)
-                self.cache.put(ps.session, ps.rank, ps)
-
-    def accept_patterns(self, ps: PatternSet, body: bytes | None = None) -> SessionRecord:
-        """Validate against the session and persist. Returns the session after the upload."""
-        with self._lock:
-            self.check_patterns(ps)
-            self.commit_patterns([(ps, body)])
-            return self.view(ps.session)
-
     def view(self, session: str) -> SessionRecord:
         """The session with its uploaded ranks, from memory (no scan of the store)."""
         s = self.store.get_session(session, with_uploaded=False)
@@ -341,6 +290,7 @@ class SessionManager:
     def _forget(self, session: str) -> None:
         self._extended.discard(session)
         self._uploaded.pop(session, None)
+        self._outstanding.pop(session, None)
         self.cache.forget(session)
 
     def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
@@ -348,7 +298,7 @@ class SessionManager:
         now = self.clock.now_ns()
         with self._lock:
             if snap.session:
-                s = self._open_session_for(snap.session, snap.job, snap.rank)
+                s = self._open_session_for(snap.session, snap.job, [snap.rank])
             else:
                 seen = self._reported_hang_of(snap)
                 if seen is not None:  # this rank's stop is in a stored hang report already
@@ -356,15 +306,22 @@ class SessionManager:
                              "%s; no new session", snap.rank, snap.job, snap.last_iteration, seen)
                     return self.view(seen)
                 s, _ = self.trigger(snap.job, f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s", kind=HANG)
-                self._open_session_for(s.session, snap.job, snap.rank)
+                self._open_session_for(s.session, snap.job, [snap.rank])
             if s.kind != HANG:  # a hang during a slowdown session: no window will complete
                 deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
                 self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
             uploaded = self._uploaded_of(s.session)
             self.store.put_hang_snapshot(snap, s.session, now)
             self._paused.discard(s.session)
-            self.store.on_commit(lambda: uploaded.add(snap.rank))
+            self.store.on_commit(lambda: self._count_snapshot(s.session, snap.rank))
             return dataclasses.replace(self.view(s.session), uploaded=tuple(sorted({*uploaded, snap.rank})))
+
+    def _count_snapshot(self, session: str, rank: int) -> None:
+        with self._lock:
+            self._uploaded_of(session).add(rank)
+            memo = self._outstanding.get(session)
+            if memo is not None:
+                memo[1].discard(rank)
 
     def _reported_hang_of(self, snap: HangSnapshot) -> str | None:
         """The unresolved hang session whose report already has this rank stopped at this iteration.
@@ -386,17 +343,6 @@ class SessionManager:
         (or SIGSTOPped: it cannot answer either)."""
         with self._lock:
             return {r for r, t in self._dead_of(s.job).items() if t >= s.opened_ns}
-
-    def is_complete(self, s: SessionRecord) -> bool:
-        """Every expected rank uploaded or is known not to answer (and at least one uploaded)."""
-        if not s.expected:
-            return False
-        with self._lock:
-            uploaded = self._uploaded_of(s.session)
-            outstanding = set(s.expected) - uploaded
-            if s.kind == HANG and outstanding and not outstanding - self.dead_ranks(s):
-                return True  # every rank answered or cannot answer (e.g. all dead after a kill)
-            return bool(uploaded) and (not outstanding or not outstanding - self.dead_ranks(s))
 
     def due(self) -> list[SessionRecord]:
         """Open sessions that are complete or past their deadline."""
@@ -422,14 +368,7 @@ class SessionManager:
         if s.kind == HANG:
             return build_hang_report(s, self.store.hang_snapshots(s.session), self.store.heartbeats(s.job),
                                      self.clock.now_ns())
-        with self._lock:
-            cached = self.cache.sets(s.session)
-        stored = set(self.store.pattern_ranks(s.session))
-        have = {r: ps for r, ps in cached.items() if r in stored}
-        # what the bounded cache dropped (or a restart lost) is parsed again from the store
-        more = self.store.pattern_sets(s.session, skip=list(have)) if len(have) < len(stored) else []
-        sets = sorted([*have.values(), *more], key=lambda ps: ps.rank)
-        return build_slowdown_report(s, sets, localize_options)
+        return self.build_slowdown(s, localize_options)
 
     def finish(self, session: str, report: Report) -> bool:
         """Store the report and close the session. Returns False when nothing was stored: a hang

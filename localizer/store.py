@@ -22,18 +22,24 @@ import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from localizer import strict_json
+from localizer.pattern_store import PATTERN_DDL, PatternTables
+from localizer.records import (  # noqa: F401 - re-exported: the store's row types
+    SESSION_COLUMNS,
+    STORE_SCHEMA_VERSION,
+    HeartbeatRecord,
+    SessionRecord,
+    WorkerRecord,
+)
 from perftracker.errors import PerftrackerError, SchemaError
-from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model import HangSnapshot, Report
 from perftracker.rundir import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
 
-STORE_SCHEMA_VERSION = 1
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,9 +58,6 @@ CREATE TABLE IF NOT EXISTS sessions (
     expected TEXT NOT NULL, joins INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '',
     schema_version INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS sessions_job ON sessions (job, state);
-CREATE TABLE IF NOT EXISTS patterns (
-    session TEXT NOT NULL, rank INTEGER NOT NULL, body BLOB NOT NULL, received_ns INTEGER NOT NULL,
-    schema_version INTEGER NOT NULL, PRIMARY KEY (session, rank));
 CREATE TABLE IF NOT EXISTS hang_snapshots (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, session TEXT NOT NULL,
     rank INTEGER NOT NULL, taken_ns INTEGER NOT NULL, body TEXT NOT NULL,
@@ -75,88 +78,22 @@ class StoreError(PerftrackerError):
     """The store file cannot be opened or written (disk full, wrong version, not a database)."""
 
 
-@dataclass(frozen=True)
-class WorkerRecord:
-    """One registered worker."""
+class Store(PatternTables):
+    """A thread-safe handle on one sqlite store. Every write commits before it returns.
 
-    job: str
-    rank: int
-    agent_id: str
-    local_rank: int
-    world_size: int
-    pid: int
-    tid: int
-    host: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-                "pid": self.pid, "tid": self.tid, "host": self.host, "agent_id": self.agent_id}
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """One session row. Times are wall-clock ns (they survive a restart)."""
-
-    seq: int
-    session: str
-    job: str
-    kind: str  # "slowdown" | "hang"
-    reason: str
-    window_s: float
-    state: str  # "open" | "localizing" | "done" | "failed"
-    opened_ns: int
-    deadline_ns: int
-    closed_ns: int = 0
-    expected: tuple[int, ...] = ()
-    joins: int = 0
-    error: str = ""
-    uploaded: tuple[int, ...] = field(default=())
-
-    @property
-    def missing(self) -> tuple[int, ...]:
-        got = set(self.uploaded)
-        return tuple(r for r in self.expected if r not in got)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": STORE_SCHEMA_VERSION, "session": self.session, "job": self.job,
-            "kind": self.kind, "reason": self.reason, "window_s": self.window_s, "state": self.state,
-            "opened_ns": self.opened_ns, "deadline_ns": self.deadline_ns, "closed_ns": self.closed_ns,
-            "expected": list(self.expected), "uploaded": list(self.uploaded),
-            "missing": list(self.missing), "joins": self.joins, "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class HeartbeatRecord:
-    job: str
-    rank: int
-    agent_id: str
-    iteration: int
-    phase: str
-    last_event_age_s: float
-    alive: bool
-    iteration_ms: float
-    received_ns: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "agent_id": self.agent_id, "iteration": self.iteration,
-                "phase": self.phase, "last_event_age_s": self.last_event_age_s, "alive": self.alive,
-                "iteration_ms": self.iteration_ms, "received_ns": self.received_ns}
-
-
-_SESSION_COLS = ("seq, session, job, kind, reason, window_s, state, opened_ns, deadline_ns, "
-                 "closed_ns, expected, joins, error")
-
-
-class Store:
-    """A thread-safe handle on one sqlite store. Every write commits before it returns."""
+    Session rows read outside a transaction are cached (parsing ``expected`` of a 100,000-rank job
+    costs milliseconds, and every upload looks at its session): a cached row is dropped after each
+    commit that changed it, and a read that raced such a commit is not cached."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "FULL") -> None:
         self.path = Path(path)
         self._lock = threading.RLock()  # the write connection (and any open transaction)
         self._rlock = threading.Lock()  # the read connection
-        self._local = threading.local()  # .depth: transactions this thread has open
+        self._local = threading.local()  # .depth: transactions this thread has open; .dirty: sessions it changed
+        self._records: dict[str, SessionRecord] = {}  # committed session rows (without ``uploaded``)
+        self._records_gen = 0  # bumped after each commit that changed a session row
+        self._records_lock = threading.Lock()
+        self._expected_memo: dict[str, tuple[str, tuple[int, ...]]] = {}  # session -> (JSON, parsed)
         try:
             make_private_dir(self.path.parent)  # 0700 when we create it
             self._private_files()  # 0600 (sqlite gives its -wal and -shm files the database's mode)
@@ -164,7 +101,7 @@ class Store:
                                        timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(_DDL)
+            self._db.executescript(_DDL + PATTERN_DDL)
             self._check_version()
             self._add_columns()
             # WAL: readers see the last commit and never wait for a writer's fsync
@@ -196,6 +133,7 @@ class Store:
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(agents)")}
         if "key_hash" not in cols:
             self._db.execute("ALTER TABLE agents ADD COLUMN key_hash TEXT NOT NULL DEFAULT ''")
+        self._add_pattern_columns(self._db)
 
     def close(self) -> None:
         with self._lock, self._rlock:
@@ -217,6 +155,7 @@ class Store:
                     self._local.depth = depth
                 return
             self._local.hooks = []
+            self._local.dirty = set()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._local.depth = 1
@@ -343,6 +282,7 @@ class Store:
                 (s.session, s.job, s.kind, s.reason, s.window_s, s.state, s.opened_ns, s.deadline_ns,
                  s.closed_ns, json.dumps(list(s.expected)), s.joins, s.error, STORE_SCHEMA_VERSION))
             seq = int(cur.lastrowid or 0)
+            self._changed(s.session)
         return dataclasses.replace(s, seq=seq)
 
     def update_session(self, session: str, **values: Any) -> None:
@@ -355,6 +295,19 @@ class Store:
         cols = ", ".join(f"{k}=?" for k in values)
         with self._tx() as db:
             db.execute(f"UPDATE sessions SET {cols} WHERE session=?", (*values.values(), session))
+            self._changed(session)
+
+    def _changed(self, session: str) -> None:
+        """Inside a transaction: this session's row changed (read it from the db until the commit;
+        after the commit the cached row is dropped)."""
+        self._local.dirty.add(session)
+
+        def drop() -> None:
+            with self._records_lock:
+                self._records_gen += 1
+                self._records.pop(session, None)
+
+        self.on_commit(drop)
 
     def expect_ranks(self, session: str, ranks: Sequence[int]) -> tuple[SessionRecord, tuple[int, ...]] | None:
         """An open session also expects ``ranks`` (read and update in one transaction).
@@ -372,17 +325,55 @@ class Store:
             self.update_session(session, expected=expected)
             return dataclasses.replace(s, expected=expected), added
 
+    def _expected(self, session: str, text: str) -> tuple[int, ...]:
+        """``expected`` parsed once per distinct JSON text of a session."""
+        memo = self._expected_memo.get(session)
+        if memo is not None and memo[0] == text:
+            return memo[1]
+        parsed = tuple(json.loads(text))
+        if len(self._expected_memo) > 256:
+            self._expected_memo.clear()
+        self._expected_memo[session] = (text, parsed)
+        return parsed
+
     def _session_from_row(self, r: tuple[Any, ...], with_uploaded: bool = True) -> SessionRecord:
         uploaded = tuple(sorted(self.uploaded_ranks(r[1]))) if with_uploaded else ()
         return SessionRecord(seq=r[0], session=r[1], job=r[2], kind=r[3], reason=r[4], window_s=r[5],
                              state=r[6], opened_ns=r[7], deadline_ns=r[8], closed_ns=r[9],
-                             expected=tuple(json.loads(r[10])), joins=r[11], error=r[12],
+                             expected=self._expected(r[1], r[10]), joins=r[11], error=r[12],
                              uploaded=uploaded)
 
     def get_session(self, session: str, *, with_uploaded: bool = True) -> SessionRecord | None:
         """One session; ``with_uploaded=False`` skips the uploaded-ranks query (``uploaded`` is empty)."""
-        rows = self._query(f"SELECT {_SESSION_COLS} FROM sessions WHERE session=?", (session,))
-        return self._session_from_row(rows[0], with_uploaded) if rows else None
+        s = self._session_record(session)
+        if s is None or not with_uploaded:
+            return s
+        return dataclasses.replace(s, uploaded=tuple(sorted(self.uploaded_ranks(session))))
+
+    def _session_record(self, session: str) -> SessionRecord | None:
+        in_tx = getattr(self._local, "depth", 0)
+        if not in_tx or session not in self._local.dirty:
+            with self._records_lock:
+                cached = self._records.get(session)
+                gen = self._records_gen
+            if cached is not None:
+                return cached
+        rows = self._query(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE session=?", (session,))
+        s = self._session_from_row(rows[0], False) if rows else None
+        if s is not None and not (in_tx and session in self._local.dirty):
+            with self._records_lock:
+                if self._records_gen == gen:  # no commit changed a session meanwhile
+                    if len(self._records) > 4096:
+                        self._records.clear()
+                    self._records[session] = s
+        return s
+
+    def next_open(self, job: str, after_seq: int = 0) -> tuple[str, float, str, str] | None:
+        """(session, window_s, reason, kind) of the job's first open session after ``after_seq``
+        (the long poll's question, without reading ``expected``)."""
+        rows = self._query("SELECT session, window_s, reason, kind FROM sessions WHERE job=? AND state='open' "
+                           "AND seq > ? ORDER BY seq LIMIT 1", (job, after_seq))
+        return (str(rows[0][0]), float(rows[0][1]), str(rows[0][2]), str(rows[0][3])) if rows else None
 
     def uploaded_ranks(self, session: str) -> set[int]:
         """Ranks with patterns or a hang snapshot in the session."""
@@ -394,7 +385,7 @@ class Store:
                  newest_first: bool = False) -> list[SessionRecord]:
         """One page of sessions (``limit`` at most): by ``seq`` after ``after_seq``, or with
         ``newest_first`` the newest before ``before_seq``. ``iter_sessions`` walks every page."""
-        sql = f"SELECT {_SESSION_COLS} FROM sessions WHERE seq > ?"
+        sql = f"SELECT {SESSION_COLUMNS} FROM sessions WHERE seq > ?"
         args: list[Any] = [after_seq]
         if before_seq is not None:
             sql += " AND seq < ?"
@@ -426,28 +417,6 @@ class Store:
             after = rows[-1].seq
 
     # ---------------------------------------------------------------- patterns and snapshots
-    def put_patterns(self, ps: PatternSet, now_ns: int, body: bytes | None = None) -> None:
-        """Persist one worker's patterns (a repeat upload of the same rank replaces the old one).
-
-        ``body`` is the validated wire form (zlib JSON that decodes to ``ps``), stored as is."""
-        self.put_patterns_many([(ps, body)], now_ns)
-
-    def put_patterns_many(self, items: Sequence[tuple[PatternSet, bytes | None]], now_ns: int) -> None:
-        """Persist several uploads in one transaction (one fsync: the service's group commit)."""
-        with self._tx() as db:
-            db.executemany("INSERT OR REPLACE INTO patterns VALUES (?,?,?,?,?)",
-                           [(ps.session, ps.rank, body if body is not None else ps.to_bytes(), now_ns,
-                             STORE_SCHEMA_VERSION) for ps, body in items])
-
-    def pattern_ranks(self, session: str) -> list[int]:
-        return [r[0] for r in self._query("SELECT rank FROM patterns WHERE session=? ORDER BY rank", (session,))]
-
-    def pattern_sets(self, session: str, skip: Sequence[int] = ()) -> list[PatternSet]:
-        """The session's stored PatternSets by rank, leaving out the ranks in ``skip``."""
-        rows = self._query("SELECT rank, body FROM patterns WHERE session=? ORDER BY rank", (session,))
-        leave = set(skip)
-        return [PatternSet.from_bytes(bytes(body)) for rank, body in rows if rank not in leave]
-
     def put_hang_snapshot(self, snap: HangSnapshot, session: str, now_ns: int) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO hang_snapshots (job, session, rank, taken_ns, body, received_ns, "

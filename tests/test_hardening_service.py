@@ -26,7 +26,8 @@ from service_helpers import REPO, TOKEN, LocalizerProcess, ServiceThread, make_p
 from agent.uplink import Uplink, UplinkError
 from localizer.service import ServiceOptions
 from localizer.sessions import OPEN, SessionManager, SessionOptions
-from localizer.set_cache import SetCache, estimate_bytes
+from localizer.columns import ColumnCache
+from perftracker.pattern_wire import batch_from_sets
 from localizer.store import SessionRecord, Store
 from localizer.tokens import check_token, parse_job_tokens
 from perftracker.errors import ConfigError
@@ -241,22 +242,23 @@ def test_tls_between_agent_and_localizer(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- item 5: bounded memory
-def test_parsed_sets_are_bounded_and_a_session_reads_the_rest_from_the_store(tmp_path: Path) -> None:
+def test_kept_arrays_are_bounded_and_a_session_reads_the_rest_from_the_store(tmp_path: Path) -> None:
     sets = [make_pattern_set("j", "s1", r, 8, seed=r) for r in range(8)]
-    budget = 3 * estimate_bytes(sets[0])
-    cache = SetCache(budget)
-    for ps in sets:
-        cache.put("s1", ps.rank, ps)
-    assert cache.bytes <= budget and len(cache.sets("s1")) <= 3 and cache.evicted >= 5
+    cache = ColumnCache(1)  # smaller than one upload: the session is spilled, nothing kept
+    cache.add(batch_from_sets(sets[:1]))
+    assert cache.bytes == 0 and cache.evicted == 1 and cache.get("s1") is None
+    cache.add(batch_from_sets(sets[1:2]))  # a spilled session keeps nothing of later uploads either
+    assert cache.get("s1") is None
     store = Store(tmp_path / "s.sqlite")
-    mgr = SessionManager(store, options=SessionOptions(max_cached_set_bytes=budget))
+    mgr = SessionManager(store, options=SessionOptions(max_cached_set_bytes=20_000))  # ~3 uploads' arrays
     from localizer.validate import parse_registration
 
     mgr.register(parse_registration({"job": "j", "agent_id": "a", "workers": workers(range(8), 8)}))
     s, _ = mgr.trigger("j", "t")
     for r in range(8):
         mgr.accept_patterns(make_pattern_set("j", s.session, r, 8, seed=r))
-    assert mgr.cache.bytes <= budget
+        assert mgr.cache.bytes <= 20_000
+    assert mgr.cache.get(s.session) is None  # spilled past the bound
     report = mgr.localize_now(s.session)
     assert report is not None and report.state == "done"
     assert store.get_report(s.session).ranks_reported == tuple(range(8))
