@@ -25,6 +25,7 @@ from typing import Any
 
 from perftracker.errors import ConfigError, TransportError
 from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.pattern_wire import COLUMNS_CONTENT_TYPE, encode_sets
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,24 @@ class Uplink:
         if compressed:
             return self.request("POST", path, raw=ps.to_bytes(), content_type=PATTERNS_ZLIB, agent_key=key)[1]
         return self.request("POST", path, ps.to_dict(), agent_key=key)[1]
+
+    def upload_pattern_batch(self, sets: Sequence[PatternSet]) -> dict[str, Any]:
+        """One node's PatternSets of one session in one request (the columnar wire form). A
+        localizer that does not read it (415, or 400 from one that predates it) gets them one by one."""
+        if not sets:
+            return {"ok": True, "ranks": []}
+        ps = sets[0]
+        path = f"/v1/sessions/{urllib.parse.quote(ps.session, safe='')}/patterns"
+        try:
+            return self.request("POST", path, raw=encode_sets(sets), content_type=COLUMNS_CONTENT_TYPE,
+                                agent_key=self.agent_key(ps.job, ps.rank))[1]
+        except UplinkError as exc:
+            if exc.status not in (400, 415):
+                raise
+            log.info("the localizer does not take columnar uploads (%s); uploading %d rank(s) one by one",
+                     exc, len(sets))
+        acks = [self.upload_patterns(p) for p in sets]
+        return {**acks[-1], "ranks": [p.rank for p in sets]}
 
     def upload_hang_snapshot(self, snap: HangSnapshot) -> dict[str, Any]:
         return self.request("POST", "/v1/hang-snapshots", snap.to_dict(),

@@ -6,7 +6,10 @@ For each local worker of the job, in parallel:
 2. send START_WINDOW; the worker profiles from its next iteration boundary for ``window_s`` and
    answers WINDOW_DONE with its raw-window file and the window's real bounds;
 3. tell the samplers those bounds and let them write their SampleSet;
-4. summarize (one summarizer process at a time, one core, nice 19) and upload the PatternSet.
+4. summarize (one summarizer process at a time, one core, nice 19);
+
+then upload the node's PatternSets in ONE request (``Uplink.upload_pattern_batch``, the columnar
+wire form of ``perftracker.pattern_wire``), so a 100,000-GPU job sends 12,500 uploads, not 100,000.
 
 A worker that fails (no answer in time, a window error, a summarizer error) is logged and left out:
 the localizer's deadline names it as missing.
@@ -61,6 +64,8 @@ class SessionRun:
     done: dict[int, asyncio.Future[dict[str, Any]]] = field(default_factory=dict)  # rank -> WINDOW_DONE
     uploaded: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)
+    # summarized, waiting for the node's one upload: rank -> (PatternSet, files to delete after it)
+    pending: dict[int, tuple[Any, list[Path]]] = field(default_factory=dict)
 
 
 class WindowRunner:
@@ -97,6 +102,12 @@ class WindowRunner:
             if isinstance(res, BaseException):
                 run.failed[w.rank] = repr(res)
                 log.error("session %s: rank %d: %r", run.session, w.rank, res)
+        try:
+            await self.upload_node(run)
+        finally:
+            for w in workers:
+                if getattr(w, "work_session", "") == run.session:
+                    w.work_session = ""
         self.metrics.session("uploaded" if not run.failed else "failed")
         log.info("session %s: uploaded ranks %s%s", run.session, sorted(run.uploaded),
                  f"; failed {run.failed}" if run.failed else "")
@@ -147,8 +158,8 @@ class WindowRunner:
             run.failed[w.rank] = str(exc)
             log.warning("session %s: %s", run.session, exc)
         finally:
-            if getattr(w, "work_session", "") == run.session:
-                w.work_session = ""
+            if getattr(w, "work_session", "") == run.session and w.rank not in run.pending:
+                w.work_session = ""  # a summarized rank stays "working on" it until the node's upload
             if sampler is not None:
                 await processing.stop_process(sampler)
             if getattr(w, "writer", None) is not None:
@@ -234,22 +245,49 @@ class WindowRunner:
         async with self._summarize_lock:
             ps = await processing.summarize(raw, samples, out, self.options.processing, self._summarizer)
         self.metrics.summarized(time.monotonic() - t0)
+        files = [p for p in (raw, out, samples) if p is not None]
+        if run is not None:  # uploaded with the node's other ranks (upload_node)
+            run.pending[w.rank] = (ps, files)
+            return
         try:
             await self.call("upload_patterns", ps)
         except PerftrackerError as exc:
             self.metrics.upload("patterns", ok=False)
             raise processing.ProcessingError(f"upload of rank {w.rank}'s patterns failed: {exc}") from None
         self.metrics.upload("patterns", ok=True)
-        if run is not None:
-            run.uploaded.add(w.rank)
         log.info("session %s: uploaded rank %d's %d patterns (%.1f s to summarize)", session, w.rank,
                  len(ps.patterns), time.monotonic() - t0)
-        if not self.options.keep_files:
-            for p in (raw, out, samples):
-                if p is not None:
-                    with contextlib.suppress(OSError):
-                        p.unlink()
+        self._cleanup(files)
 
+    async def upload_node(self, run: SessionRun) -> None:
+        """Upload the summarized ranks of this node in one request; a failure fails them all."""
+        if not run.pending:
+            return
+        ranks = sorted(run.pending)
+        sets = [run.pending[r][0] for r in ranks]
+        t0 = time.monotonic()
+        try:
+            await self.call("upload_pattern_batch", sets)
+        except PerftrackerError as exc:
+            self.metrics.upload("patterns", ok=False)
+            for r in ranks:
+                run.failed[r] = f"upload of rank {r}'s patterns failed: {exc}"
+            log.warning("session %s: upload of rank(s) %s failed: %s", run.session, ranks, exc)
+            return
+        finally:
+            pending, run.pending = run.pending, {}
+        self.metrics.upload("patterns", ok=True)
+        run.uploaded.update(ranks)
+        log.info("session %s: uploaded rank(s) %s in one request (%d patterns, %.2f s)", run.session, ranks,
+                 sum(len(ps.patterns) for ps in sets), time.monotonic() - t0)
+        for _, files in pending.values():
+            self._cleanup(files)
+
+    def _cleanup(self, files: list[Path]) -> None:
+        if not self.options.keep_files:
+            for p in files:
+                with contextlib.suppress(OSError):
+                    p.unlink()
 
     def worker_file(self, value: Any, what: str) -> Path:
         """A file a worker names (its raw window, its samples): only a regular file directly in

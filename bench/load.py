@@ -1,27 +1,37 @@
-"""Load benchmark: a real localizer process and N simulated agents in one session.
+"""Load benchmark: a real localizer process and N simulated node agents in one session.
 
-Every agent registers its worker, long-polls for triggers, "profiles" for the window when the
-trigger arrives, and uploads a realistic PatternSet (python stacks sharing a frame table, kernels,
-a collective, a memcpy; one slow rank). We count acknowledged uploads, then read the localizer's
-store directly (sqlite, after it stored the report) to check that every acknowledged pattern is
-there.
+Every agent registers its node's ``--ranks-per-agent`` workers, long-polls for triggers,
+"profiles" for the window when the trigger arrives, and uploads its ranks' patterns (about what
+the summarizer emits for a small DDP model: python stacks sharing a frame table, kernels, a
+collective, a memcpy; one slow rank) in ONE request, in the columnar wire form
+(``perftracker.pattern_wire``; ``--format json``: one JSON request per rank, the old path). We
+count acknowledged ranks, then read the localizer's store directly (sqlite, after it stored the
+report) to check that every acknowledged rank's patterns are there.
 
-With ``--sessions N`` there are N jobs of ``--agents`` agents each, triggered together: N
-concurrent sessions (``--sessions 10 --agents 1000``: 10 sessions of 1,000 uploads each). The
+The load generator is kept cheap so that it does not starve the localizer on a small machine: the
+bodies are built before the trigger from a few templates with per-node jittered numbers, and at
+upload time only the session id is patched in (no serialization while the localizer ingests).
+
+With ``--sessions N`` there are N jobs of ``--agents`` agents each, triggered together. The
 localizer's resident set size is sampled every 0.2 s (and its kernel peak, VmHWM, read at the end).
 
-Progress goes to stderr; the last stdout line is ``{"agents", "sessions", "uploaded", "stored",
-"lost", "p99_upload_ms", "localize_s", "peak_rss_mb", "start_rss_mb"}`` where ``localize_s`` is
-the time from the commit of the last pattern to the stored report (the slowest session; both on the
-localizer's clock). Targets: lost = 0, localize_s <= 5.
+Progress goes to stderr; the last stdout line is ``{"agents", "ranks_per_agent", "workers",
+"sessions", "format", "uploaded", "stored", "lost", "ingest_s", "localize_s", "end_to_end_s",
+"p99_upload_ms", "peak_rss_mb", "start_rss_mb"}``: ``uploaded``/``stored``/``lost`` count ranks;
+``ingest_s`` is first to last acknowledgement (client clock); ``localize_s`` the commit of the
+last pattern to the stored report and ``end_to_end_s`` the window's end (session opened + window)
+to the stored report, both on the localizer's clock (the slowest session). Targets (issue 21, a
+2-core machine, ``--agents 12500 --ranks-per-agent 8``): lost = 0, end_to_end_s <= 60,
+localize_s <= 10, p99_upload_ms <= 30000, peak_rss_mb <= 4096.
 
-    python bench/load.py [--agents 2000] [--sessions 1] [--window-s 2]
+    python bench/load.py [--agents 2000] [--ranks-per-agent 1] [--sessions 1] [--window-s 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -32,20 +42,23 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
+from perftracker import pattern_wire  # noqa: E402
 from perftracker.model import Category, Pattern, PatternSet  # noqa: E402
+from perftracker.pattern_wire import COLUMNS_CONTENT_TYPE, HEADER  # noqa: E402
 
 TOKEN = "bench-load-token"
 PLACEHOLDER = b"@@SESSION@@"
-JOB_PLACEHOLDER = b"@@JOB@@"
 
 
 def log(msg: str) -> None:
@@ -100,23 +113,27 @@ def start_localizer(tmp: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
 
 
 class Agent:
-    def __init__(self, idx: int, job: str, world: int) -> None:
+    """One node agent: ``ranks`` workers, one registration, one long poll, one upload."""
+
+    def __init__(self, idx: int, job: str, ranks: list[int], world: int) -> None:
         self.idx = idx
         self.job = job
+        self.ranks = ranks
         self.world = world
         self.agent_id = f"agent-{idx:05d}"
         self.upload_ms: float | None = None
         self.acked_at = 0.0
+        self.acked: set[int] = set()
         self.error = ""
         self.key = ""  # the agent key the localizer issued at registration (localizer.ownership)
 
     async def run(self, http: aiohttp.ClientSession, url: str, registered: asyncio.Event, counter: list[int],
-                  window_s: float, body_template: bytes, seed: int) -> None:
+                  window_s: float, bodies: list[tuple[bytes, str]], n_agents: int, seed: int) -> None:
         h = {"Authorization": f"Bearer {TOKEN}"}
-        rank = self.idx
-        body = {"job": self.job, "agent_id": self.agent_id, "host": f"node{rank // 8}",
-                "workers": [{"rank": rank, "local_rank": rank % 8, "world_size": self.world, "pid": 10_000 + rank,
-                             "tid": 10_000 + rank, "host": f"node{rank // 8}"}]}
+        host = f"node{self.idx}"
+        body = {"job": self.job, "agent_id": self.agent_id, "host": host,
+                "workers": [{"rank": r, "local_rank": i, "world_size": self.world, "pid": 10_000 + i,
+                             "tid": 10_000 + i, "host": host} for i, r in enumerate(self.ranks)]}
         try:
             for attempt in range(20):
                 try:
@@ -129,55 +146,106 @@ class Agent:
                     self.error = f"register {exc}"
                 await asyncio.sleep(0.05 * 2**min(attempt, 5))
             counter[0] += 1
-            if counter[0] == self.world:
+            if counter[0] == n_agents:
                 registered.set()
             session = ""
             while not session:  # long poll
                 async with http.get(f"{url}/v1/jobs/{self.job}/triggers", params={"timeout_s": "60"}, headers=h) as r:
                     if r.status == 200:
                         session = (await r.json())["session"]
-            rng = random.Random(seed + rank)
+            rng = random.Random(seed + self.idx)
             await asyncio.sleep(window_s + rng.uniform(0, 1.0))  # the window, then summarizing skew
-            # the PatternSet was serialized before the trigger (JSON, session as a placeholder) so that
-            # the client's own CPU does not count in the upload latency
-            data = body_template.replace(PLACEHOLDER, session.encode())
             t0 = time.perf_counter()
-            for attempt in range(10):
-                try:
-                    async with http.post(f"{url}/v1/sessions/{session}/patterns", data=data,
-                                         headers={**h, "Content-Type": "application/json",
-                                                  "X-Perftracker-Agent-Key": self.key}) as r:
-                        if r.status == 200 and (await r.json()).get("stored"):
-                            self.upload_ms = (time.perf_counter() - t0) * 1000
-                            self.acked_at = time.time()
-                            self.error = ""
-                            return
-                        self.error = f"upload {r.status} {await r.text()}"
-                        if r.status < 500:
-                            return
-                except aiohttp.ClientError as exc:
-                    self.error = f"upload {exc}"
-                await asyncio.sleep(0.1 * 2**attempt)
+            for data, ctype in bodies:
+                data = patch_session(data, ctype, session)
+                for attempt in range(10):
+                    try:
+                        async with http.post(f"{url}/v1/sessions/{session}/patterns", data=data,
+                                             headers={**h, "Content-Type": ctype,
+                                                      "X-Perftracker-Agent-Key": self.key}) as r:
+                            if r.status == 200:
+                                ack = await r.json()
+                                if ack.get("stored"):
+                                    self.acked.update(ack.get("ranks", [ack.get("rank")]))
+                                    self.error = ""
+                                    break
+                            self.error = f"upload {r.status} {await r.text()}"
+                            if r.status < 500:
+                                return
+                    except aiohttp.ClientError as exc:
+                        self.error = f"upload {exc}"
+                    await asyncio.sleep(0.1 * 2**attempt)
+                else:
+                    return
+            self.upload_ms = (time.perf_counter() - t0) * 1000
+            self.acked_at = time.time()
         except Exception as exc:  # noqa: BLE001 - counted as not uploaded
             self.error = f"{type(exc).__name__}: {exc}"
 
 
-async def drive(url: str, n_agents: int, window_s: float, seed: int, n_jobs: int = 1,
-                json_sizes: list[int] | None = None) -> tuple[list[Agent], list[str], float]:
-    """``n_jobs`` jobs of ``n_agents`` agents each, triggered together: that many concurrent sessions."""
-    jobs = ["bench-load"] if n_jobs == 1 else [f"bench-load-{j}" for j in range(n_jobs)]
-    slow_rank = n_agents // 3
-    agents = [Agent(i, job, n_agents) for job in jobs for i in range(n_agents)]
+def patch_session(data: bytes, ctype: str, session: str) -> bytes:
+    """The pre-built body with the session id in place of its placeholder (the columnar header
+    records the meta's length, so it is rewritten too)."""
+    if ctype != COLUMNS_CONTENT_TYPE:
+        return data.replace(PLACEHOLDER, session.encode())
+    magic, version, flags, meta_len, rows = HEADER.unpack_from(data)
+    meta = data[HEADER.size:HEADER.size + meta_len].replace(PLACEHOLDER, session.encode())
+    return HEADER.pack(magic, version, flags, len(meta), rows) + meta + data[HEADER.size + meta_len:]
+
+
+def node_bodies(job: str, agents: list[Agent], world: int, slow_rank: int, seed: int, fmt: str,
+                sizes: list[int]) -> dict[int, list[tuple[bytes, str]]]:
+    """Each agent's upload bodies, built before the trigger: from a few template nodes, with each
+    node's numbers jittered (numpy on the template arrays), its ranks and hosts in the meta."""
     rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    rpa = len(agents[0].ranks)
+    out: dict[int, list[tuple[bytes, str]]] = {}
+    if fmt == "json":
+        for a in agents:
+            out[a.idx] = [(json.dumps(realistic_patterns(job, PLACEHOLDER.decode(), r, world, slow_rank, rng).to_dict(),
+                                      separators=(",", ":")).encode(), "application/json") for r in a.ranks]
+            sizes.extend(len(b) for b, _ in out[a.idx])
+        return out
+    templates = []
+    for k in range(4):
+        sets = [realistic_patterns(job, PLACEHOLDER.decode(), k * rpa + i, world, -1, rng) for i in range(rpa)]
+        templates.append(pattern_wire.batch_from_sets(sets))
+    for a in agents:
+        slow = slow_rank in a.ranks
+        if slow:  # the slow rank's node: its own numbers
+            sets = [realistic_patterns(job, PLACEHOLDER.decode(), r, world, slow_rank, rng) for r in a.ranks]
+            batch = pattern_wire.batch_from_sets(sets)
+            values = batch.values
+        else:
+            batch = templates[a.idx % len(templates)]
+            values = np.clip(batch.values * (1 + 0.03 * nrng.standard_normal(batch.values.shape)), 0.0, 1.0)
+        workers = tuple(dataclasses.replace(w, rank=r, host=f"node{a.idx}", local_rank=i, pid=10_000 + i)
+                        for i, (w, r) in enumerate(zip(batch.workers, a.ranks, strict=True)))
+        node = dataclasses.replace(batch, job=a.job, workers=workers, values=values)
+        meta = json.dumps(pattern_wire.meta_dict(node), separators=(",", ":")).encode()
+        # the array section compressed as the agent sends it (it does not hold the session id)
+        body = pattern_wire.frame(meta, node.rows, zlib.compress(pattern_wire.array_bytes(node), 1), compressed=True)
+        out[a.idx] = [(body, COLUMNS_CONTENT_TYPE)]
+        sizes.append(len(body))
+    return out
+
+
+async def drive(url: str, n_agents: int, rpa: int, window_s: float, seed: int, n_jobs: int, fmt: str,
+                sizes: list[int]) -> tuple[list[Agent], list[str]]:
+    """``n_jobs`` jobs of ``n_agents`` agents of ``rpa`` ranks each, triggered together."""
+    jobs = ["bench-load"] if n_jobs == 1 else [f"bench-load-{j}" for j in range(n_jobs)]
+    world = n_agents * rpa
+    slow_rank = world // 3
+    agents = [Agent(i, job, list(range(i * rpa, (i + 1) * rpa)), world) for job in jobs for i in range(n_agents)]
     t0 = time.monotonic()
-    # one set of bodies per rank, shared by the jobs (the job name is a placeholder too)
-    templates = [json.dumps(realistic_patterns(JOB_PLACEHOLDER.decode(), PLACEHOLDER.decode(), i, n_agents, slow_rank,
-                                               rng).to_dict(), separators=(",", ":")).encode() for i in range(n_agents)]
-    if json_sizes is not None:
-        json_sizes.extend(len(t) for t in templates)
-    log(f"{n_agents} PatternSets of {sum(map(len, templates)) / n_agents / 1024:.1f} KiB JSON "
-        f"({len(realistic_patterns(jobs[0], 'x', 0, n_agents, slow_rank, rng).to_bytes()) / 1024:.1f} KiB zlib) "
-        f"built in {time.monotonic() - t0:.1f} s")
+    bodies: dict[tuple[str, int], list[tuple[bytes, str]]] = {}
+    for job in jobs:
+        mine = [a for a in agents if a.job == job]
+        for idx, b in node_bodies(job, mine, world, slow_rank, seed, fmt, sizes).items():
+            bodies[(job, idx)] = b
+    log(f"{len(agents)} node bodies ({fmt}, {rpa} rank(s) each, {sum(sizes) / max(1, len(sizes)) / 1024:.1f} KiB "
+        f"per request) built in {time.monotonic() - t0:.1f} s")
     registered = {job: asyncio.Event() for job in jobs}
     counters = {job: [0] for job in jobs}
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -185,12 +253,13 @@ async def drive(url: str, n_agents: int, window_s: float, seed: int, n_jobs: int
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
         t0 = time.monotonic()
         tasks = [asyncio.create_task(a.run(http, url, registered[a.job], counters[a.job], window_s,
-                                           templates[a.idx].replace(JOB_PLACEHOLDER, a.job.encode()), seed))
-                 for a in agents]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in registered.values())), 600)
-        log(f"{len(agents)} agents ({n_jobs} job(s)) registered in {time.monotonic() - t0:.1f} s; all long-polling")
+                                           bodies[(a.job, a.idx)], n_agents, seed)) for a in agents]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in registered.values())), 900)
+        log(f"{len(agents)} agents ({n_jobs} job(s), {world} ranks each) registered in {time.monotonic() - t0:.1f} s; "
+            f"all long-polling")
         await asyncio.sleep(1.0)  # let every long poll reach the server
         h = {"Authorization": f"Bearer {TOKEN}"}
+
         async def trigger(job: str) -> str:
             async with http.post(f"{url}/v1/jobs/{job}/triggers", json={"reason": "bench", "window_s": window_s},
                                  headers=h) as r:
@@ -198,13 +267,11 @@ async def drive(url: str, n_agents: int, window_s: float, seed: int, n_jobs: int
 
         t_trig = time.monotonic()
         sessions = list(await asyncio.gather(*(trigger(job) for job in jobs)))  # all sessions open together
-        log(f"{len(sessions)} session(s) opened in {time.monotonic() - t_trig:.2f} s")
-        log(f"trigger: session(s) {sessions}")
+        log(f"{len(sessions)} session(s) opened in {time.monotonic() - t_trig:.2f} s: {sessions}")
         await asyncio.gather(*tasks)
-        done = [a for a in agents if a.upload_ms is not None]
-        log(f"{len(done)}/{len(agents)} uploads acknowledged; waiting for the report(s)")
+        done = sum(len(a.acked) for a in agents)
+        log(f"{done}/{len(agents) * rpa} ranks acknowledged; waiting for the report(s)")
         end = time.monotonic() + 600
-        closed_ns = 0
         pending = set(sessions)
         while pending and time.monotonic() < end:
             for session in sorted(pending):
@@ -213,10 +280,9 @@ async def drive(url: str, n_agents: int, window_s: float, seed: int, n_jobs: int
                 if st["state"] in ("done", "failed"):
                     if st["state"] == "failed":
                         log(f"session {session} failed: {st['error']}")
-                    closed_ns = max(closed_ns, st["closed_ns"])
                     pending.discard(session)
             await asyncio.sleep(0.25)  # light polling: do not steal CPU from the localization
-    return agents, sessions, closed_ns / 1e9
+    return agents, sessions
 
 
 class RssSampler:
@@ -256,11 +322,15 @@ class RssSampler:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--agents", type=int, default=2000, help="agents (uploads) per session")
+    ap.add_argument("--agents", type=int, default=2000, help="node agents (uploads) per session")
+    ap.add_argument("--ranks-per-agent", type=int, default=1, help="workers per node agent (8: a GPU node)")
+    ap.add_argument("--format", choices=("columns", "json"), default="columns",
+                    help="columns: one columnar upload per node (the agent's); json: one JSON upload per rank")
     ap.add_argument("--sessions", type=int, default=1, help="concurrent sessions (one job each)")
     ap.add_argument("--window-s", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    rpa = args.ranks_per_agent
     n_all = args.agents * args.sessions
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, max(soft, 4 * n_all + 1024))
@@ -268,37 +338,39 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="perftracker-load-") as d:
         tmp = Path(d)
         proc, url, store = start_localizer(tmp)
-        log(f"localizer at {url}, store {store}")
+        log(f"localizer at {url}, store {store}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         ps_proc = psutil.Process(proc.pid)
         rss0 = ps_proc.memory_info().rss
         rss = RssSampler(proc.pid)
         sizes: list[int] = []
         try:
-            agents, sessions, closed_s = asyncio.run(drive(url, args.agents, args.window_s, args.seed, args.sessions,
-                                                           sizes))
+            agents, sessions = asyncio.run(drive(url, args.agents, rpa, args.window_s, args.seed, args.sessions,
+                                                 args.format, sizes))
             cpu = ps_proc.cpu_times()
             peak_rss = max(rss.peak, rss.hwm_bytes())
             log(f"localizer process CPU: {cpu.user + cpu.system:.1f} s in all "
                 f"(machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
             log(f"localizer RSS: {rss0 / 2**20:.0f} MB at start, peak {peak_rss / 2**20:.0f} MB "
-                f"({rss.samples} samples every 0.2 s and VmHWM); uploads held {n_all} x "
-                f"{sum(sizes) / max(1, len(sizes)) / 1024:.1f} KiB JSON = {n_all * sum(sizes) / max(1, len(sizes)) / 2**20:.0f} MB")
+                f"({rss.samples} samples every 0.2 s and VmHWM); uploads {len(sizes)} x "
+                f"{sum(sizes) / max(1, len(sizes)) / 1024:.1f} KiB = {sum(sizes) / 2**20:.0f} MB")
         finally:
             rss.stop()
             proc.terminate()
             proc.wait(30)
-        acked = {(a.job, a.idx) for a in agents if a.upload_ms is not None}
+        acked = {(a.job, r) for a in agents for r in a.acked}
         db = sqlite3.connect(store)
         stored: set[tuple[str, int]] = set()
-        localize = []
+        localize, e2e = [], []
         for session in sessions:
-            job = db.execute("SELECT job FROM sessions WHERE session=?", (session,)).fetchone()[0]
+            job, opened_ns, window_s, closed_ns = db.execute(
+                "SELECT job, opened_ns, window_s, closed_ns FROM sessions WHERE session=?", (session,)).fetchone()
             stored |= {(job, r[0]) for r in db.execute("SELECT rank FROM patterns WHERE session=?", (session,))}
             report = db.execute("SELECT status, body FROM reports WHERE session=?", (session,)).fetchone()
             # server-side times, one clock: when the last pattern was committed, when the session closed
             last_ns = db.execute("SELECT MAX(received_ns) FROM patterns WHERE session=?", (session,)).fetchone()[0]
-            closed_ns = db.execute("SELECT closed_ns FROM sessions WHERE session=?", (session,)).fetchone()[0]
-            localize.append((closed_ns - last_ns) / 1e9 if report is not None and last_ns else float("nan"))
+            ok = report is not None and last_ns
+            localize.append((closed_ns - last_ns) / 1e9 if ok else float("nan"))
+            e2e.append((closed_ns - opened_ns) / 1e9 - window_s if ok else float("nan"))
             if report is not None:
                 body = json.loads(report[1])
                 log(f"session {session}: report {report[0]}: {len(body['findings'])} finding(s); {body['summary'][:160]}")
@@ -310,17 +382,21 @@ def main() -> int:
             log(f"errors (first 5): {errors}")
         lat = sorted(a.upload_ms for a in agents if a.upload_ms is not None)
         p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan")
-        last_ack = max((a.acked_at for a in agents if a.upload_ms is not None), default=0.0)
+        acks = [a.acked_at for a in agents if a.upload_ms is not None]
+        ingest_s = max(acks) - min(acks) if acks else float("nan")
         localize_s = max(localize) if localize else float("nan")
-        log(f"report(s) stored {localize_s:.2f} s (the slowest) after the last pattern was committed (server clock); "
-            f"{closed_s - last_ack:.2f} s after the last acknowledgement reached an agent")
+        end_to_end_s = max(e2e) if e2e else float("nan")
+        log(f"report(s) stored {localize_s:.2f} s (the slowest) after the last pattern was committed and "
+            f"{end_to_end_s:.2f} s after the window ended (server clock); acknowledgements over {ingest_s:.2f} s")
         for line in (tmp / "localizer.log").read_text().splitlines():
-            if "localizing took" in line:
+            if "localizing took" in line or "localized " in line:
                 log(f"localizer: {line}")
         log(f"upload latency ms: p50 {lat[len(lat) // 2]:.1f}, p99 {p99:.1f}, max {lat[-1]:.1f}" if lat else "no uploads")
-    print(json.dumps({"agents": args.agents, "sessions": args.sessions, "uploaded": len(acked),
-                      "stored": len(stored & acked), "lost": len(acked - stored), "p99_upload_ms": round(p99, 1),
-                      "localize_s": round(localize_s, 3), "peak_rss_mb": round(peak_rss / 2**20, 1),
+    print(json.dumps({"agents": args.agents, "ranks_per_agent": rpa, "workers": args.agents * rpa,
+                      "sessions": args.sessions, "format": args.format, "uploaded": len(acked),
+                      "stored": len(stored & acked), "lost": len(acked - stored), "ingest_s": round(ingest_s, 3),
+                      "localize_s": round(localize_s, 3), "end_to_end_s": round(end_to_end_s, 3),
+                      "p99_upload_ms": round(p99, 1), "peak_rss_mb": round(peak_rss / 2**20, 1),
                       "start_rss_mb": round(rss0 / 2**20, 1)}))
     return 0
 

@@ -42,7 +42,7 @@ COLUMNS_CONTENT_TYPE = "application/x-perftracker-columns"
 MAGIC = b"PTCB"
 FORMAT_VERSION = 1
 FLAG_ZLIB = 1
-_HEADER = struct.Struct("<4sHHII")
+HEADER = struct.Struct("<4sHHII")
 ROW_BYTES = 4 + 24 + 8 + 8
 _LO, _HI = -1e-9, 1 + 1e-9  # the model's tolerance around [0, 1]
 _CATEGORIES = {c.value: c for c in Category}
@@ -187,7 +187,7 @@ def array_bytes(batch: PatternBatch) -> bytes:
 
 def frame(meta: bytes, rows: int, arrays: bytes, compressed: bool) -> bytes:
     """Header + meta + array section (``arrays`` already zlib-compressed when ``compressed``)."""
-    return _HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_ZLIB if compressed else 0, len(meta), rows) + meta + arrays
+    return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_ZLIB if compressed else 0, len(meta), rows) + meta + arrays
 
 
 def encode_batch(batch: PatternBatch, *, compress: bool = True) -> bytes:
@@ -209,9 +209,9 @@ def _no_constant(name: str) -> Any:
 def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> PatternBatch:
     """Parse and validate a columnar body. SchemaError (WireVersionError for a foreign format
     version) names what is wrong; nothing is unpickled."""
-    if len(data) < _HEADER.size:
-        raise SchemaError(f"patterns batch: {len(data)} bytes, shorter than its {_HEADER.size}-byte header")
-    magic, version, flags, meta_len, rows = _HEADER.unpack_from(data)
+    if len(data) < HEADER.size:
+        raise SchemaError(f"patterns batch: {len(data)} bytes, shorter than its {HEADER.size}-byte header")
+    magic, version, flags, meta_len, rows = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise SchemaError(f"patterns batch: not a perftracker columnar body (magic {magic!r}, expected {MAGIC!r})")
     if version != FORMAT_VERSION:
@@ -219,7 +219,7 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
                                f"reads version {FORMAT_VERSION}); upload JSON or upgrade the localizer")
     if flags & ~FLAG_ZLIB:
         raise SchemaError(f"patterns batch: unknown flags {flags:#x}")
-    end = _HEADER.size + meta_len
+    end = HEADER.size + meta_len
     if end > len(data):
         raise SchemaError(f"patterns batch: meta of {meta_len} bytes runs past the body ({len(data)} bytes)")
     want = rows * ROW_BYTES
@@ -238,7 +238,7 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
     elif len(arrays) != want:
         raise SchemaError(f"patterns batch: array section of {len(arrays)} bytes, expected {want} for {rows} rows")
     try:
-        meta = json.loads(bytes(data[_HEADER.size:end]), parse_constant=_no_constant)
+        meta = json.loads(bytes(data[HEADER.size:end]), parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise SchemaError(f"patterns batch: meta is not valid JSON ({exc})") from None
     where = "patterns batch"
@@ -341,7 +341,7 @@ def _check_rows(fidx: np.ndarray, values: np.ndarray, offsets: np.ndarray, n_fun
         r, d = (int(i[0]) for i in np.nonzero(bad))
         w = int(np.searchsorted(offsets, r, side="right")) - 1
         raise SchemaError(f"{where}: rank {ranks[w]}: function {keys[int(fidx[r])]!r} has "
-                          f"{('beta', 'mu', 'sigma')[d]} = {values[r, d]!r}, not a number in [0, 1]")
+                          f"{('beta', 'mu', 'sigma')[d]} = {float(values[r, d])!r}, not a number in [0, 1]")
     owner = np.repeat(np.arange(len(ranks), dtype=np.int64), np.diff(offsets))
     pair = owner * n_functions + fidx
     if np.unique(pair).shape[0] != rows:

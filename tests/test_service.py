@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.uplink import TriggerNotice, Uplink, UplinkError
+from perftracker.pattern_wire import COLUMNS_CONTENT_TYPE, encode_sets
 from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
 
 HAVE_LOCALIZE = importlib.util.find_spec("localizer.localize") is not None
@@ -128,6 +129,17 @@ def test_upload_errors_are_clear_4xx(localizer: LocalizerProcess) -> None:
     d["schema_version"] = 99
     status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", json.dumps(d).encode(), h)
     assert status == 422 and "schema_version 99" in body["error"]
+    columnar = encode_sets([make_pattern_set("job-c", session, 0, 2)])
+    foreign = columnar[:4] + (7).to_bytes(2, "little") + columnar[6:]  # a format version from the future
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", foreign,
+                        {**h, "Content-Type": COLUMNS_CONTENT_TYPE})
+    assert status == 415 and "format version 7 is not supported" in body["error"]
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", columnar[:-9],
+                        {**h, "Content-Type": COLUMNS_CONTENT_TYPE})
+    assert status == 422 and "patterns batch" in body["error"]
+    status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", columnar,
+                        {**h, "Content-Type": "application/msgpack"})
+    assert status == 415 and "unsupported content type" in body["error"]
     status, body = _raw(f"{localizer.url}/v1/sessions/{session}/patterns", "POST", b"x" * 70_000, h)
     assert status == 413
     bomb = zlib.compress(b"[" * 20_000_000)  # a small body that inflates past the bound
@@ -146,23 +158,27 @@ def test_restart_mid_session_loses_no_acknowledged_pattern(tmp_path: Path) -> No
     url = proc.start()
     try:
         up = Uplink(url, TOKEN, retries=40, backoff_s=0.1, max_backoff_s=0.5)
-        up.register("job-r", "agent-0", "node0", workers(range(3), 3))
+        up.register("job-r", "agent-0", "node0", workers(range(5), 5))
         session, _ = up.create_trigger("job-r", "cli", window_s=1)
-        acked = [r for r in (0, 1) if up.upload_patterns(make_pattern_set("job-r", session, r, 3))["stored"]]
+        # one node's ranks in one columnar upload, and one rank as zlib JSON
+        ack = up.upload_pattern_batch([make_pattern_set("job-r", session, r, 5) for r in (0, 1)])
+        acked = list(ack["ranks"]) if ack["stored"] else []
+        acked += [2] if up.upload_patterns(make_pattern_set("job-r", session, 2, 5))["stored"] else []
         proc.kill()  # SIGKILL: no clean shutdown, no flush
         assert proc.proc is not None and proc.proc.returncode == -9
         # bring it back on the same port with the same store while the agent retries
         restarter = threading.Timer(0.5, proc.start)
         restarter.start()
-        ack = up.upload_patterns(make_pattern_set("job-r", session, 2, 3))  # retried until the new process answers
+        # retried until the new process answers
+        ack = up.upload_pattern_batch([make_pattern_set("job-r", session, r, 5) for r in (3, 4)])
         restarter.join()
-        assert ack["stored"] and ack["uploaded"] == 3
+        assert ack["stored"] and ack["ranks"] == [3, 4] and ack["uploaded"] == 5
         s = _wait_report(up, session)
-        assert s["uploaded"] == [0, 1, 2] and acked == [0, 1]
-        if HAVE_LOCALIZE:
+        assert s["uploaded"] == [0, 1, 2, 3, 4] and acked == [0, 1, 2]
+        if HAVE_LOCALIZE:  # the new process reads the ranks committed before the kill from the store
             assert s["state"] == "done", s["error"]
             report = up.get_report(session)
-            assert report is not None and set(report.ranks_reported) == {0, 1, 2} and report.status == "complete"
+            assert report is not None and set(report.ranks_reported) == set(range(5)) and report.status == "complete"
     finally:
         proc.stop()
 
