@@ -31,6 +31,7 @@ from typing import Any
 
 from localizer.columns import ColumnCache
 from localizer.ownership import Ownership, hash_key
+from localizer.session_hangs import HangSessions
 from localizer.session_reports import (
     HANG,
     PAUSE,
@@ -42,7 +43,7 @@ from localizer.session_uploads import PatternUploads
 from localizer.store import HeartbeatRecord, SessionRecord, Store, WorkerRecord
 from localizer.validate import Heartbeat, Registration, RequestError
 from perftracker.clock import Clock
-from perftracker.model import HangSnapshot, Report
+from perftracker.model import Report
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> tuple[int, ..
     return tuple(sorted(ranks))
 
 
-class SessionManager(PatternUploads):
+class SessionManager(PatternUploads, HangSessions):
     """Opens, joins, fills and closes sessions over a Store (uploads: ``localizer.session_uploads``)."""
 
     def __init__(self, store: Store, clock: Clock | None = None, options: SessionOptions | None = None) -> None:
@@ -293,50 +294,6 @@ class SessionManager(PatternUploads):
         self._outstanding.pop(session, None)
         self.cache.forget(session)
 
-    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
-        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
-        now = self.clock.now_ns()
-        with self._lock:
-            if snap.session:
-                s = self._open_session_for(snap.session, snap.job, [snap.rank])
-            else:
-                seen = self._reported_hang_of(snap)
-                if seen is not None:  # this rank's stop is in a stored hang report already
-                    log.info("hang snapshot of rank %d (job %s, iteration %d) belongs to reported hang session "
-                             "%s; no new session", snap.rank, snap.job, snap.last_iteration, seen)
-                    return self.view(seen)
-                s, _ = self.trigger(snap.job, f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s", kind=HANG)
-                self._open_session_for(s.session, snap.job, [snap.rank])
-            if s.kind != HANG:  # a hang during a slowdown session: no window will complete
-                deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
-                self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
-            uploaded = self._uploaded_of(s.session)
-            self.store.put_hang_snapshot(snap, s.session, now)
-            self._paused.discard(s.session)
-            self.store.on_commit(lambda: self._count_snapshot(s.session, snap.rank))
-            return dataclasses.replace(self.view(s.session), uploaded=tuple(sorted({*uploaded, snap.rank})))
-
-    def _count_snapshot(self, session: str, rank: int) -> None:
-        with self._lock:
-            self._uploaded_of(session).add(rank)
-            memo = self._outstanding.get(session)
-            if memo is not None:
-                memo[1].discard(rank)
-
-    def _reported_hang_of(self, snap: HangSnapshot) -> str | None:
-        """The unresolved hang session whose report already has this rank stopped at this iteration.
-
-        Every rank's detector reports the same hang, a few hundred ms apart; when the session the
-        first one opened is complete and reported before a slower rank's own report arrives, that
-        report is the same hang, not a new one (seen in the fault bench: two hang sessions)."""
-        for session, job in self._unresolved_hangs.items():
-            if job != snap.job:
-                continue
-            if any(h.rank == snap.rank and h.last_iteration == snap.last_iteration
-                   for h in self.store.hang_snapshots(session)):
-                return session
-        return None
-
     # ---------------------------------------------------------------- closing
     def dead_ranks(self, s: SessionRecord) -> set[int]:
         """Ranks whose latest heartbeat, received after the session opened, says the process is dead
@@ -399,21 +356,6 @@ class SessionManager(PatternUploads):
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
         return True
-
-    def _resolve_hangs(self, job: str) -> None:
-        """Recovery: a stored hang report of this job becomes "resolved" once the job moves on."""
-        from localizer.hang import job_resumed  # lazy: owned by the hangs stage
-
-        beats = [(h.rank, h.iteration, h.received_ns) for h in self.store.heartbeats(job)]
-        for session in [k for k, j in self._unresolved_hangs.items() if j == job]:
-            report = self.store.get_report(session)
-            if report is None or not job_resumed(self.store.hang_snapshots(session), beats):
-                continue
-            top = max(it for _, it, _ in beats)
-            self.store.put_report(dataclasses.replace(
-                report, status="resolved", summary=f"{report.summary} (resolved: the job resumed, iteration {top})"))
-            del self._unresolved_hangs[session]
-            log.info("hang session %s resolved: job %s resumed", session, job)
 
     def fail(self, session: str, error: str) -> None:
         with self._lock:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from localizer import strict_json
+from localizer.event_store import EventTables
 from localizer.pattern_store import PATTERN_DDL, PatternTables
 from localizer.records import (  # noqa: F401 - re-exported: the store's row types
     SESSION_COLUMNS,
@@ -35,7 +35,6 @@ from localizer.records import (  # noqa: F401 - re-exported: the store's row typ
     WorkerRecord,
 )
 from perftracker.errors import PerftrackerError, SchemaError
-from perftracker.model import HangSnapshot, Report
 from perftracker.rundir import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ class StoreError(PerftrackerError):
     """The store file cannot be opened or written (disk full, wrong version, not a database)."""
 
 
-class Store(PatternTables):
+class Store(PatternTables, EventTables):
     """A thread-safe handle on one sqlite store. Every write commits before it returns.
 
     Session rows read outside a transaction are cached (parsing ``expected`` of a 100,000-rank job
@@ -259,19 +258,6 @@ class Store(PatternTables):
         with self._tx() as db:
             db.execute("UPDATE agents SET last_seen_ns=? WHERE job=? AND agent_id=?", (now_ns, job, agent_id))
 
-    # ---------------------------------------------------------------- heartbeats
-    def put_heartbeats(self, beats: Sequence[HeartbeatRecord]) -> None:
-        with self._tx() as db:
-            db.executemany(
-                "INSERT OR REPLACE INTO heartbeats VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [(b.job, b.rank, b.agent_id, b.iteration, b.phase, b.last_event_age_s, int(b.alive),
-                  b.iteration_ms, b.received_ns, STORE_SCHEMA_VERSION) for b in beats])
-
-    def heartbeats(self, job: str) -> list[HeartbeatRecord]:
-        rows = self._query("SELECT job, rank, agent_id, iteration, phase, last_event_age_s, alive, "
-                           "iteration_ms, received_ns FROM heartbeats WHERE job=? ORDER BY rank", (job,))
-        return [HeartbeatRecord(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
-
     # ---------------------------------------------------------------- sessions
     def insert_session(self, s: SessionRecord) -> SessionRecord:
         with self._tx() as db:
@@ -415,34 +401,3 @@ class Store(PatternTables):
             if len(rows) < page:
                 return
             after = rows[-1].seq
-
-    # ---------------------------------------------------------------- patterns and snapshots
-    def put_hang_snapshot(self, snap: HangSnapshot, session: str, now_ns: int) -> None:
-        with self._tx() as db:
-            db.execute("INSERT INTO hang_snapshots (job, session, rank, taken_ns, body, received_ns, "
-                       "schema_version) VALUES (?,?,?,?,?,?,?)",
-                       (snap.job, session, snap.rank, snap.taken_ns, strict_json.dumps(snap.to_dict()), now_ns,
-                        STORE_SCHEMA_VERSION))
-
-    def hang_snapshots(self, session: str) -> list[HangSnapshot]:
-        """The latest snapshot per rank for a session."""
-        rows = self._query("SELECT rank, body FROM hang_snapshots WHERE session=? ORDER BY id", (session,))
-        latest: dict[int, str] = {}
-        for rank, body in rows:
-            latest[rank] = body
-        return [HangSnapshot.from_dict(json.loads(latest[r])) for r in sorted(latest)]
-
-    # ---------------------------------------------------------------- reports
-    def put_report(self, report: Report) -> None:
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO reports VALUES (?,?,?,?,?,?,?)",
-                       (report.session, report.job, report.kind, report.status, report.created_ns,
-                        strict_json.dumps(report.to_dict()), STORE_SCHEMA_VERSION))
-
-    def get_report(self, session: str) -> Report | None:
-        rows = self._query("SELECT body FROM reports WHERE session=?", (session,))
-        return Report.from_dict(json.loads(rows[0][0])) if rows else None
-
-    def get_report_dict(self, session: str) -> dict[str, Any] | None:
-        rows = self._query("SELECT body FROM reports WHERE session=?", (session,))
-        return json.loads(rows[0][0]) if rows else None
