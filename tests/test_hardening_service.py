@@ -24,13 +24,13 @@ import pytest
 from service_helpers import REPO, TOKEN, LocalizerProcess, ServiceThread, make_pattern_set, workers
 
 from agent.uplink import Uplink, UplinkError
+from localizer.columns import ColumnCache
 from localizer.service import ServiceOptions
 from localizer.sessions import OPEN, SessionManager, SessionOptions
-from localizer.columns import ColumnCache
-from perftracker.pattern_wire import batch_from_sets
 from localizer.store import SessionRecord, Store
 from localizer.tokens import check_token, parse_job_tokens
 from perftracker.errors import ConfigError
+from perftracker.pattern_wire import batch_from_sets
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
