@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.exits import error_file_of, memory_cgroup, oom_killed, read_error_file, watch_exit
 from agent.metrics import Metrics
 from agent.upstream import Upstream
 from agent.windows import SessionRun, WindowOptions, WindowRunner
@@ -42,6 +43,7 @@ from agent.workers import (
     select_job,
 )
 from perftracker import wire
+from perftracker.model import HangSnapshot
 from perftracker.rundir import RunDirError, ensure_private_dir, write_private
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import MessageType
@@ -67,6 +69,26 @@ class AgentOptions:
     # becomes 0750 and the socket 0660 with that group, and windows/ 2770 (the workers write there).
     socket_gid: int | None = None
     window: WindowOptions = field(default_factory=WindowOptions)
+
+
+def death_snapshot(w: Worker, status: Any, oom: bool, failed_ns: int) -> HangSnapshot:
+    """The crash snapshot the agent sends for a worker that failed without sending its own: how it
+    ended (agent.exits), its last iteration and idle time from its heartbeats; no stack."""
+    if oom:
+        end, code = "oom", 9
+        what = "killed by the OOM killer"
+        if w.cgroup is not None:
+            what += f" ({w.cgroup.describe()})"
+    elif status is not None:
+        end, code, what = status.kind, status.code, status.describe()
+    else:
+        end, code, what = "dead", 0, "process died (exit status not seen)"
+    message, _ = read_error_file(w.error_file)
+    if message and not oom:  # torchrun's @record wrote the exception the process died of
+        end, what = "exception", f"{message} ({what})"
+    return HangSnapshot(job=w.job, rank=w.rank, world_size=w.world_size, host=w.host, pid=w.pid,
+                        taken_ns=time.time_ns(), last_iteration=w.iteration, idle_s=round(w.last_event_age_s, 3),
+                        stack=(), last_event="", error=what[:300], end=end, exit_code=code, failed_ns=failed_ns)
 
 
 class AgentDaemon:
@@ -243,7 +265,7 @@ class AgentDaemon:
                 if not alive:
                     self._fail_pending(worker, f"worker process {state}")
                 if not self._stopped.is_set():
-                    self._spawn(self._on_disconnect(worker, time.monotonic()), "disconnect")
+                    self._spawn(self._on_disconnect(worker, time.monotonic(), time.time_ns()), "disconnect")
             writer.close()
 
     def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> Worker:
@@ -258,7 +280,7 @@ class AgentDaemon:
             ticks = start_ticks_of(msg["pid"])
         w = Worker(job=msg["job"], rank=msg["rank"], world_size=msg["world_size"], local_rank=msg["local_rank"],
                    pid=msg["pid"], training_tid=msg["training_tid"], host=msg["host"], start_ticks=ticks,
-                   writer=writer)
+                   writer=writer, cgroup=memory_cgroup(msg["pid"]), error_file=error_file_of(msg["pid"]))
         self.workers[key] = w
         self._last_connected = time.monotonic()
         self._update_worker_metrics(w.job)
@@ -283,6 +305,8 @@ class AgentDaemon:
             w.phase = msg["phase"]
             w.last_event_age_s = float(msg.get("idle_s") or 0.0)
             self.metrics.heartbeat(w.job, w.rank, w.iteration, w.phase or "")
+            if w.phase != "exited":  # the OOM baseline: its memory cgroup (it may have moved) and kill count
+                w.cgroup = memory_cgroup(w.pid) or w.cgroup
         elif kind == MessageType.ITER_STATS.value:
             w.iteration = msg["iteration"]
             w.iteration_ms = float(msg.get("mean_ms") or 0.0)
@@ -296,6 +320,8 @@ class AgentDaemon:
         elif kind == MessageType.BLOCKED.value:
             log.warning("rank %d of job %s reports the job blocked: %s", w.rank, w.job, msg["detail"])
         elif kind == MessageType.HANG_SNAPSHOT.value:
+            if isinstance(msg["snapshot"], dict) and msg["snapshot"].get("end"):
+                w.crash_sent = True  # its own crash report: the agent adds none at its exit
             self._spawn(self.upstream.upload_snapshot(w, msg["snapshot"]), "hang-snapshot")
         elif kind == MessageType.WINDOW_DONE.value:
             self._on_window_done(w, msg)
@@ -323,32 +349,42 @@ class AgentDaemon:
                      w.rank, msg["session"])
             self._spawn(self.windows.process_window(w, msg["session"], msg, None), f"late-{msg['session']}")
 
-    async def _on_disconnect(self, w: Worker, t: float) -> None:
-        """A worker that died without saying "exited" opens a hang session (hangs stage).
+    async def _on_disconnect(self, w: Worker, t: float, t_wall_ns: int = 0) -> None:
+        """A worker's socket closed: a reconnect, a normal exit, or a failure (issue 22).
 
-        The socket closes as the process exits, so the disconnect time orders deaths: when one
-        rank is SIGKILLed, torchrun SIGTERMs the node's other workers tens of milliseconds later;
-        those are marked "dead after rank N" and are not blamed.
+        The socket closes as the process exits, a moment before it is a zombie: the agent reads its
+        wait status while it is one (agent.exits.watch_exit). A worker that said "exited" with exit
+        status 0 (or one not seen) ended normally; one that said "exited" with a nonzero status, or
+        died without saying it (a signal, the OOM killer, ``os._exit``), gets a crash snapshot from
+        the agent (``end`` and ``failed_ns``: the disconnect time), which opens or joins the job's
+        session. A worker that sent its own crash snapshot (an uncaught exception) gets none.
+
+        The disconnect time orders failures: when one rank fails, torchrun SIGTERMs the node's other
+        workers tens of milliseconds later; those are marked "dead after rank N" and are not blamed.
         """
-        for _ in range(20):  # the socket can close a moment before the process is a zombie
-            if self._stopped.is_set():
-                return  # the agent is stopping: it closed the connections itself
-            alive, _ = liveness(w.pid, w.start_ticks)
-            if not alive:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            return  # alive: a reconnect, not a death
-        if w.phase == "exited" or w.writer is not None or self._stopped.is_set():
+        try:
+            status = await asyncio.to_thread(watch_exit, w.pid, w.start_ticks, 1.0)
+        except RuntimeError:  # the loop is closing
             return
+        alive, _ = liveness(w.pid, w.start_ticks)
+        if alive or self._stopped.is_set() or w.writer is not None:
+            return  # alive: a reconnect, not an exit; or the agent is stopping and closed it itself
+        oom = oom_killed(w.cgroup, status)
+        if w.phase == "exited" and (w.crash_sent or status is None or not status.failed) and not oom:
+            if w.crash_sent:
+                self._first_death.setdefault(w.job, (w.rank, t))
+            return  # a normal exit, or its crash is reported already
         first = self._first_death.get(w.job)
-        if first is not None and first[0] != w.rank and 0.0 <= t - first[1] < FOLLOW_S:
+        if first is not None and first[0] != w.rank and 0.0 <= t - first[1] < FOLLOW_S \
+                and w.phase != "exited":
             w.phase = f"dead after rank {first[0]}"
             return
         self._first_death[w.job] = (w.rank, t)
-        w.phase = "dead"
-        log.warning("worker rank %d of job %s died (pid %d)", w.rank, w.job, w.pid)
-        await self.upstream.report_death(w)
+        snap = death_snapshot(w, status, oom, t_wall_ns or time.time_ns())
+        if w.phase != "exited":
+            w.phase = "dead"
+        log.warning("worker rank %d of job %s %s (pid %d)", w.rank, w.job, snap.error, w.pid)
+        await self.upstream.upload_snapshot(w, snap.to_dict())
 
     # ------------------------------------------------------------------ sessions
     def _on_notice(self, job: str, notice: Any) -> None:

@@ -130,13 +130,6 @@ class Upstream:
                     self.warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
 
     # ------------------------------------------------------------------ triggers and snapshots
-    async def report_death(self, w: Worker) -> None:
-        """Open a hang session for a worker that died without saying "exited"."""
-        try:
-            await self.call("create_trigger", w.job, f"hang: rank {w.rank} process died", None)
-        except PerftrackerError as exc:
-            self.warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
-
     async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
         try:
@@ -147,6 +140,13 @@ class Upstream:
             self.warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
 
     async def upload_snapshot(self, w: Worker, snapshot: dict[str, Any]) -> None:
+        if w.rank not in self._registered.get(w.job, frozenset()):
+            # a worker that crashes right after it registered (a setup error): its job's registration
+            # is still in its debounce, and the localizer refuses snapshots of unregistered ranks
+            handle = self._register_pending.pop(w.job, None)
+            if handle is not None:
+                handle.cancel()
+            await self.register_job(w.job)
         try:
             snap = HangSnapshot.from_dict(snapshot)
             await self.call("upload_hang_snapshot", snap)

@@ -36,6 +36,9 @@ class Worker:
     min_ms: float = 0.0
     work_session: str = ""  # the session whose window this agent is still profiling/summarizing/uploading
     last_seen: float = field(default_factory=time.monotonic)
+    cgroup: Any = None  # agent.exits.MemoryCgroup: its memory cgroup and OOM kill count when last read
+    error_file: str = ""  # TORCHELASTIC_ERROR_FILE from its environment
+    crash_sent: bool = False  # it sent its own crash snapshot (an uncaught exception)
 
     @property
     def connected(self) -> bool:

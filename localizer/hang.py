@@ -73,6 +73,8 @@ FOLLOWER = re.compile(r"dead after rank (\d+)")  # an agent saw this worker die 
 def silent_detail(alive: bool, phase: str) -> str:
     """The report's words for a silent rank from its latest heartbeat."""
     if not alive:
+        if phase == "exited":
+            return "process exited"  # said so itself: an exit, not a death
         m = FOLLOWER.fullmatch(phase)
         return f"process dead after rank {m.group(1)}" if m else LIVENESS_DETAIL["dead"]
     return LIVENESS_DETAIL.get(phase, f"process running but silent (phase {phase or '?'})")

@@ -1,7 +1,8 @@
 """Hang snapshots of a session (a mixin of ``localizer.sessions.SessionManager``).
 
 A snapshot attaches to its session, or to the job's open session, or opens a hang session; a
-rank's report of a hang that is already reported opens none. A stored hang report becomes
+rank's report of a hang that is already reported opens none, nor does a failure snapshot (a
+survivor that failed late) after the job's crash session closed (issue 22). A stored hang report becomes
 "resolved" once the job's heartbeats show it moved on.
 """
 
@@ -29,6 +30,7 @@ class HangSessions:
     _lock: threading.RLock
     _paused: set[str]
     _unresolved_hangs: dict[str, str]
+    _crashes: dict[str, tuple[str, int]]  # job -> (session, ns) of its crash session (issue 22)
     _outstanding: dict[str, tuple[tuple[int, ...], set[int]]]
 
     def _open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
@@ -56,11 +58,26 @@ class HangSessions:
                     log.info("hang snapshot of rank %d (job %s, iteration %d) belongs to reported hang session "
                              "%s; no new session", snap.rank, snap.job, snap.last_iteration, seen)
                     return self.view(seen)
-                s, _ = self.trigger(snap.job, f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s", kind=HANG)
+                crash = self._crashes.get(snap.job)
+                if (snap.end or snap.error) and crash is not None \
+                        and now - crash[1] < self.options.crash_follow_s * 1e9:
+                    prev = self.store.get_session(crash[0], with_uploaded=False)
+                    if prev is not None and prev.state != "open":  # (an open one is joined below)
+                        log.info("failure snapshot of rank %d (job %s) came after crash session %s closed; "
+                                 "no new session", snap.rank, snap.job, crash[0])
+                        return self.view(crash[0])
+                reason = (f"crash: rank {snap.rank} {(snap.error or snap.end)[:80]}" if snap.end or snap.error
+                          else f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s")
+                s, _ = self.trigger(snap.job, reason, kind=HANG)
                 self._open_session_for(s.session, snap.job, [snap.rank])
             if s.kind != HANG:  # a hang during a slowdown session: no window will complete
                 deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
                 self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
+            if snap.end or snap.error:  # later failures of the job's ranks belong to this crash (issue 22)
+                first = self._crashes.get(snap.job)
+                if first is None or (first[0] != s.session
+                                     and now - first[1] >= self.options.crash_follow_s * 1e9):
+                    self._crashes[snap.job] = (s.session, now)
             uploaded = self._uploaded_of(s.session)
             self.store.put_hang_snapshot(snap, s.session, now)
             self._paused.discard(s.session)

@@ -17,7 +17,7 @@ from localizer.columns import SessionColumns
 from localizer.store import HeartbeatRecord, SessionRecord
 from perftracker.model import HangSnapshot, Report
 
-SLOWDOWN, HANG = "slowdown", "hang"
+SLOWDOWN, HANG, CRASH = "slowdown", "hang", "crash"
 PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see SessionManager.finish)
 
 
@@ -63,11 +63,16 @@ def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[He
 def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
                       heartbeats: Sequence[HeartbeatRecord], now_ns: int,
                       options: object | None = None) -> Report:
-    """The hang seam: snapshots + liveness -> a Report of kind "hang" via localizer.hang.localize_hang."""
+    """The hang seam: snapshots + liveness -> a Report of kind "crash" when a snapshot reports a
+    failure (localizer.crash.localize_crash), else of kind "hang" (localizer.hang.localize_hang)."""
+    from localizer.crash import localize_crash
     from localizer.hang import HangOptions, job_resumed, localize_hang  # lazy: hangs stage
 
     got = {snap.rank for snap in snapshots}
     silent = silent_ranks(s.expected, got, heartbeats, now_ns)
+    crash = localize_crash(list(snapshots), silent, list(s.expected), now_ns=now_ns)
+    if crash is not None:
+        return dataclasses.replace(crash, job=s.job, session=s.session, trigger_reason=s.reason)
     if options is None:
         options = HangOptions.from_env()
     report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)

@@ -33,6 +33,7 @@ from localizer.columns import ColumnCache
 from localizer.ownership import Ownership, hash_key
 from localizer.session_hangs import HangSessions
 from localizer.session_reports import (
+    CRASH,
     HANG,
     PAUSE,
     RESUMED,
@@ -64,6 +65,9 @@ class SessionOptions:
     collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
     hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
     hang_recheck_s: float = 5.0  # a session whose ranks all pause is looked at again after this
+    # a failure snapshot this soon after the job's crash session took its first failure belongs to
+    # that crash (a survivor that failed late, after the session closed): it opens no new session
+    crash_follow_s: float = 60.0
     # A rank whose agent says (in its heartbeat) that it is still working on the session's window
     # keeps the session open: the deadline moves to at least now + busy_extend_s, but never past
     # opened + window + max_collect_s. A slow writer or summarizer on a loaded node then costs time,
@@ -115,6 +119,7 @@ class SessionManager(PatternUploads, HangSessions):
         self.options = options or SessionOptions()
         self._lock = threading.RLock()  # the service's loop and the executor both call in
         self._unresolved_hangs: dict[str, str] = {}  # session -> job: hang reports until the job resumes
+        self._crashes: dict[str, tuple[str, int]] = {}  # job -> (session, stored ns) of its last crash report
         self._paused: set[str] = set()  # hang sessions whose ranks all pause: not due until the recheck
         self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
         # In-memory views of open sessions, so an upload costs no scan of the store:
@@ -353,6 +358,8 @@ class SessionManager(PatternUploads, HangSessions):
             self._forget(session)
             if report.kind == HANG and report.status in ("complete", "partial"):
                 self._unresolved_hangs[report.session] = report.job
+            if report.kind == CRASH:
+                self._crashes[report.job] = (report.session, now)  # late failures: no new session
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
         return True

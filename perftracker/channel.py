@@ -65,6 +65,9 @@ class ChannelOptions:
     # worker that exits before its "exited" heartbeat is out looks dead to the agent (a hang session).
     # With the window's exit delay (7 s) and its cancel (1 s), exit waits at most 10 s in all.
     exit_flush_s: float = 2.0
+    # after a crash, wait at most this long for the crash snapshot to reach the agent (it may first have
+    # to settle its identity and register: a crash before the first iteration)
+    crash_flush_s: float = 4.0
     blocked_poll_s: float = 0.5  # how often the controller asks the runtime whether training is blocked
     settle_poll_s: float = 0.5  # until the identity is settled, how often to look again
 
@@ -89,6 +92,7 @@ class AgentChannel:
         self._out: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.queue_max)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._kick = threading.Event()  # at a crash exit: stop waiting for the identity, look again now
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -137,6 +141,7 @@ class AgentChannel:
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._kick.set()
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
@@ -149,28 +154,44 @@ class AgentChannel:
     def at_exit(self) -> None:
         """atexit: tell the agent how this process ends, so that it can tell an exit from a death.
 
-        After an unhandled exception (``sys.last_value``) it first sends a hang snapshot built from
-        the exception's traceback (a survivor of a dead peer fails inside the collective); then a
-        last heartbeat with phase "exited". Waits at most ``exit_flush_s``; never raises.
+        After an uncaught exception in the training thread (perftracker/crash.py: the chained
+        excepthook, else ``sys.last_value``) it first sends a crash snapshot built from the
+        exception's traceback (``end="exception"``; a survivor of a dead peer fails inside the
+        collective); then a last heartbeat with phase "exited". A process that crashes before its
+        identity settled (before its first iteration, e.g. a configuration error) settles it now, so
+        that the crash is reported. Waits at most ``exit_flush_s`` (``crash_flush_s`` after a crash);
+        never raises.
         """
         try:
             if self._stop.is_set() or self._thread is None:
                 return
-            exc = getattr(sys, "last_value", None)
-            if isinstance(exc, BaseException) and not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-                from perftracker.hang import exit_snapshot
+            from perftracker import crash
 
-                snap = exit_snapshot(self.runtime, exc)
+            tid = int(getattr(self.runtime.identity, "training_tid", 0) or 0)
+            ending = crash.ending_exception(tid)
+            wait_s = self.options.exit_flush_s
+            if ending is not None:
+                wait_s = max(wait_s, self.options.crash_flush_s)
+                settle = getattr(self.runtime, "settle_identity", None)
+                if settle is not None and not getattr(self.runtime.identity, "settled", True):
+                    try:
+                        settle(store_wait_s=1.0, exiting=True)
+                    except Exception as exc:  # noqa: BLE001
+                        log.debug("perftracker: identity not settled at exit: %r", exc)
+                snap = crash.crash_snapshot(self.runtime, ending[0], ending[1])
                 if snap is not None:
                     self._enqueue(snapshot_message(snap))
+                self._kick.set()
             self._exiting = True
             beat = heartbeat_message(self.runtime)
             beat["phase"] = "exited"
             self._enqueue(beat)
-            deadline = time.monotonic() + self.options.exit_flush_s
-            while self.connected and time.monotonic() < deadline:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if not self.connected and ending is None:
+                    return  # no agent to tell: a normal exit does not wait for one
                 with self._lock:
-                    if not self._out:
+                    if not self._out and self.connected:
                         return
                 time.sleep(0.01)
         except Exception as exc:  # noqa: BLE001 - the process is ending; never get in its way
@@ -193,7 +214,7 @@ class AgentChannel:
         delay = self.options.backoff_min_s
         while not self._stop.is_set():
             if not self._identity_settled():
-                self._stop.wait(self.options.settle_poll_s)
+                self._kick.wait(0.05 if self._kick.is_set() else self.options.settle_poll_s)
                 continue
             try:
                 sock = self._connector.connect()
@@ -201,7 +222,7 @@ class AgentChannel:
                 self._warn_once("connect-bug", "perftracker: agent connection failed: %r", exc)
                 sock = None
             if sock is None:
-                self._stop.wait(self._connector.retry_delay(delay))
+                self._kick.wait(0.05 if self._kick.is_set() else self._connector.retry_delay(delay))
                 delay = min(delay * 2, self.options.backoff_max_s)
                 continue
             connects = self.connects
@@ -409,6 +430,9 @@ def start_channel(runtime: Any, config: Config, options: ChannelOptions | None =
             runtime.set_sink(ch)
             _channel = ch.start()
             atexit.register(ch.at_exit)
+            from perftracker.crash import install
+
+            install()  # chained in front of the user's excepthooks; never raises
             return ch
     except Exception as exc:  # noqa: BLE001 - never break training
         log.warning("perftracker: agent channel not started: %r; detection goes on without an agent", exc)

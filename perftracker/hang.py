@@ -140,7 +140,8 @@ def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:
     )
 
 
-def exit_snapshot(runtime: Any, exc: BaseException, session: str = "") -> HangSnapshot | None:
+def exit_snapshot(runtime: Any, exc: BaseException, session: str = "",
+                  distributed: bool | None = None) -> HangSnapshot | None:
     """A snapshot of where an exception ended the training thread (call it at exit); never raises.
 
     When a peer dies, gloo fails the pending collective on the survivors ("Connection reset by
@@ -163,7 +164,10 @@ def exit_snapshot(runtime: Any, exc: BaseException, session: str = "") -> HangSn
             call = _call_at(frames[user[-1]].f_code, _tb_lasti(exc, user[-1]))
         error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         snap = _snapshot(runtime, session, read_stack=False)  # identity, counters, idle time
-        current_op = recognise_collective(stack, call, "", _distributed_active()) or call
+        active = _distributed_active() if distributed is None else distributed
+        # no process group, no collective in progress: a failing c10d call (get_world_size before
+        # init_process_group) is the call that failed, not a wait
+        current_op = (recognise_collective(stack, call, "", active) or call) if active else call
         return dataclasses.replace(snap, stack=stack, current_op=current_op, kernel_state="", error=error[:300])
     except Exception:
         log.warning("hang snapshot at exit failed", exc_info=True)

@@ -188,8 +188,12 @@ def _local_rank_from_store(store: Any, rank: int, world: int, host: str, wait_s:
 
 
 def settle_identity(ident: RuntimeIdentity, config_job_id: str, iteration: int,
-                    environ: Mapping[str, str] | None = None, store_wait_s: float = 30.0) -> RuntimeIdentity | None:
+                    environ: Mapping[str, str] | None = None, store_wait_s: float = 30.0,
+                    exiting: bool = False) -> RuntimeIdentity | None:
     """The settled identity, or None while the process cannot tell yet (see the module doc).
+
+    ``exiting``: the process is ending with an uncaught exception before it trained (a crash at
+    setup, issue 22): it settles as if it had trained, so that the crash is reported.
 
     Blocks up to ``store_wait_s`` on the default store: call it from a background thread."""
     if ident.settled:
@@ -198,7 +202,7 @@ def settle_identity(ident: RuntimeIdentity, config_job_id: str, iteration: int,
     dist = _dist()
     if dist is not None:
         return _from_process_group(ident, dist, config_job_id, env, store_wait_s)
-    if iteration < 1:
+    if iteration < 1 and not exiting:
         return None  # not training yet: maybe a launcher, a DataLoader worker, or before init_process_group
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun's ranks, but no process group
         return replace(provisional_identity(config_job_id, env), training_tid=ident.training_tid,

@@ -94,6 +94,11 @@ class HangSnapshot:
     # set when the snapshot was taken at exit, from the exception that ended the training thread
     # (e.g. "RuntimeError: ... Connection reset by peer"): the stack is the exception's traceback
     error: str = ""
+    # how the process ended, when this snapshot reports a failure (perftracker/crash.py, agent/exits.py):
+    # "" (alive, or a plain hang snapshot) | "exception" | "exit" | "signal" | "oom" | "dead"
+    end: str = ""
+    exit_code: int = 0  # the exit status ("exit") or the signal number ("signal", "oom")
+    failed_ns: int = 0  # wall-clock ns of the failure (the excepthook, or the agent seeing the death); 0 unknown
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +117,9 @@ class HangSnapshot:
             "session": self.session,
             "kernel_state": self.kernel_state,
             "error": self.error,
+            "end": self.end,
+            "exit_code": self.exit_code,
+            "failed_ns": self.failed_ns,
         }
 
     @classmethod
@@ -138,4 +146,7 @@ class HangSnapshot:
             session=optional(d, "session", str, where, ""),
             kernel_state=optional(d, "kernel_state", str, where, ""),
             error=optional(d, "error", str, where, ""),
+            end=optional(d, "end", str, where, ""),
+            exit_code=optional(d, "exit_code", int, where, 0),
+            failed_ns=optional(d, "failed_ns", int, where, 0),
         )

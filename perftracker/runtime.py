@@ -74,14 +74,14 @@ class Runtime:
         """Completed iterations (before the sequence is learned: optimizer steps)."""
         return self.detector.iteration
 
-    def settle_identity(self, store_wait_s: float = 30.0) -> bool:
+    def settle_identity(self, store_wait_s: float = 30.0, exiting: bool = False) -> bool:
         """Replace the provisional identity with the real one once it can be known (from the process
         group, or because this process trains alone); see perftracker/identity.py. Call it from a
         background thread (it may wait on the default store). Whether the identity is settled."""
         if self.identity.settled:
             return True
         settled = settle_identity(self.identity, self.config.job_id, self.detector.iteration,
-                                  store_wait_s=store_wait_s)
+                                  store_wait_s=store_wait_s, exiting=exiting)
         if settled is None:
             return False
         if settled != self.identity:

@@ -69,7 +69,7 @@ def render(report: Report, file: TextIO) -> None:
     samples = has_samples(report)
     for f in report.findings:
         out.append(_finding_section(f, len(report.ranks_reported), samples))
-    if not report.findings and report.kind != "hang":
+    if not report.findings and report.kind not in ("hang", "crash"):
         out.append('<section><h2>No abnormal functions</h2>')
         out.append(_top_table(report, samples) if report.top_functions else "")
         out.append("</section>")
@@ -161,7 +161,7 @@ def _pattern_table(f: Finding, samples: bool = True) -> str:
 
 
 def _hang_section(states: Sequence[RankState]) -> str:
-    order = ["culprit", "silent", "waiting", "paused", "ok"]
+    order = ["culprit", "silent", "failed", "waiting", "running", "paused", "exited", "ok"]
     groups: dict[tuple[str, str, str], list[RankState]] = {}
     for s in states:
         groups.setdefault((s.state, s.where, s.detail), []).append(s)

@@ -21,7 +21,8 @@ from localizer.render import mu_names, short_frame
 from localizer.render.facts import has_samples, impact_text, step_times_text
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
 
-_STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "waiting": "yellow", "paused": "cyan", "ok": "green"}
+_STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "failed": "red", "waiting": "yellow",
+                "running": "cyan", "paused": "cyan", "exited": "dim", "ok": "green"}
 _DIMS = ("beta", "mu", "sigma")
 _DIM_LABELS = {"beta": "\u03b2 critical share", "mu": "\u03bc utilization", "sigma": "\u03c3 util. std"}
 
@@ -40,13 +41,17 @@ def render(report: Report, file: TextIO, *, color: bool | None = None, width: in
         soft_wrap=False,
     )
     console.print(_header(report))
-    if report.kind == "hang" or report.hang_states:
+    if report.kind in ("hang", "crash") or report.hang_states:
         console.print(_hang_table(report.hang_states))
+    if report.kind == "crash":
+        for s in report.hang_states:
+            if s.state == "culprit" and s.signature:
+                console.print(_stack_text(s))
     samples = has_samples(report)
     if report.findings:
         for key, group in _group_by_function(report.findings):
             console.print(_function_panel(key, group, samples))
-    elif report.kind != "hang":
+    elif report.kind not in ("hang", "crash"):
         console.print(Text("No abnormal functions.", style="bold green"))
         if report.top_functions:
             console.print(_top_table(report, samples))
@@ -174,6 +179,19 @@ def _hang_table(states: Iterable[RankState]) -> Table:
             detail,
         )
     return table
+
+
+def _stack_text(state: RankState, limit: int = 30) -> Text:
+    """A crash's stack (RankState.signature: "file:line:function;..." outermost first), innermost last."""
+    frames = state.signature.split(";")
+    text = Text(f"stack of rank {state.rank} (innermost last)\n", style="bold")
+    if len(frames) > limit:
+        text.append(f"  ... {len(frames) - limit} outer frames\n", style="dim")
+    for fr in frames[-limit:]:
+        file, _, rest = fr.rpartition(":")
+        path, _, line = file.rpartition(":")
+        text.append(f"  {path}:{line} in {rest}\n", style="" if path.startswith("<") else "bold")
+    return text
 
 
 def _top_table(report: Report, samples: bool = True) -> Table:
