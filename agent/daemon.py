@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.exits import error_file_of, memory_cgroup, oom_killed, read_error_file, watch_exit
+from agent.exits import (
+    error_file_of,
+    is_failure,
+    memory_cgroup,
+    oom_killed,
+    read_error_file,
+    watch_exit,
+)
 from agent.metrics import Metrics
 from agent.upstream import Upstream
 from agent.windows import SessionRun, WindowOptions, WindowRunner
@@ -370,7 +377,7 @@ class AgentDaemon:
         if alive or self._stopped.is_set() or w.writer is not None:
             return  # alive: a reconnect, not an exit; or the agent is stopping and closed it itself
         oom = oom_killed(w.cgroup, status)
-        if w.phase == "exited" and (w.crash_sent or status is None or not status.failed) and not oom:
+        if w.crash_sent or not is_failure(w.phase == "exited", status, oom):
             if w.crash_sent:
                 self._first_death.setdefault(w.job, (w.rank, t))
             return  # a normal exit, or its crash is reported already

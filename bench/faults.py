@@ -16,6 +16,9 @@ loopback, and skips the network scenarios, listing them as skipped.
 Progress goes to stderr; the last stdout line is one JSON object:
 {"scenarios": int, "precision": float, "recall": float, "headline_correct": float, "clean_false_findings": int,
  "max_detection_delay_iters": int, "max_report_s": float, ...}
+With crash scenarios (category "crash") also "crash_scenarios" and "crash_first_rank_named" (how many
+of them have the expected first failing rank as their report's culprit). ``--category crash`` (or
+hang) runs only the scenarios that expect that category.
 ("onsets_missed": detector scenarios with no trigger at or after the fault's onset; "skipped", "mode".)
 """
 
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", nargs="+", default=None, help="scenario TOML files (default: all in bench/scenarios)")
     p.add_argument("--quick", action="store_true", help=f"run only {', '.join(QUICK)}")
+    p.add_argument("--category", default=None,
+                   help="run only the scenarios that expect this category (e.g. crash, hang)")
     p.add_argument("--workers", type=int, default=None, help="override each scenario's worker count")
     p.add_argument("--single-host", action="store_true", help="do not use network namespaces")
     p.add_argument("--timeout-s", type=float, default=240.0, help="per-scenario time limit")
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         files = [scen_dir / q for q in QUICK] if not args.scenario else [f for f in files if f.name in QUICK]
     scenarios = [load_scenario(f, args.workers) for f in files]
+    if args.category:
+        scenarios = [sc for sc in scenarios if any(m.category == args.category for m in sc.expect)]
 
     netns = False
     if not args.single_host:
@@ -202,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         "onsets_missed": missed,  # detector scenarios with no trigger at or after the fault's onset
         "max_report_s": round(max(report_s), 2) if report_s else -1.0,
     }
+    crashes = [o for o in ran if any(m.category == "crash" for m in o.scenario.expect)]
+    if crashes:  # the crash scenarios' headline: the first failing rank named (issue 22)
+        named = [headline_correct(o.scenario, list(o.result.reports) if o.result else None) for o in crashes]
+        summary["crash_scenarios"] = len(crashes)
+        summary["crash_first_rank_named"] = sum(1 for n in named if n)
     print(json.dumps(summary))
     return 0
 

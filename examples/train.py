@@ -14,6 +14,9 @@ Faults (repeatable ``--fault KIND:key=value,...``; applied on ``--fault-ranks`` 
     copy:mb=64                            extra tensor copies in forward (memory ops)
     gc_stall:probability=0.1,ms=50        a full garbage collection over a large heap
     hang:at_iter=100                      sleep forever in forward
+    raise:at_iter=100                     raise RuntimeError in forward (a crash)
+    exit:at_iter=100,code=3               sys.exit(3) in forward
+    oom:at_iter=100,mb=64                 allocate (and touch) mb MiB after mb MiB in forward until killed
 
 ``--checkpoint-every N --checkpoint-pause-s S`` pauses every rank like a checkpoint save (a real
 ``torch.save`` of the model, then sleep to S). ``--progress-dir D`` writes ``D/rank<R>.iter``
@@ -49,6 +52,9 @@ FAULT_KINDS = {
     "copy": {"mb", "every"},
     "gc_stall": {"probability", "ms"},
     "hang": {"at_iter"},
+    "raise": {"at_iter"},
+    "exit": {"at_iter", "code"},
+    "oom": {"at_iter", "mb"},
 }
 COMMON_KEYS = {"ranks", "start_iter"}
 WHERES = ("dataloader", "forward", "backward", "optimizer")
@@ -150,6 +156,9 @@ class Injector:
                 extra_copies(f)
             elif f.kind == "hang" and where == "forward" and self.iteration >= int(f.num("at_iter", 0)):
                 hang_forever()
+            elif f.kind in ("raise", "exit", "oom") and where == "forward" \
+                    and self.iteration >= int(f.num("at_iter", 0)):
+                crash(f, self.iteration)
 
     def _count(self, f: Fault, where: str) -> None:
         key = f"{f.kind}@{where}"
@@ -216,6 +225,19 @@ def extra_copies(f: Fault) -> None:
         f.state["buf"] = buf
     dst = buf.clone()
     dst.copy_(buf)
+
+
+def crash(f: Fault, iteration: int) -> None:
+    """The crash faults: an uncaught exception, an exit status, or allocating until the OOM killer."""
+    if f.kind == "raise":
+        raise RuntimeError(f"injected fault: raise at iteration {iteration}")
+    if f.kind == "exit":
+        sys.stdout.flush()
+        sys.exit(int(f.num("code", 1)))
+    hoard = []
+    n = int(f.num("mb", 64)) * 2**20 // 4
+    while True:  # under the harness's memory cgroup limit the OOM killer ends this
+        hoard.append(torch.ones(n))
 
 
 def hang_forever() -> None:

@@ -36,7 +36,7 @@ from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
 CRASH = "crash"
 CULPRIT, WAITING, FAILED, RUNNING, EXITED, SILENT = "culprit", "waiting", "failed", "running", "exited", "silent"
 PEER_LOSS = re.compile(
-    r"Connection (?:reset|closed|refused)|Broken pipe|closed by peer|peer (?:closed|disconnected)|"
+    r"Connection (?:reset|closed|refused)(?: by peer)?|Broken pipe|closed by peer|peer (?:closed|disconnected)|"
     r"NCCL communicator was aborted|ncclRemoteError|remote process exited|DistNetworkError|"
     r"Socket Timeout|Timed out waiting for (?:peer|recv)", re.IGNORECASE)
 _END_ORDER = {"exception": 0, "oom": 1, "signal": 2, "exit": 3, "dead": 4}
@@ -255,7 +255,8 @@ def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: S
     for s in states:
         if s.state == CULPRIT:
             continue
-        key = s.where if s.state in (WAITING, RUNNING) else ""
+        key = s.where if s.state in (WAITING, RUNNING) else (s.detail if s.state == EXITED and "after rank" in s.detail
+                                                             else "")
         if s.state == WAITING and s.detail.startswith("failed"):
             groups[("failed in", s.where)].append(s.rank)
         else:
@@ -265,7 +266,9 @@ def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: S
     parts = []
     for (state, where), rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
         part = f"{_ranks(rs)} {words.get(state, state)}"
-        if where:
+        if where and state == EXITED:
+            part += f" ({where})"
+        elif where:
             part += f" {where}"
         if state == "failed in":
             gists = {s.detail.split(": ", 1)[-1] for s in states if s.rank in rs}

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from bench.faultkit.inject import CGROUP_V1_CPU, CGROUP_V2, remove_cgroup
+from bench.faultkit.inject import CGROUP_V1_CPU, CGROUP_V1_MEMORY, CGROUP_V2, remove_cgroup
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,10 @@ def cleanup_stale() -> list[str]:
 
 
 def cleanup_stale_cgroups() -> list[str]:
-    """Remove the harness's CPU-quota cgroups (``perftracker-fault-*``) that no process uses any more:
+    """Remove the harness's CPU-quota and memory cgroups (``perftracker-fault-*``) that no process uses any more:
     an empty one belongs to no running scenario (a running one holds its ranks)."""
     removed = []
-    for root in (CGROUP_V1_CPU, CGROUP_V2):
+    for root in (CGROUP_V1_CPU, CGROUP_V1_MEMORY, CGROUP_V2):
         try:
             candidates = sorted(root.glob(f"{CGROUP_PREFIX}*"))
         except OSError:

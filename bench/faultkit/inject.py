@@ -22,6 +22,7 @@ from perftracker.errors import PerftrackerError
 log = logging.getLogger(__name__)
 
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
@@ -76,6 +77,47 @@ class CpuQuota:
         cannot be moved but leave on their own, so the rmdir is retried for ``attempts`` × ``pause_s``
         (a single try left cgroups behind after scenarios whose ranks were just killed)."""
         remove_cgroup(self.path, attempts, pause_s)
+
+
+class MemoryLimit:
+    """Limit a process's new memory to ``limit_mb`` MiB (no swap) with a memory cgroup (v1 or v2):
+    a rank that then allocates without bound is ended by the OOM killer (the ``oom`` fault).
+    Memory it had before it moved in stays charged to its old cgroup, so the limit counts only
+    what it allocates afterwards."""
+
+    def __init__(self, name: str, limit_mb: int) -> None:
+        self.limit = int(limit_mb) * 2**20
+        if (CGROUP_V1_MEMORY / "memory.limit_in_bytes").exists():
+            self.path, self.v2 = CGROUP_V1_MEMORY / name, False
+        elif (CGROUP_V2 / "cgroup.controllers").exists() and \
+                "memory" in (CGROUP_V2 / "cgroup.subtree_control").read_text().split():
+            self.path, self.v2 = CGROUP_V2 / name, True
+        else:
+            raise InjectError("no memory cgroup controller (v1 /sys/fs/cgroup/memory or v2 memory.max)")
+
+    def __enter__(self) -> MemoryLimit:
+        self.path.mkdir(exist_ok=True)
+        if self.v2:
+            (self.path / "memory.max").write_text(str(self.limit))
+            swap = self.path / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0")
+        else:
+            (self.path / "memory.limit_in_bytes").write_text(str(self.limit))
+            memsw = self.path / "memory.memsw.limit_in_bytes"
+            if memsw.exists():  # memory + swap: the same limit, so no swapping past it
+                memsw.write_text(str(self.limit))
+        return self
+
+    def add(self, pid: int) -> None:
+        for p in [pid] + [c.pid for c in _children(pid)]:
+            try:
+                (self.path / "cgroup.procs").write_text(str(p))
+            except OSError as exc:
+                log.warning("could not move pid %d into %s: %s", p, self.path, exc)
+
+    def __exit__(self, *exc: object) -> None:
+        remove_cgroup(self.path)
 
 
 def remove_cgroup(path: Path, attempts: int = 30, pause_s: float = 0.1) -> bool:

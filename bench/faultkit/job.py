@@ -26,8 +26,8 @@ from typing import Any
 import psutil
 
 from bench.faultkit.hosts import CGROUP_PREFIX, Host
-from bench.faultkit.inject import Competitor, CpuQuota, RateLimit, send
-from bench.faultkit.scenario import IN_SCRIPT, Fault, Scenario
+from bench.faultkit.inject import Competitor, CpuQuota, MemoryLimit, RateLimit, send
+from bench.faultkit.scenario import HARNESS, IN_SCRIPT, Fault, Scenario
 from perftracker.errors import PerftrackerError
 from perftracker.model import Report
 
@@ -163,8 +163,11 @@ class JobRun:
         args = ["--iters", str(self.iterations), "--seed", str(self.sc.seed), "--progress-dir", str(self.progress_dir)]
         for f in self.sc.faults:
             if f.kind in IN_SCRIPT and rank in f.ranks:
-                if f.kind == "hang":
-                    args += ["--fault", f"hang:at_iter={f.params['at_iter']}"]
+                if f.kind in ("hang", "raise", "exit", "oom"):
+                    keys = {"hang": ("at_iter",), "raise": ("at_iter",), "exit": ("at_iter", "code"),
+                            "oom": ("at_iter", "mb")}[f.kind]
+                    kv = ",".join(f"{k}={f.params[k]}" for k in keys if k in f.params)
+                    args += ["--fault", f"{f.kind}:{kv}"]
                 else:
                     args += ["--fault", f.script_arg(), "--fault-start-iter", str(f.start_iter)]
         return args
@@ -223,6 +226,10 @@ class JobRun:
             send(pid, signal.SIGSTOP)
         elif f.kind == "kill":
             send(pid, signal.SIGKILL)
+        elif f.kind == "oom":
+            m = self.stack.enter_context(MemoryLimit(f"{CGROUP_PREFIX}{self.job}-m{rank}",
+                                                     int(f.params.get("limit_mb", 512))))
+            m.add(pid)
         log.info("applied %s to rank %d (pid %d)", f.kind, rank, pid)
 
     def _sessions(self) -> list[dict[str, Any]]:
@@ -254,7 +261,7 @@ class JobRun:
         sc = self.sc
         self._start_workers()
         t_start = time.monotonic()
-        pending = [(f, r) for f in sc.faults if f.kind not in IN_SCRIPT for r in f.ranks]
+        pending = [(f, r) for f in sc.faults if f.kind in HARNESS for r in f.ranks]
         applied_at: list[int] = []  # iterations at which out-of-process faults were applied
         opened: dict[str, tuple[float, int]] = {}  # session -> (monotonic time seen, trigger iteration)
         reasons: dict[str, str] = {}
@@ -270,13 +277,14 @@ class JobRun:
             alive = [it for it in progress.values() if it >= 0]
             it_max = max(alive) if alive else -1
             for f, r in list(pending):
-                at = int(f.params.get("at_iter", f.start_iter))
+                at = 1 if f.kind == "oom" else int(f.params.get("at_iter", f.start_iter))  # oom: the limit, early
                 if progress.get(r, -1) >= at:
                     self._apply(f, r)
                     pending.remove((f, r))
                     # polled every 0.1 s: the fault lands a few iterations after `at`; the
-                    # detection delay counts from where it really began
-                    applied_at.append(max(at, progress.get(r, at)))
+                    # detection delay counts from where it really began (oom begins in the script)
+                    if f.kind != "oom":
+                        applied_at.append(max(at, progress.get(r, at)))
             if sc.trigger == "cli" and cli_iter is None and it_max >= sc.trigger_at_iter:
                 subprocess.run(
                     [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,

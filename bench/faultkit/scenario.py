@@ -14,7 +14,7 @@
     fraction = 0.3
     [[expect]]                # must be found
     ranks = [2]
-    category = "compute"      # compute | memory | collective | python | hang
+    category = "compute"      # compute | memory | collective | python | hang | crash
     kind = "specific"         # specific | common (optional)
     name = ""                 # optional substring of the function name
     [[allow]]                 # may be reported without counting as a false positive
@@ -43,6 +43,9 @@ FAULT_PARAMS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hang": {"at_iter": int},
     "stop": {"at_iter": int},
     "kill": {"at_iter": int},
+    "raise": {"at_iter": int},
+    "exit": {"at_iter": int, "code": int},
+    "oom": {"at_iter": int, "mb": int, "limit_mb": int},
 }
 REQUIRED: dict[str, tuple[str, ...]] = {
     "cpu_quota": ("fraction",),
@@ -56,12 +59,19 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "hang": ("at_iter",),
     "stop": ("at_iter",),
     "kill": ("at_iter",),
+    "raise": ("at_iter",),
+    "exit": ("at_iter", "code"),
+    "oom": ("at_iter",),
 }
 WHERE = ("dataloader", "forward", "backward", "optimizer")
-CATEGORIES = ("compute", "memory", "collective", "python", "hang")
+CATEGORIES = ("compute", "memory", "collective", "python", "hang", "crash")
 TRIGGERS = ("detector", "cli", "none")
 # faults the training script applies itself (examples/train.py --fault); the rest the harness applies
-IN_SCRIPT = ("sleep", "compute", "busy_python", "copy", "gc_stall", "hang")
+IN_SCRIPT = ("sleep", "compute", "busy_python", "copy", "gc_stall", "hang", "raise", "exit", "oom")
+# faults the harness applies (out of process); "oom" is both: the harness sets the memory cgroup limit
+# on that rank at its first iteration, the script allocates from at_iter on until the OOM killer ends it
+HARNESS = ("cpu_quota", "net_rate", "competitor", "stop", "kill", "oom")
+AT_ITER = ("hang", "stop", "kill", "raise", "exit", "oom")  # faults that happen once, at at_iter
 
 
 @dataclass(frozen=True)
@@ -105,8 +115,8 @@ class Scenario:
 
     @property
     def onset_iter(self) -> int | None:
-        starts = [f.start_iter for f in self.faults if f.kind not in ("hang", "stop", "kill")]
-        hangs = [int(f.params["at_iter"]) for f in self.faults if f.kind in ("hang", "stop", "kill")]
+        starts = [f.start_iter for f in self.faults if f.kind not in AT_ITER]
+        hangs = [int(f.params["at_iter"]) for f in self.faults if f.kind in AT_ITER]
         allv = starts + hangs
         return min(allv) if allv else None
 

@@ -1,7 +1,7 @@
 """Scoring a report against a scenario's ground truth. Pure: no I/O.
 
 A finding is a (function, rank) pair the report flags; for hang reports, each rank the report
-names as culprit or silent is a finding of category "hang". Precision and recall are counted over
+names as culprit or silent is a finding of category "hang"; for crash reports, of category "crash". Precision and recall are counted over
 (rank, category) pairs:
 
 - a pair is a true positive if some flagged (function, rank) with that category matches an [[expect]];
@@ -55,9 +55,10 @@ def flags_of(report: Report | None) -> list[Flag]:
     flags = [
         Flag(r, f.category.value, f.kind, f"{f.key} {f.label}") for f in report.findings for r in f.ranks
     ]
+    category = "crash" if report.kind == "crash" else "hang"
     for s in report.hang_states:
         if s.state in ("culprit", "silent"):
-            flags.append(Flag(s.rank, "hang", "specific", f"{s.where} {s.detail}"))
+            flags.append(Flag(s.rank, category, "specific", f"{s.where} {s.detail}"))
     return flags
 
 
@@ -105,7 +106,7 @@ def headline_flags(report: Report | None) -> list[Flag]:
     if report.findings:
         f = report.findings[0]
         return [Flag(r, f.category.value, f.kind, f"{f.key} {f.label}") for r in f.ranks]
-    return [fl for fl in flags_of(report) if fl.category == "hang"]
+    return [fl for fl in flags_of(report) if fl.category in ("hang", "crash")]
 
 
 def headline_correct(scenario: Scenario, report: Report | Sequence[Report] | None) -> bool | None:
