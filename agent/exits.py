@@ -120,13 +120,12 @@ class MemoryCgroup:
     v2: bool
     oom_kills: int
 
-    def describe(self, root: Path = CGROUP_ROOT) -> str:
+    def describe(self) -> str:
         peak, limit = memory_peak_limit(self)
         rel = self.path
-        try:
-            rel = "/" + str(Path(self.path).relative_to(root / ("" if self.v2 else "memory")))
-        except ValueError:
-            pass
+        marker = "/sys/fs/cgroup/" + ("" if self.v2 else "memory/")
+        if marker in rel:
+            rel = "/" + rel.split(marker, 1)[1]
         text = f"cgroup {rel}"
         if peak:
             text += f", memory peak {_mib(peak)}"
@@ -140,7 +139,9 @@ def _mib(n: int) -> str:
 
 
 def memory_cgroup(pid: int, proc_root: str = "/proc", root: Path = CGROUP_ROOT) -> MemoryCgroup | None:
-    """The memory cgroup of ``pid`` (v1 ``memory`` hierarchy or v2 unified), or None."""
+    """The memory cgroup of ``pid`` (v1 ``memory`` hierarchy or v2 unified), or None. The agent must
+    see the node's cgroup hierarchy: one started with ``ip netns exec`` gets a fresh sysfs with an
+    empty ``/sys/fs/cgroup`` (the fault bench enters only the network namespace, with nsenter)."""
     try:
         lines = Path(f"{proc_root}/{int(pid)}/cgroup").read_text().splitlines()
     except OSError:

@@ -265,7 +265,10 @@ def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: S
              SILENT: "silent", "failed in": "then failed in"}
     parts = []
     for (state, where), rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
-        part = f"{_ranks(rs)} {words.get(state, state)}"
+        word = words.get(state, state)
+        if len(rs) == 1 and state in (WAITING, RUNNING):
+            word = "waits in" if state == WAITING else "is still running at"
+        part = f"{_ranks(rs)} {word}"
         if where and state == EXITED:
             part += f" ({where})"
         elif where:

@@ -63,8 +63,12 @@ class Host:
     addr: str
     bridge_ip: str
 
-    def wrap(self, argv: list[str]) -> list[str]:
-        """argv to run a command inside this host."""
+    def wrap(self, argv: list[str], keep_sysfs: bool = False) -> list[str]:
+        """argv to run a command inside this host. ``keep_sysfs``: enter only the network namespace
+        (nsenter), keeping the node's /sys: ``ip netns exec`` remounts /sys for the namespace, which
+        hides /sys/fs/cgroup, and a node agent reads its workers' memory cgroups there (OOM kills)."""
+        if keep_sysfs and shutil.which("nsenter"):
+            return ["nsenter", f"--net=/var/run/netns/{self.netns}", *argv]
         return ["ip", "netns", "exec", self.netns, *argv]
 
 

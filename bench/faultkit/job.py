@@ -188,7 +188,7 @@ class JobRun:
                      "--nproc_per_node", "1", "--master_addr", master, "--master_port", str(master_port),
                      str(TRAIN), *self._script_args(rank)]
             if host:
-                agent, train = host.wrap(agent), host.wrap(train)
+                agent, train = host.wrap(agent, keep_sysfs=True), host.wrap(train)
             self._spawn(agent, f"agent{rank}", env)
             self._spawn(train, f"train{rank}", env)
 
@@ -320,7 +320,7 @@ class JobRun:
         trigger_iter = None
         if report is not None and answer is not None:
             t_open, trigger_iter = opened[answer]
-            report_s = stored_at[answer] - t_open - (sc.window_s if report.kind != "hang" else 0.0)
+            report_s = stored_at[answer] - t_open - (sc.window_s if report.kind not in ("hang", "crash") else 0.0)
         onset = self._onset(applied_at)
         delay = None
         if sc.trigger == "detector" and onset is not None:
