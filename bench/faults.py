@@ -19,7 +19,8 @@ Progress goes to stderr; the last stdout line is one JSON object:
 With crash scenarios (category "crash") also "crash_scenarios" and "crash_first_rank_named" (how many
 of them have the expected first failing rank as their report's culprit). ``--category crash`` (or
 hang) runs only the scenarios that expect that category.
-("onsets_missed": detector scenarios with no trigger at or after the fault's onset; "skipped", "mode".)
+("onsets_missed": detector scenarios with no trigger at or after the fault's onset; "skipped", "mode";
+"max_hang_report_after_fault_s": hang scenarios, from the fault applied to the hang report stored.)
 """
 
 from __future__ import annotations
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     delays = [o.result.detection_delay_iters for o in ran if o.result and o.result.detection_delay_iters is not None]
     missed = sum(1 for o in ran if _watches_onset(o.scenario) and (o.result is None or o.result.detection_delay_iters is None))
     report_s = [o.result.report_s for o in ran if o.result and o.result.report_s is not None]
+    hang_s = [o.result.fault_to_report_s for o in ran if o.result and o.result.fault_to_report_s is not None
+              and any(m.category == "hang" for m in o.scenario.expect)]
     heads = [headline_correct(o.scenario, list(o.result.reports) if o.result else None) for o in ran]
     heads = [h for h in heads if h is not None]
     summary = {
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_detection_delay_iters": max(delays) if delays else -1,
         "onsets_missed": missed,  # detector scenarios with no trigger at or after the fault's onset
         "max_report_s": round(max(report_s), 2) if report_s else -1.0,
+        # hang scenarios: the fault (a SIGSTOP, ...) applied -> the hang report stored
+        "max_hang_report_after_fault_s": round(max(hang_s), 2) if hang_s else -1.0,
     }
     crashes = [o for o in ran if any(m.category == "crash" for m in o.scenario.expect)]
     if crashes:  # the crash scenarios' headline: the first failing rank named (issue 22)

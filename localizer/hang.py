@@ -161,6 +161,15 @@ def localize_hang(
     since = _since_iteration(latest.values())
 
     culprits: set[int] = set(quiet)
+    if not quiet and user and waiting and all(in_own_window(placed[r].snap) for rs in user.values() for r in rs):
+        # the ranks the others wait for are inside perftracker's own profile window (stopping the
+        # profiler, writing its data): profiling cost, a pause, until it outlasts pause_s. A peer
+        # stopped during a window is silent instead (procfs: "process stopped"), so it is a hang.
+        idle = max(_idle(placed[r].snap, now_ns) for rs in user.values() for r in rs)
+        if idle < opts.pause_s:
+            log.info("hang: rank(s) %s in perftracker's profile window for %.0f s < pause %.0f s: not a hang",
+                     sorted(r for rs in user.values() for r in rs), idle, opts.pause_s)
+            return None
     if quiet or (user and waiting):
         culprits |= {r for rs in user.values() for r in rs}
         summary = _culprit_sentence(placed, quiet, user, waiting, since, opts)
@@ -259,6 +268,16 @@ def _user_callers(frames: Sequence[Frame], anchor: Frame | None, limit: int) -> 
     i = max(j for j, f in enumerate(frames) if f is anchor)
     names = [f.function for f in frames[:i] if is_user_frame(f) and not f.function.startswith("<")]
     return names[-limit:]
+
+
+_OWN_WINDOW_FILES = ("window", "profiler", "sampler")  # perftracker's profile-window modules
+
+
+def in_own_window(snap: HangSnapshot) -> bool:
+    """Whether the training thread is inside perftracker's own profile-window code (a profiler
+    start or stop, the window's data being written), not in the job's code."""
+    prefixes = tuple(SELF_PREFIX + name for name in _OWN_WINDOW_FILES)
+    return any(f.file.startswith(prefixes) for f in snap.stack)
 
 
 def _idle(snap: HangSnapshot, now_ns: int | None) -> float:

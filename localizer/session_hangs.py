@@ -70,7 +70,9 @@ class HangSessions:
                           else f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s")
                 s, _ = self.trigger(snap.job, reason, kind=HANG)
                 self._open_session_for(s.session, snap.job, [snap.rank])
-            if s.kind != HANG:  # a hang during a slowdown session: no window will complete
+            if s.kind != HANG:  # asked for by a slowdown session's id: converted explicitly, and said so
+                log.info("slowdown session %s converted to a hang session: rank %d sent a hang snapshot for it",
+                         s.session, snap.rank)
                 deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
                 self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
             if snap.end or snap.error:  # later failures of the job's ranks belong to this crash (issue 22)

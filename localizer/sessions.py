@@ -238,11 +238,12 @@ class SessionManager(PatternUploads, HangSessions):
                 s = open_[0]
                 self.store.update_session(s.session, joins=s.joins + 1)
                 log.info("trigger %r joined open session %s of job %s", reason, s.session, job)
-                if kind == HANG and s.kind != HANG:  # a death during a slowdown session: no window comes
-                    deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
-                    self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
-                    s = dataclasses.replace(s, kind=HANG, deadline_ns=deadline)
                 return dataclasses.replace(s, joins=s.joins + 1), True
+            if open_ and kind == HANG and open_[0].kind != HANG:
+                # a hang or a death during a slowdown session: a hang session of its own, linked to it
+                # (its reason names the slowdown session); the slowdown session keeps what its window
+                # gathered and is reported from what came by its deadline (issue 19)
+                reason = f"{reason} (during slowdown session {open_[0].session})"
             window = float(window_s if window_s is not None else self.options.default_window_s)
             wait_s = self.options.hang_collect_s if kind == HANG else window + self.options.collect_grace_s
             rec = SessionRecord(
@@ -256,8 +257,10 @@ class SessionManager(PatternUploads, HangSessions):
 
     def _joins(self, s: SessionRecord, kind: str, now_ns: int) -> bool:
         """Whether a trigger of ``kind`` at ``now_ns`` belongs to the open session ``s``."""
-        if kind == HANG or s.kind == HANG:
-            return True  # a death or a hang: one session gathers the snapshots
+        if s.kind == HANG:
+            return True  # a hang session gathers every later trigger's snapshots
+        if kind == HANG:
+            return False  # a hang during a slowdown session opens a hang session of its own
         window_end_ns = s.opened_ns + int((s.window_s + self.options.join_slack_s) * 1e9)
         return now_ns <= window_end_ns
 

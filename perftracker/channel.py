@@ -88,7 +88,8 @@ class AgentChannel:
         self.path = wire.socket_path(config.run_dir)
         self._window_factory = window_factory or self._default_window
         self._window: Any = None
-        self._quiet_until = 0.0  # monotonic s: no blocked checks before this (profile window)
+        self._quiet_until = 0.0  # monotonic s: until then the blocked limit is longer (profile window)
+        self._quiet_extra_s = 0.0  # ... by this much: the window's length
         self._out: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.queue_max)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -321,19 +322,24 @@ class AgentChannel:
     def _check_blocked(self) -> None:
         """The controller's poll: the runtime calls on_blocked (in this thread) once per episode.
 
-        **[decision]** Not while a profile window runs or shortly after it: stopping the profiler
-        blocks a rank's training thread for seconds, and its peers then wait in the next collective
-        longer than the blocked threshold. That is profiling cost, not a hang. The quiet period
-        lasts to ``max(30 s, 2 x window)`` after this rank's window ended; a real hang that starts
-        inside it is reported when it ends.
+        **[decision]** While a profile window runs and for ``max(30 s, 2 x window)`` after this
+        rank's window ended, the blocked limit is longer by the window's length: stopping the
+        profiler blocks a rank's training thread for seconds, and its peers then wait in the next
+        collective longer than the normal limit. That is profiling cost, not a hang. A real hang
+        that starts inside a window (a peer SIGSTOPped) is reported at most the window's length
+        later than elsewhere (it was muted until the quiet period ended: 35 s late in the issue-19
+        run). A profiler stop that outlasts even that is told apart by the localizer: the stalled
+        rank is alive, sends heartbeats and its snapshot shows perftracker's own window code (a
+        pause), where a stopped peer is silent and procfs says so (localizer/hang.py).
         """
-        if time.monotonic() < self._quiet_until:
-            return
         check = getattr(self.runtime, "check_blocked", None)
         if check is None:
             return
         try:
-            check()
+            if time.monotonic() < self._quiet_until:
+                check(extra_s=self._quiet_extra_s)
+            else:
+                check()
         except Exception as exc:  # noqa: BLE001
             self._warn_once("check-blocked", "perftracker: blocked check failed: %r", exc)
 
@@ -370,6 +376,7 @@ class AgentChannel:
     def _start_window(self, session: str, window_s: float) -> None:
         grace_s = max(30.0, 2.0 * window_s)
         self._quiet_until = max(self._quiet_until, time.monotonic() + window_s + grace_s)
+        self._quiet_extra_s = max(window_s, 0.0)
 
         def done(result: Any) -> None:
             self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)

@@ -66,6 +66,8 @@ class DetectorOptions:
     changepoint_z: float = 5.0
     changepoint_ref_iters: int = 300
     settle_iters: int = 15  # after a window is written: iterations (and window_s) before detections count
+    batch_ms: float = 20.0  # iterations shorter than this reach the slowdown rule in batches of this span
+    batch_max: int = 64  # ... of at most this many iterations
 
     @classmethod
     def from_config(cls, config: Config) -> DetectorOptions:
@@ -106,6 +108,11 @@ class Detector:
         self.durations_ns: deque[int] = deque(maxlen=self._w)
         self._durations_sum = 0
         self._observe = self.rule.observe
+        # completed iterations not yet fed to the rule: +duration (to observe) or -duration (record only)
+        self._batch: list[int] = []
+        self._batch_ns = int(o.batch_ms * 1e6)
+        self._batch_max = max(o.batch_max, 1)
+        self._drained_ns = -(1 << 62)  # the boundary at which the batch was last drained
         self.gate = TriggerGate(o.trigger_cooldown_s, o.trigger_burst, o.trigger_min_gap_s)
         self.pending: dict[str, object] | None = None  # a slowdown trigger waiting to be collected
         self.suppressed: dict[str, int] = {}  # detections the gate did not pass, by verdict
@@ -142,10 +149,21 @@ class Detector:
             if kind == seq[pos]:
                 pos += 1
                 if pos == len(seq):
+                    # _complete inlined: this runs once per iteration between long stretches of torch
+                    # work, with cold caches; every call and attribute counts (docs/overhead.md)
                     self._pos = 0
-                    if self._unmatched:
+                    self.iteration += 1
+                    last = self.last_boundary_ns
+                    self.last_boundary_ns = t_ns
+                    if self._unmatched or self._dirty:
                         self._unmatched = 0
-                    self._complete(t_ns)
+                        self._dirty = False
+                        if last >= 0:
+                            self._batch.append(last - t_ns)  # recorded, not observed
+                    elif last >= 0:
+                        self._batch.append(t_ns - last)
+                    if t_ns - self._drained_ns >= self._batch_ns or len(self._batch) >= self._batch_max:
+                        self._drain()
                     return True
                 self._pos = pos
                 return False
@@ -154,36 +172,63 @@ class Detector:
         return self._learn(kind, t_ns)
 
     def _complete(self, t_ns: int) -> None:
+        """An iteration boundary: count it, and queue its duration for the rule (see _drain)."""
         self.iteration += 1
         last = self.last_boundary_ns
         self.last_boundary_ns = t_ns
         if last < 0:
             return
-        duration_ns = t_ns - last
-        durations = self.durations_ns
-        if len(durations) == self._w:
-            self._durations_sum += duration_ns - durations[0]
-        else:
-            self._durations_sum += duration_ns
-        durations.append(duration_ns)
-        if self._dirty:
+        if self._dirty or self.phase != "tracking":
             self._dirty = False
-            return
-        if self.phase != "tracking":
-            return
-        detail = self._observe(duration_ns)
-        if self._profiling or self._settle_left > 0:
-            self._hold(detail, t_ns)
-            return
-        if detail is not None:
-            self._pass(detail, t_ns)
+            self._batch.append(last - t_ns)  # recorded, not observed
+        else:
+            self._batch.append(t_ns - last)
+        if t_ns - self._drained_ns >= self._batch_ns or len(self._batch) >= self._batch_max:
+            self._drain()
 
-    def _pass(self, detail: dict[str, object], t_ns: int) -> None:
+    def _drain(self) -> None:
+        """Feed the queued iterations to the rule, in order, as if each had been fed at its boundary.
+
+        **[decision]** Iterations shorter than ``batch_ms`` are fed in batches spanning at least
+        ``batch_ms`` (at most ``batch_max`` iterations). Fed one at a time between 1 ms of torch
+        work, the rule ran with cold caches and cost 7-15 µs per iteration, ten times its cost when
+        warm (docs/overhead.md); in a batch it runs warm. A detection comes at most ``batch_ms``
+        later in wall time; its iteration number is the one where the rule fired.
+        """
+        batch = self._batch
+        if not batch:
+            self._drained_ns = self.last_boundary_ns
+            return
+        self._batch = []
+        self._drained_ns = self.last_boundary_ns
+        it = self.iteration - len(batch)
+        t_ns = self.last_boundary_ns - sum(map(abs, batch))  # the boundary before the batch's first
+        durations, w, observe = self.durations_ns, self._w, self._observe
+        for d in batch:
+            it += 1
+            clean = d > 0
+            if not clean:
+                d = -d
+            t_ns += d
+            if len(durations) == w:
+                self._durations_sum += d - durations[0]
+            else:
+                self._durations_sum += d
+            durations.append(d)
+            if not clean:
+                continue
+            detail = observe(d)
+            if self._profiling or self._settle_left > 0:
+                self._hold(detail, t_ns, it)
+            elif detail is not None:
+                self._pass(detail, t_ns, it)
+
+    def _pass(self, detail: dict[str, object], t_ns: int, iteration: int) -> None:
         verdict = self.gate.admit(t_ns)
         if verdict != ADMIT:
             self.suppressed[verdict] = self.suppressed.get(verdict, 0) + 1
             return
-        detail["iteration"] = self.iteration
+        detail["iteration"] = iteration
         detail["mode"] = self.options.mode
         self.pending = detail
         base = detail.get("baseline_ms", detail.get("shortest_ms"))
@@ -220,14 +265,14 @@ class Detector:
             self._settle_until_ns = max(self.last_t_ns, 0) + int(self._window_s * 1e9)
             self._profiling = False
 
-    def _hold(self, detail: dict[str, object] | None, t_ns: int) -> None:
+    def _hold(self, detail: dict[str, object] | None, t_ns: int, iteration: int) -> None:
         if detail is not None:
             runs = detail.get("iterations")
-            began = self.iteration - (runs if isinstance(runs, int) else 0)
+            began = iteration - (runs if isinstance(runs, int) else 0)
             if began < self._profiled_until:  # the window saw at least half of it
                 self.suppressed["profiled"] = self.suppressed.get("profiled", 0) + 1
             elif self._held is None:
-                detail["held_from_iteration"] = self.iteration  # the first: its baseline is the lowest
+                detail["held_from_iteration"] = iteration  # the first: its baseline is the lowest
                 detail["began_iteration"] = began
                 self._held = detail
         if self._profiling:
@@ -243,13 +288,13 @@ class Detector:
         confirm, self._confirm_window = self._confirm_window, None
         if held is not None:
             if self._still_slow(held):
-                self._pass(held, t_ns)
+                self._pass(held, t_ns, iteration)
                 return
             self.suppressed["profiling"] = self.suppressed.get("profiling", 0) + 1
         if confirm is not None:
             detail = self._post_window(confirm[1], confirm[2])
             if detail is not None:
-                self._pass(detail, t_ns)
+                self._pass(detail, t_ns, iteration)
 
     def _post_window(self, base_ms: float, noise: float) -> dict[str, object] | None:
         """The post-window check: the median of the iterations since the window was written (up to
@@ -344,6 +389,7 @@ class Detector:
         return False
 
     def _start_tracking(self, sequence: tuple[int, ...]) -> None:
+        self._drain()
         if self.sequence and sequence != self.sequence:
             self.rule.reset()
         self.sequence = sequence
@@ -360,6 +406,7 @@ class Detector:
         self._dirty = False
 
     def _relearn(self) -> None:
+        self._drain()
         self.phase = "learning"
         self.relearn_count += 1
         self._cur = [self.last_kind]
@@ -382,13 +429,14 @@ class Detector:
             return float("inf")
         return max(self.options.blocked_factor * mean, self.options.blocked_min_s * 1e9)
 
-    def check_blocked(self, now_ns: int | None = None) -> dict[str, object] | None:
-        """A detail mapping if no event came for the blocked limit, else None. Thread-safe reads."""
+    def check_blocked(self, now_ns: int | None = None, extra_s: float = 0.0) -> dict[str, object] | None:
+        """A detail mapping if no event came for the blocked limit (plus ``extra_s``), else None.
+        Thread-safe reads."""
         last_t_ns = self.last_t_ns
         if last_t_ns < 0:
             return None
         now = self.clock.now_ns() if now_ns is None else now_ns
-        limit_ns = self.blocked_limit_ns()
+        limit_ns = self.blocked_limit_ns() + max(extra_s, 0.0) * 1e9
         idle_ns = now - last_t_ns
         if idle_ns < limit_ns:
             return None

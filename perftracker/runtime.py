@@ -120,16 +120,18 @@ class Runtime:
         """Durations of the last W completed iterations, oldest first."""
         return [d / 1e6 for d in list(self.detector.durations_ns)]
 
-    def check_blocked(self, now_ns: int | None = None, notify: bool = True) -> dict[str, object] | None:
+    def check_blocked(self, now_ns: int | None = None, notify: bool = True,
+                      extra_s: float = 0.0) -> dict[str, object] | None:
         """Poll from any thread. A detail mapping while blocked, else None.
 
-        Blocked: no hook event for max(blocked_factor x mean iteration, blocked_min_s). With
-        ``notify`` the sink's ``on_blocked`` is called once per episode (an episode ends with the
-        next hook event), in the calling thread.
+        Blocked: no hook event for max(blocked_factor x mean iteration, blocked_min_s), plus
+        ``extra_s`` (the channel adds a profile window's length around a window). With ``notify``
+        the sink's ``on_blocked`` is called once per episode (an episode ends with the next hook
+        event), in the calling thread.
         """
         if not self.active:
             return None
-        detail = self.detector.check_blocked(now_ns)
+        detail = self.detector.check_blocked(now_ns, extra_s) if extra_s > 0 else self.detector.check_blocked(now_ns)
         if detail is None:
             return None
         detail = {**detail, **self._identity_fields()}
@@ -194,7 +196,7 @@ class Runtime:
     # ----------------------------------------------------------------------------------------
     def on_dataloader_next(self) -> None:
         t_ns = self._now_ns()
-        if self._on_event(DATALOADER, t_ns):
+        if self._on_event(DATALOADER, t_ns) and (self._listeners or self.detector.pending is not None):
             self._boundary(t_ns)
 
     def on_step_pre(self) -> None:
@@ -202,10 +204,11 @@ class Runtime:
 
     def on_step_post(self) -> None:
         t_ns = self._now_ns()
-        if self._on_event(STEP, t_ns):
+        if self._on_event(STEP, t_ns) and (self._listeners or self.detector.pending is not None):
             self._boundary(t_ns)
 
     def _boundary(self, t_ns: int) -> None:
+        """An iteration boundary with something to do: a pending trigger, or boundary listeners."""
         if self.detector.pending is not None:
             detail = self.detector.pop_trigger()
             if detail is not None:

@@ -237,3 +237,36 @@ def test_all_rank_checkpoint_pause_raises_no_hang_report(job: Callable[..., Job]
             assert s.kind == "hang" and "no hang" in s.error and store.get_report(s.session) is None
     finally:
         store.close()
+
+
+def test_a_peer_stopped_in_the_middle_of_a_window_is_reported_within_the_limit_plus_the_window(
+        job: Callable[..., Job]) -> None:
+    """Issue 19: a profile window runs (a CLI trigger, 10 s); rank 1 is SIGSTOPped 3 s into it. Rank
+    0 waits in the allreduce; around a window its blocked limit is the normal one (5 s) plus the
+    window (before: muted for max(30 s, 2 x window) after the window, 35 s). The hang opens its own
+    session, linked to the slowdown session by its reason."""
+    window_s = 10.0
+    j = job([])
+    j.wait_for("iterations", lambda: j.progress(1)[0] >= AT_ITER and j.registered(), 90)
+    out = subprocess.run(
+        [sys.executable, "-m", "perftracker", "trigger", "--job", j.job, "--runs-dir", str(j.dir / "perftracker-runs"),
+         "--window-s", str(window_s), "--no-wait", "--reason", "a window to stop a peer in"],
+        env=j.env, cwd=j.dir, capture_output=True, text=True, timeout=60, check=True)
+    agent_log = j.dir / "run" / "agent.log"
+    j.wait_for("rank 1's window to start", lambda: agent_log.exists() and
+               "rank 1 samplers" in agent_log.read_text() and "starting the window" in agent_log.read_text(), 30)
+    time.sleep(3.0)  # in the middle of the window
+    _, pid, _ = j.progress(1)
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    reports = j.wait_for("a hang report", j.hang_reports, 45)
+    r = reports[0]  # type: ignore[index]
+    delay_s = r.created_ns / 1e9 - t_stop
+    print(f"hang report {delay_s:.1f} s after the stop in the window")  # the figure for docs/hangs.md
+    assert _culprits(r) == {1: "silent"}, r.summary
+    assert "(process stopped)" in r.summary, r.summary
+    # limit 5 s + window 10 s, + the 0.5 s blocked poll, the agent's upload and the localizer's pass
+    assert delay_s <= 5.0 + window_s + 2.0, f"hang report {delay_s:.1f} s after the stop"
+    assert "during slowdown session " in r.trigger_reason, r.trigger_reason
+    slow_session = r.trigger_reason.rsplit("during slowdown session ", 1)[1].rstrip(")")
+    assert slow_session != r.session and slow_session in out.stdout + out.stderr

@@ -112,18 +112,58 @@ def test_a_pause_that_outlasts_pause_s_becomes_a_hang_report(mgr: SessionManager
     assert report.summary.startswith("hang: all 3 ranks stopped at train.py:140 in save_checkpoint (torch.save)")
 
 
-def test_a_death_trigger_turns_an_open_slowdown_session_into_a_hang_session(mgr: SessionManager) -> None:
+def test_a_death_during_a_slowdown_session_opens_a_hang_session_linked_to_it(mgr: SessionManager) -> None:
     slow, _ = mgr.trigger("j", "slowdown on rank 0")
     assert slow.kind == "slowdown"
     s, joined = mgr.trigger("j", "hang: rank 1 process died", kind="hang")
-    assert joined and s.session == slow.session and s.kind == "hang"
+    assert not joined and s.session != slow.session and s.kind == "hang"
+    assert s.reason == f"hang: rank 1 process died (during slowdown session {slow.session})"
     assert s.deadline_ns == T0 + 20 * 10**9
+    still = mgr.store.get_session(slow.session)
+    assert still is not None and still.kind == "slowdown" and still.state == "open"  # its window's data stays
     _beat(mgr, 1, 50, phase="dead", alive=False)
     for r in (0, 2):
         _beat(mgr, r, 50, phase="dead after rank 1", alive=False)
-    assert [d.session for d in mgr.due()] == [s.session]  # everyone is dead: no need to wait
+    assert s.session in [d.session for d in mgr.due()]  # everyone is dead: no need to wait
     mgr.localize_now(s.session)
     report = mgr.store.get_report(s.session)
     assert report is not None and [st.rank for st in report.hang_states if st.state == "silent"] == [1]
     assert report.summary.startswith("hang: rank 1 silent")
     assert "ranks 0,2 died after rank 1" in report.summary
+
+
+WINDOW_STOP = (Frame("train.py", 90, "main"), Frame("<perftracker>/runtime.py", 230, "_boundary"),
+               Frame("<perftracker>/window.py", 200, "on_boundary"),
+               Frame("<lib>/torch/profiler/profiler.py", 700, "stop"))
+
+
+def test_a_hang_snapshot_during_a_slowdown_window_opens_its_own_hang_session(mgr: SessionManager) -> None:
+    """Issue 19: the detector fired on noise and opened a window; a peer was SIGSTOPped in it. The
+    blocked snapshots open a hang session of their own (linked by its reason), not the slowdown one."""
+    slow, _ = mgr.trigger("j", "rank 0: slowdown at iteration 272")
+    first = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    second = mgr.accept_hang_snapshot(_snap(2, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    assert first.session == second.session != slow.session and first.kind == "hang"
+    assert first.uploaded == (0,) and second.uploaded == (0, 2)
+    hang = mgr.store.get_session(first.session)
+    assert hang is not None and f"during slowdown session {slow.session}" in hang.reason
+    _beat(mgr, 1, 300, phase="stopped")
+    mgr.localize_now(first.session)
+    report = mgr.store.get_report(first.session)
+    assert report is not None and report.summary.startswith("hang: rank 1 silent for ")
+    assert f"during slowdown session {slow.session}" in report.trigger_reason
+
+
+def test_a_rank_stalled_in_the_profiler_stop_is_a_pause_and_a_stopped_peer_is_a_hang(mgr: SessionManager) -> None:
+    """The others wait for a rank whose training thread is in perftracker's window code (stopping the
+    profiler): a pause below PERFTRACKER_HANG_PAUSE_S, no report. The same wait for a rank that is
+    stopped (procfs state T) is a hang at once."""
+    s = mgr.accept_hang_snapshot(_snap(0, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    mgr.accept_hang_snapshot(_snap(1, WINDOW_STOP, "", "R", idle_s=8.0))
+    mgr.accept_hang_snapshot(_snap(2, BACKWARD, "c10d allreduce (DDP backward)", "S futex_do_wait"))
+    assert mgr.localize_now(s.session).state == "open"  # type: ignore[union-attr]
+    assert mgr.store.get_report(s.session) is None
+    mgr.clock.advance_s(25)  # type: ignore[attr-defined]  # 8 s idle + 25 s > 30 s: no longer a pause
+    mgr.localize_now(s.session)
+    report = mgr.store.get_report(s.session)
+    assert report is not None and [st.rank for st in report.hang_states if st.state == "culprit"] == [1]

@@ -228,3 +228,16 @@ def test_perftrackers_own_processes_do_not_activate() -> None:
         assert out.stdout.strip() == "True", (module, out.stderr[-500:])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-500:]  # a plain script does activate
+
+
+def test_blocked_limit_plus_a_window_on_the_real_detector() -> None:
+    """Around a profile window the channel adds the window's length to the limit (issue 19): idle
+    just below limit + window is not blocked, just above it is."""
+    rt, clock, sink = _fake_runtime(blocked_min_s=5.0)
+    _iterate(rt, clock, 40, 100.0)
+    last = clock.now_ns()
+    assert rt.check_blocked(last + int(5.1e9), notify=False) is not None  # the normal limit: 5 s
+    assert rt.check_blocked(last + int(12.9e9), notify=False, extra_s=8.0) is None
+    detail = rt.check_blocked(last + int(13.1e9), extra_s=8.0)
+    assert detail is not None and abs(float(detail["limit_s"]) - 13.0) < 1e-6  # type: ignore[arg-type]
+    assert len(sink.blocked) == 1

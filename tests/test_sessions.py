@@ -57,10 +57,14 @@ def test_slowdown_trigger_after_the_window_opens_the_next_session(mgr: SessionMa
     assert t1 is not None and t1.session == s1.session
     t2 = mgr.next_trigger("j", after=s1.session)
     assert t2 is not None and t2.session == s2.session and t2.reason == "onset"
-    # a hang still joins whatever is open: one session gathers the snapshots
+    # a hang does not join a slowdown session: it opens a hang session, linked by its reason, that
+    # later triggers (slowdown or hang) join
     clock.advance_s(30)
     h, joined_h = mgr.trigger("j", "rank 1 died", kind="hang")
-    assert joined_h and h.session == s2.session and h.kind == "hang"
+    assert not joined_h and h.session not in (s1.session, s2.session) and h.kind == "hang"
+    assert h.reason == f"rank 1 died (during slowdown session {s2.session})"
+    assert mgr.trigger("j", "rank 0 died", kind="hang")[0].session == h.session
+    assert mgr.trigger("j", "onset, late")[0].session == h.session
 
 
 def test_expected_ranks_include_unregistered_ranks_below_world_size(mgr: SessionManager) -> None:

@@ -46,6 +46,7 @@ class RunResult:
     iterations: dict[int, int]
     reports: tuple[Report, ...] = ()  # every session's report, in order (all are scored)
     sessions: tuple[str, ...] = ()  # "iteration N: reason" of each session, in order
+    fault_to_report_s: float | None = None  # first out-of-process fault applied -> the answer's report stored
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -263,11 +264,15 @@ class JobRun:
         t_start = time.monotonic()
         pending = [(f, r) for f in sc.faults if f.kind in HARNESS for r in f.ranks]
         applied_at: list[int] = []  # iterations at which out-of-process faults were applied
+        applied_t: list[float] = []  # ... and when (monotonic)
         opened: dict[str, tuple[float, int]] = {}  # session -> (monotonic time seen, trigger iteration)
         reasons: dict[str, str] = {}
         reports: dict[str, Report] = {}
         stored_at: dict[str, float] = {}  # session -> monotonic time its report was first seen
         answer: str | None = None  # the session whose report answers the scenario
+        # a hang is answered by a hang report: a slowdown session open when the hang began (a window
+        # the hang stopped, issue 19) has a report of its own that does not answer it
+        wants_hang = any(m.category == "hang" for m in sc.expect)
         cli_iter: int | None = None
         progress: dict[int, int] = {}
         last_log = 0.0
@@ -280,6 +285,7 @@ class JobRun:
                 at = 1 if f.kind == "oom" else int(f.params.get("at_iter", f.start_iter))  # oom: the limit, early
                 if progress.get(r, -1) >= at:
                     self._apply(f, r)
+                    applied_t.append(time.monotonic())
                     pending.remove((f, r))
                     # polled every 0.1 s: the fault lands a few iterations after `at`; the
                     # detection delay counts from where it really began (oom begins in the script)
@@ -304,7 +310,8 @@ class JobRun:
                     log.info("session %s opened: %s", sid, s.get("reason"))
                 if sid not in reports and (rep := self._report(sid)) is not None:
                     reports[sid], stored_at[sid] = rep, time.monotonic()
-                    if answer is None and (onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
+                    if answer is None and (rep.kind == "hang" or not wants_hang) and (
+                            onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
                         answer = sid
             if answer is not None:
                 break
@@ -329,8 +336,9 @@ class JobRun:
         summary = report.summary if report is not None else "no report"
         if report is not None and not report.summary and report.findings:
             summary = report.findings[0].sentence
+        fault_s = stored_at[answer] - min(applied_t) if answer is not None and answer in stored_at and applied_t else None
         return RunResult(report, report_s, delay, trigger_iter, summary, progress, tuple(reports.values()),
-                         tuple(reasons[sid] for sid in opened))
+                         tuple(reasons[sid] for sid in opened), fault_s)
 
     def _onset(self, applied_at: list[int]) -> int | None:
         """The fault's first iteration: out-of-process faults count from where they were applied."""
