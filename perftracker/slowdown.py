@@ -21,13 +21,16 @@ soon as its shortest window refills.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
+from operator import mul
 from typing import Protocol
 
 _log = math.log
 _IQR_TO_SIGMA = 1.349  # interquartile range of a normal, in sigmas
 _MEDIAN_SE = 1.2533  # standard error of a median, in units of sigma / sqrt(n), for a normal
+_MIN_CUSUM_RUN = 4  # a CUSUM run this short is a burst of spikes (3 seen in a row at a 1% spike rate)
 
 
 class SlowdownRule(Protocol):
@@ -102,9 +105,14 @@ class ChangepointOptions:
     block_iters: int = 100  # reference statistics are refreshed every block
     anchor_blocks: int = 20  # drift anchor: lowest block median over this many blocks
     min_noise: float = 0.002  # floor on the relative noise (perfectly regular series)
-    cusum_k: float = 0.5  # CUSUM reference value, in noise sigmas (at least the threshold's shift)
-    cusum_h: float = 12.0  # CUSUM decision interval, in noise sigmas
-    cusum_clip: float = 4.0  # one iteration adds at most this many sigmas: a lone spike cannot fire
+    # CUSUM over a grid of change sizes (relative slowdowns; the smallest is the threshold). Each
+    # is Page's CUSUM of the log-likelihood ratio for that size; the grid fires when one of them
+    # exceeds cusum_llr. Spacing x2: a size between two grid points loses at most ~9% of the
+    # information rate (docs/detection.md)
+    cusum_sizes: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
+    cusum_llr: float = 10.0  # decision threshold on the log-likelihood ratio (Gaussian: ~0.6 false per 10k)
+    cusum_h: float = 12.0  # legacy knob: any value >= 1e6 turns the CUSUM off (tests)
+    cusum_clip: float = 3.0  # standardized values are winsorized at +-this: one step adds at most clip²/2 = 4.5
 
 
 class ChangepointRule:
@@ -133,13 +141,24 @@ class ChangepointRule:
         self._noise = math.nan  # reference robust sigma (log units)
         self._noise_floor = 0.0  # after a rebase: the noise seen before it (stay conservative)
         self._tests: tuple[tuple[int, float], ...] = ()  # (k, k * bound)
-        self._cusum = 0.0  # one-sided CUSUM of standardized excess over level + κ·noise
-        self._cusum_from = 0  # index in xs where the current CUSUM run began (the change point)
-        self._cusum_kappa = math.inf  # the CUSUM's reference value in sigmas; inf: the CUSUM is off
+        # the CUSUM grid: per size, (llr gain per standardized unit, its drift) and the running sums
+        self._cusum_on = False  # off until the reference holds a whole block
+        self._cusum_mu = 0.0  # mean of the winsorized standardized reference (skew correction)
+        self._cusum_scale = 1.0  # ... and its standard deviation (heavy tails)
+        self._cusum_grid: tuple[tuple[float, float, float], ...] = ()  # (a, b, size): step = a * z - b
+        self._cusum_s: list[float] = []  # one sum per grid size
+        self._cusum_from: list[int] = []  # where each sum's current run began (the change point)
 
     def _reference(self) -> list[float]:
         n = len(self._xs)
-        hi = max(self._test_lo, n - self._kmax)
+        hi = n - self._kmax
+        # a CUSUM run that has gathered half the evidence it needs may be a change in
+        # progress: keep it out of the reference, or a slow onset becomes the new normal before
+        # the sum gets there
+        for s, start in zip(self._cusum_s, self._cusum_from, strict=True):
+            if s > 0.5 * self.options.cusum_llr:
+                hi = min(hi, start)
+        hi = max(self._test_lo, hi)
         lo = max(self._ref_lo, hi - self.options.ref_iters)
         return self._xs[lo:hi]
 
@@ -153,7 +172,7 @@ class ChangepointRule:
         n = len(self._xs)
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
-        self._cusum, self._cusum_from, self._cusum_kappa = 0.0, n, math.inf
+        self._cusum_on, self._cusum_s, self._cusum_from = False, [], []
         self._anchors.clear()
         self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
@@ -169,7 +188,7 @@ class ChangepointRule:
         self._cum = [c - base for c in self._cum[cut:]]
         self._ref_lo -= cut
         self._test_lo -= cut
-        self._cusum_from = max(self._cusum_from - cut, 0)
+        self._cusum_from = [max(f - cut, 0) for f in self._cusum_from]
 
     def _refresh(self, drift: bool = True) -> dict[str, object] | None:
         """Recompute level, noise and window bounds; update the drift anchor and test the drift."""
@@ -178,7 +197,7 @@ class ChangepointRule:
         ref = sorted(raw)  # the one sort per block: level and spread both come from it
         n = len(ref)
         if n == 0:
-            self._tests, self._cusum_kappa = (), math.inf
+            self._tests, self._cusum_on = (), False
             return None
         mid = n // 2
         level = ref[mid] if n % 2 else 0.5 * (ref[mid - 1] + ref[mid])
@@ -188,10 +207,12 @@ class ChangepointRule:
         self._tests = tuple(
             (k, k * (level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)))) for k in self._windows
         )
-        # CUSUM reference: a shift below the threshold (or below κ sigmas) never accumulates. The
-        # CUSUM is the more sensitive test, so it waits for a reference of a whole block: noise
+        # The CUSUM is the more sensitive test, so it waits for a reference of a whole block: noise
         # from the first 30 iterations can be half the real one (seen in tests/test_detector.py)
-        self._cusum_kappa = max(o.cusum_k, self._log_thr / noise) if n >= o.block_iters else math.inf
+        if n >= o.block_iters and o.cusum_h < 1e6:
+            self._set_cusum(ref, level, noise)
+        else:
+            self._cusum_on = False
         if not drift:
             return None
         # drift: the median of the latest block against the lowest block median seen recently
@@ -226,7 +247,7 @@ class ChangepointRule:
                 return None
             self._noise_floor = 0.0
         if n - self._kmax - self._ref_lo < o.min_ref_iters:
-            self._tests, self._cusum_kappa = (), math.inf  # warming up
+            self._tests, self._cusum_on = (), False  # warming up
             return None
         self._countdown = o.block_iters
         self._trim()
@@ -250,7 +271,7 @@ class ChangepointRule:
         n = len(xs)
         avail = n - self._test_lo
         top = cum[n]
-        if self._cusum_kappa < math.inf:
+        if self._cusum_on:
             detail = self._cusum_step(x, n)
             if detail is not None:
                 return detail
@@ -274,34 +295,83 @@ class ChangepointRule:
                 return detail
         return None
 
-    def _cusum_step(self, x: float, n: int) -> dict[str, object] | None:
-        """One-sided CUSUM (Page) on standardized log durations, each step capped at cusum_clip.
+    def _set_cusum(self, ref: list[float], level: float, noise: float) -> None:
+        """The CUSUM grid's calibration from the (sorted) reference: standardized values are
+        winsorized at +-clip, then centred and scaled by the reference's own mean and standard
+        deviation of them, so that real iteration times (right-skewed, heavier tails than a normal)
+        give each sum a negative drift before a change. Running sums carry over (a refresh is not a
+        change). C-level sums over the sorted reference: once per block."""
+        n = len(ref)
+        c = self.options.cusum_clip
+        lo_b, hi_b = level - c * noise, level + c * noise
+        i, j = bisect_left(ref, lo_b), bisect_right(ref, hi_b)
+        mid = ref[i:j]
+        total = i * lo_b + sum(mid) + (n - j) * hi_b
+        squares = i * lo_b * lo_b + sum(map(mul, mid, mid)) + (n - j) * hi_b * hi_b
+        mean = total / n
+        var = max(squares / n - mean * mean, 0.0) * n / max(n - 1, 1)
+        scale = math.sqrt(var) / noise if var > 0 else 1.0
+        self._cusum_mu, self._cusum_scale = (mean - level) / noise, scale
+        grid = []
+        for size in self.options.cusum_sizes:
+            if size < self.options.threshold:
+                continue
+            d = math.log1p(size) / (noise * scale)  # the size in standardized units
+            grid.append((d, d * d / 2, size))
+        self._cusum_grid = tuple(grid)
+        if len(self._cusum_s) != len(grid):
+            m = len(self._xs)
+            self._cusum_s, self._cusum_from = [0.0] * len(grid), [m] * len(grid)
+        self._cusum_on = bool(grid)
 
-        The window tests need a shift of z noise errors within one window; a fault that slows only
-        some iterations (a CPU quota: every second iteration waits out the throttle period) keeps
-        the mean up but leaves the trimmed window means noisy. CUSUM adds up the evidence as it
-        comes and is the shortest-delay test for a sustained shift at a given false-alarm rate; the
-        cap keeps one spike (a checkpoint) from firing it alone.
+    def _cusum_step(self, x: float, n: int) -> dict[str, object] | None:
+        """One step of Page's CUSUM for every size of the grid (a GLR over the sizes, O(sizes)).
+
+        The window tests need a shift of z noise errors within one window; CUSUM adds up the
+        evidence as it comes and is the shortest-delay test for a sustained shift of a known size at
+        a given false-alarm rate. The size is not known, so one sum runs per size of a geometric
+        grid: the grid fires when any sum's log-likelihood ratio exceeds ``cusum_llr``. It also
+        catches faults that slow only some iterations (a CPU quota: every second iteration waits out
+        the throttle period), where a trimmed window mean stays noisy. Winsorizing keeps one spike
+        (a checkpoint) from firing it alone.
         """
-        noise = self._noise
-        s = self._cusum + min((x - self._level) / noise, self.options.cusum_clip) - self._cusum_kappa
-        if s <= 0.0:
-            self._cusum, self._cusum_from = 0.0, n
+        c = self.options.cusum_clip
+        z = (min(max((x - self._level) / self._noise, -c), c) - self._cusum_mu) / self._cusum_scale
+        sums, starts, llr = self._cusum_s, self._cusum_from, self.options.cusum_llr
+        fired = -1
+        i = 0
+        for a, b, _ in self._cusum_grid:
+            s = sums[i] + a * z - b
+            if s <= 0.0:
+                sums[i] = 0.0
+                starts[i] = n
+            else:
+                sums[i] = s
+                if s > llr and fired < 0:
+                    fired = i
+            i += 1
+        if fired < 0:
             return None
-        self._cusum = s
-        if s <= self.options.cusum_h:
+        k = max(n - starts[fired], 1)
+        total = self._cum[n] - self._cum[n - k]  # O(1): the prefix sums
+        mean = total / k
+        if mean - self._level < self._log_thr:
+            # evidence, but the run is not slower than the threshold (yet): hold the sum at the edge
+            sums[fired] = self.options.cusum_llr
             return None
-        k = max(n - self._cusum_from, 1)
-        run = self._xs[n - k :]
-        mean = sum(run) / k
+        if k < _MIN_CUSUM_RUN:
+            return None  # a burst of spikes (a few checkpoint-like iterations), not a new level (yet)
+        if k <= self._kmax and (total - max(self._xs[n - k :])) / (k - 1) - self._level < self._log_thr:
+            return None  # its slowness is one spike
         detail: dict[str, object] = {
             "rule": "changepoint",
             "test": "cusum",
             "ratio": math.exp(mean - self._level),
             "baseline_ms": math.exp(self._level) / 1e6,
             "recent_ms": math.exp(mean) / 1e6,
-            "noise": noise,
+            "noise": self._noise,
             "iterations": k,
+            "size": self._cusum_grid[fired][2],
         }
         self._rebase(min(k, self._kmax))
         return detail
