@@ -42,6 +42,7 @@ from perftracker.slowdown import ChangepointRule  # noqa: E402
 log = logging.getLogger("onset_bound")
 DATA = Path(__file__).resolve().parent / "data"
 ARL0 = 1e4
+JOB_WIDE_SLACK = 10  # iterations: ranks of a synchronous job see the same slowdown within this
 
 
 def load_series(run_dir: Path, skip: int) -> list[tuple[str, np.ndarray]]:
@@ -72,17 +73,27 @@ def bound(step: float, sigma: float) -> float:
     return math.log(ARL0) / (delta * delta / 2)
 
 
-def clean_pass(d: np.ndarray, onsets: list[int]) -> tuple[int, dict[int, ChangepointRule]]:
-    """Fires on the clean series, and the rule's state just before each onset."""
+def clean_pass(d: np.ndarray, onsets: list[int]) -> tuple[list[int], dict[int, ChangepointRule]]:
+    """Iterations where the rule fires on the clean series, and its state just before each onset."""
     rule = ChangepointRule()
     states: dict[int, ChangepointRule] = {}
     want = set(onsets)
-    fires = 0
+    fires = []
     for i, v in enumerate(d.tolist()):
         if i in want:
             states[i] = copy.deepcopy(rule)
-        fires += rule.observe(int(v)) is not None
+        if rule.observe(int(v)) is not None:
+            fires.append(i)
     return fires, states
+
+
+def job_wide(fires: dict[str, list[int]], name: str, i: int, slack: int = JOB_WIDE_SLACK) -> bool:
+    """A fire of series ``name`` at iteration ``i`` that every other rank of the same job (the
+    same directory, same step numbering) also fired within ``slack`` iterations of: the whole job
+    slowed down (the recorded host got busier), a real slowdown rather than one rank's noise."""
+    job = name.split("/")[0]
+    others = [f for n, f in fires.items() if n != name and n.split("/")[0] == job]
+    return bool(others) and all(any(abs(j - i) <= slack for j in f) for f in others)
 
 
 def delay_after(rule: ChangepointRule, d: np.ndarray, onset: int, warmup: int, step: float,
@@ -127,15 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     delays: dict[float, list[float]] = {s: [] for s in steps}
     bounds: dict[float, list[float]] = {s: [] for s in steps}
     missed = {s: 0 for s in steps}
-    by_series = []
+    by_series: list[dict[str, object]] = []
+    fired: dict[str, list[int]] = {}
     for name, d in series:
         sigma = noise_sigma(d)
         onsets = list(range(args.warmup, len(d) - 1, args.every))
         fires, states = clean_pass(d, onsets)
+        fired[name] = fires
         n_total += len(d)
-        fires_total += fires
+        fires_total += len(fires)
         row: dict[str, object] = {"series": name, "iterations": len(d), "noise_sigma": round(sigma, 3),
-                                  "clean_fires": fires}
+                                  "clean_fires": len(fires), "fired_at": fires}
         per: dict[str, float] = {}
         for step in steps:
             b = bound(step, sigma)
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             per[f"{step:g}"] = _finite(_median(ds) / b)  # type: ignore[assignment]
         row["delay_over_bound"] = per
         by_series.append(row)
-        log.info("%-28s %5d it  sigma %.3f  clean fires %d  delay/bound %s", name, len(d), sigma, fires,
+        log.info("%-28s %5d it  sigma %.3f  clean fires %s  delay/bound %s", name, len(d), sigma, fires,
                  "  ".join(f"+{100 * s:.0f}%: {per[f'{s:g}']}" for s in steps))
 
     out_steps: dict[str, dict[str, float | int | None]] = {}
@@ -167,10 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         log.info("step +%.0f%%: delay median %s (bound median %s), delay/bound median %s, missed %d of %d",
                  100 * step, o["delay_median"], o["bound_arl10k_median"], o["delay_over_bound"], missed[step],
                  len(delays[step]))
+    wide = sum(job_wide(fired, name, i) for name, f in fired.items() for i in f)
+    for row in by_series:
+        row["job_wide_fires"] = sum(job_wide(fired, str(row["series"]), i) for i in fired[str(row["series"])])
+    log.info("clean fires: %d in %d iterations (%.2f per 10k); %d of them job-wide (every rank of the job "
+             "within %d iterations), %d on one rank's series alone (%.2f per 10k)", fires_total, n_total,
+             fires_total / n_total * 1e4, wide, JOB_WIDE_SLACK, fires_total - wide,
+             (fires_total - wide) / n_total * 1e4)
     result = {
         "iterations": n_total,
         "clean_fires": fires_total,
         "false_per_10k": round(fires_total / n_total * 1e4, 3),
+        "job_wide_fires": wide,
+        "rank_specific_false_per_10k": round((fires_total - wide) / n_total * 1e4, 3),
         "noise_sigma": round(float(np.median([noise_sigma(d) for _, d in series])), 3),
         "delay_over_bound": {k: v["delay_over_bound"] for k, v in out_steps.items()},
         "steps": out_steps,
