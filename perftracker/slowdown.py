@@ -148,6 +148,7 @@ class ChangepointRule:
         self._cusum_grid: tuple[tuple[float, float, float], ...] = ()  # (a, b, size): step = a * z - b
         self._cusum_s: list[float] = []  # one sum per grid size
         self._cusum_from: list[int] = []  # where each sum's current run began (the change point)
+        self._cusum_peak: list[float] = []  # the largest value in each sum's current run
 
     def _reference(self) -> list[float]:
         n = len(self._xs)
@@ -172,7 +173,7 @@ class ChangepointRule:
         n = len(self._xs)
         noise = self._noise
         self._ref_lo, self._test_lo = n - k, n
-        self._cusum_on, self._cusum_s, self._cusum_from = False, [], []
+        self._cusum_on, self._cusum_s, self._cusum_from, self._cusum_peak = False, [], [], []
         self._anchors.clear()
         self._countdown = 1
         self._noise_floor = noise if noise == noise else 0.0
@@ -322,6 +323,7 @@ class ChangepointRule:
         if len(self._cusum_s) != len(grid):
             m = len(self._xs)
             self._cusum_s, self._cusum_from = [0.0] * len(grid), [m] * len(grid)
+            self._cusum_peak = [-math.inf] * len(grid)
         self._cusum_on = bool(grid)
 
     def _cusum_step(self, x: float, n: int) -> dict[str, object] | None:
@@ -338,6 +340,7 @@ class ChangepointRule:
         c = self.options.cusum_clip
         z = (min(max((x - self._level) / self._noise, -c), c) - self._cusum_mu) / self._cusum_scale
         sums, starts, llr = self._cusum_s, self._cusum_from, self.options.cusum_llr
+        peaks = self._cusum_peak
         fired = -1
         i = 0
         for a, b, _ in self._cusum_grid:
@@ -345,8 +348,11 @@ class ChangepointRule:
             if s <= 0.0:
                 sums[i] = 0.0
                 starts[i] = n
+                peaks[i] = -math.inf
             else:
                 sums[i] = s
+                if x > peaks[i]:
+                    peaks[i] = x
                 if s > llr and fired < 0:
                     fired = i
             i += 1
@@ -361,8 +367,9 @@ class ChangepointRule:
             return None
         if k < _MIN_CUSUM_RUN:
             return None  # a burst of spikes (a few checkpoint-like iterations), not a new level (yet)
-        if k <= self._kmax and (total - max(self._xs[n - k :])) / (k - 1) - self._level < self._log_thr:
-            return None  # its slowness is one spike
+        if (total - peaks[fired]) / (k - 1) - self._level < self._log_thr:
+            sums[fired] = self.options.cusum_llr
+            return None  # its slowness is one spike (a checkpoint-like iteration inside the run)
         detail: dict[str, object] = {
             "rule": "changepoint",
             "test": "cusum",
