@@ -265,8 +265,9 @@ def test_a_peer_stopped_in_the_middle_of_a_window_is_reported_within_the_limit_p
     print(f"hang report {delay_s:.1f} s after the stop in the window")  # the figure for docs/hangs.md
     assert _culprits(r) == {1: "silent"}, r.summary
     assert "(process stopped)" in r.summary, r.summary
-    # limit 5 s + window 10 s, + the 0.5 s blocked poll, the agent's upload and the localizer's pass
-    assert delay_s <= 5.0 + window_s + 2.0, f"hang report {delay_s:.1f} s after the stop"
+    # limit 5 s + window 10 s, + the same allowance as a stop outside a window (the stopped-rank test:
+    # 6 s for the blocked poll, the agent's procfs probe after 3 s of silence, upload and localizing)
+    assert delay_s <= 5.0 + window_s + 6.0, f"hang report {delay_s:.1f} s after the stop"
     assert "during slowdown session " in r.trigger_reason, r.trigger_reason
     slow_session = r.trigger_reason.rsplit("during slowdown session ", 1)[1].rstrip(")")
     assert slow_session != r.session and slow_session in out.stdout + out.stderr
