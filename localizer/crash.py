@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from localizer.hang import SilentRank, place
+from localizer.hang import SilentRank, _user_callers, place
 from perftracker.hang import SELF_PREFIX, innermost_user_frame, is_collective, is_user_frame
 from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
 
@@ -165,6 +165,9 @@ def _user_place(snap: HangSnapshot) -> str:
     call = snap.current_op
     if call and not is_collective(call):
         where += f" ({call})"
+    callers = _user_callers(frames, anchor, 3)
+    if callers:
+        where += " via " + " > ".join(callers)
     return where
 
 
