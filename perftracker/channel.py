@@ -174,7 +174,9 @@ class AgentChannel:
             if ending is not None:
                 wait_s = max(wait_s, self.options.crash_flush_s)
                 settle = getattr(self.runtime, "settle_identity", None)
-                if settle is not None and not getattr(self.runtime.identity, "settled", True):
+                # a torch.multiprocessing launcher re-raises its child's failure: the child reports it
+                launcher = type(ending[0]).__name__ in ("ProcessRaisedException", "ProcessExitedException")
+                if settle is not None and not launcher and not getattr(self.runtime.identity, "settled", True):
                     try:
                         settle(store_wait_s=1.0, exiting=True)
                     except Exception as exc:  # noqa: BLE001

@@ -188,7 +188,8 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
         if s.get("state") == "done":
             with contextlib.suppress(PerftrackerError):
                 report = up.get_report(sid)
-                if report is not None:
+                if report is not None:  # a hang session's report may be a crash report (issue 22)
+                    line = f"perftracker: session {sid} ({report.kind}, {s.get('reason')}): {s.get('state')}"
                     line += f", {report.status}: {report.summary}"
             line += f"\n  report: {reports / (sid + '.json')}  (perftracker report {sid} --store "\
                     f"{agent.runs_dir / 'localizer.sqlite'})"
