@@ -272,7 +272,8 @@ class JobRun:
         answer: str | None = None  # the session whose report answers the scenario
         # a hang is answered by a hang report: a slowdown session open when the hang began (a window
         # the hang stopped, issue 19) has a report of its own that does not answer it
-        wants_hang = any(m.category == "hang" for m in sc.expect)
+        # (likewise a crash, issue 22, by a crash report)
+        wants_kind = next((c for c in ("hang", "crash") if any(m.category == c for m in sc.expect)), None)
         cli_iter: int | None = None
         progress: dict[int, int] = {}
         last_log = 0.0
@@ -285,7 +286,8 @@ class JobRun:
                 at = 1 if f.kind == "oom" else int(f.params.get("at_iter", f.start_iter))  # oom: the limit, early
                 if progress.get(r, -1) >= at:
                     self._apply(f, r)
-                    applied_t.append(time.monotonic())
+                    if f.kind != "oom":  # oom's limit is set early; the fault itself begins in the script
+                        applied_t.append(time.monotonic())
                     pending.remove((f, r))
                     # polled every 0.1 s: the fault lands a few iterations after `at`; the
                     # detection delay counts from where it really began (oom begins in the script)
@@ -310,7 +312,7 @@ class JobRun:
                     log.info("session %s opened: %s", sid, s.get("reason"))
                 if sid not in reports and (rep := self._report(sid)) is not None:
                     reports[sid], stored_at[sid] = rep, time.monotonic()
-                    if answer is None and (rep.kind == "hang" or not wants_hang) and (
+                    if answer is None and (wants_kind is None or rep.kind == wants_kind) and (
                             onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
                         answer = sid
             if answer is not None:
