@@ -96,14 +96,15 @@ def watch_exit(pid: int, start_ticks: int = 0, timeout_s: float = 0.5, poll_s: f
 
 def is_failure(said_exited: bool, status: ExitStatus | None, oom: bool) -> bool:
     """Hang vs crash vs exit, from the agent's side: a worker that said "exited" (its atexit ran) and
-    whose exit status is 0, or was not seen, ended normally; one with a nonzero status, a signal, or
+    whose exit status is 0, or was not seen, or SIGINT (interrupted: Ctrl-C), ended normally; one with a nonzero status, a signal, or
     killed by the OOM killer failed; one that died without saying "exited" failed (a signal, or
     ``os._exit``), whatever status was seen. A worker still alive is neither (a hang is the
     localizer's verdict from its snapshot)."""
     if oom:
         return True
     if said_exited:
-        return status is not None and status.failed
+        # Ctrl-C: an uncaught KeyboardInterrupt runs atexit, then the process ends itself with SIGINT
+        return status is not None and status.failed and not (status.kind == "signal" and status.code == signal.SIGINT)
     return True
 
 

@@ -102,6 +102,7 @@ def test_agent_reads_a_zombies_exit_status_and_tells_exit_from_failure() -> None
     assert not is_failure(True, statuses[0], oom=False)  # a normal exit is no crash
     assert not is_failure(True, None, oom=False)  # said "exited", status not seen: no crash either
     assert is_failure(True, statuses[1], oom=False)
+    assert not is_failure(True, ExitStatus("signal", 2), oom=False)  # Ctrl-C after atexit: interrupted, no crash
     assert is_failure(False, statuses[2], oom=False) and is_failure(False, None, oom=False)
     assert statuses[2].describe() == "killed by signal 9 (SIGKILL)"
 
