@@ -207,3 +207,30 @@ def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> 
     snaps = [_snap(r, end="exception", error=peer, failed_ns=T0 + r) for r in (0, 1, 3)]
     r = localize_crash(snaps, {2: SilentRank(2, "process exited", silent_s=3.0, last_iteration=200)}, [0, 1, 2, 3])
     assert r is not None and [s.rank for s in r.hang_states if s.state == "culprit"] == [2], r.summary
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end: `perftracker run` on a real single-process job
+# ------------------------------------------------------------------------------------------------
+
+
+def _perftracker_run(tmp_path: Path, *train_args: str) -> str:
+    from tests.agent_helpers import env_for_tests
+
+    train = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    out = subprocess.run([sys.executable, "-m", "perftracker", "run", "--", sys.executable, str(train), "--quiet",
+                          *train_args], cwd=tmp_path, env=env_for_tests(), capture_output=True, text=True,
+                         timeout=240)
+    return out.stdout
+
+
+@pytest.mark.timeout(300)
+def test_single_process_crash_gives_a_crash_report_and_a_normal_exit_none(tmp_path: Path) -> None:
+    crashed = _perftracker_run(tmp_path, "--iters", "100000", "--fault", "raise:at_iter=20")
+    assert "(crash, crash: rank 0 RuntimeError: injected fault" in crashed, crashed
+    assert "crash: rank 0 (a single-process job) failed with RuntimeError: injected fault: raise at iteration" \
+        in crashed and "examples/train.py:" in crashed and "in crash via main > forward" in crashed, crashed
+    assert "hang" not in crashed.split("done, complete:", 1)[-1], crashed
+    (tmp_path / "normal").mkdir()
+    normal = _perftracker_run(tmp_path / "normal", "--iters", "30")  # another runs dir: a fresh store
+    assert "no session was triggered" in normal, normal
