@@ -188,9 +188,11 @@ def patch_session(data: bytes, ctype: str, session: str) -> bytes:
     records the meta's length, so it is rewritten too)."""
     if ctype != COLUMNS_CONTENT_TYPE:
         return data.replace(PLACEHOLDER, session.encode())
-    magic, version, flags, meta_len, rows = HEADER.unpack_from(data)
-    meta = data[HEADER.size:HEADER.size + meta_len].replace(PLACEHOLDER, session.encode())
-    return HEADER.pack(magic, version, flags, len(meta), rows) + meta + data[HEADER.size + meta_len:]
+    magic, version, flags, table_len, meta_len, rows = HEADER.unpack_from(data)
+    mid = HEADER.size + table_len
+    meta = data[mid:mid + meta_len].replace(PLACEHOLDER, session.encode())
+    return (HEADER.pack(magic, version, flags, table_len, len(meta), rows) + data[HEADER.size:mid] + meta
+            + data[mid + meta_len:])
 
 
 def node_bodies(job: str, agents: list[Agent], world: int, slow_rank: int, seed: int, fmt: str,
@@ -211,6 +213,7 @@ def node_bodies(job: str, agents: list[Agent], world: int, slow_rank: int, seed:
     for k in range(4):
         sets = [realistic_patterns(job, PLACEHOLDER.decode(), k * rpa + i, world, -1, rng) for i in range(rpa)]
         templates.append(pattern_wire.batch_from_sets(sets))
+    tables: dict[int, bytes] = {}
     for a in agents:
         slow = slow_rank in a.ranks
         if slow:  # the slow rank's node: its own numbers
@@ -223,9 +226,13 @@ def node_bodies(job: str, agents: list[Agent], world: int, slow_rank: int, seed:
         workers = tuple(dataclasses.replace(w, rank=r, host=f"node{a.idx}", local_rank=i, pid=10_000 + i)
                         for i, (w, r) in enumerate(zip(batch.workers, a.ranks, strict=True)))
         node = dataclasses.replace(batch, job=a.job, workers=workers, values=values)
+        table = tables.get(id(batch))
+        if table is None:
+            table = tables[id(batch)] = json.dumps(pattern_wire.table_dict(node), separators=(",", ":")).encode()
         meta = json.dumps(pattern_wire.meta_dict(node), separators=(",", ":")).encode()
         # the array section compressed as the agent sends it (it does not hold the session id)
-        body = pattern_wire.frame(meta, node.rows, zlib.compress(pattern_wire.array_bytes(node), 1), compressed=True)
+        body = pattern_wire.frame(table, meta, node.rows, zlib.compress(pattern_wire.array_bytes(node), 1),
+                                  compressed=True)
         out[a.idx] = [(body, COLUMNS_CONTENT_TYPE)]
         sizes.append(len(body))
     return out

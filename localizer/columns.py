@@ -125,10 +125,13 @@ def _first_seen_order(f: np.ndarray, col: np.ndarray, n_functions: int) -> np.nd
     """Each session function's position in first-seen order over the columns (rank order) and,
     within a column, row order, as ``pattern_sets_to_arrays`` numbers them; -1 for functions no
     live row has."""
-    order = np.lexsort((np.arange(f.shape[0]), col))  # by column, then by row (upload order)
-    uniq, first = np.unique(f[order], return_index=True)
+    n_rows = f.shape[0]
+    key = col * n_rows + np.arange(n_rows, dtype=np.int64)  # (column, row) as one sortable number
+    first = np.full(n_functions, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, f, key)
+    seen = np.flatnonzero(first < np.iinfo(np.int64).max)
     out = np.full(n_functions, -1, dtype=np.int64)
-    out[uniq[np.argsort(first, kind="stable")]] = np.arange(uniq.shape[0], dtype=np.int64)
+    out[seen[np.argsort(first[seen], kind="stable")]] = np.arange(seen.shape[0], dtype=np.int64)
     return out
 
 

@@ -9,12 +9,15 @@ Layout (little-endian)::
     0   4s   magic b"PTCB"
     4   u16  format version (FORMAT_VERSION)
     6   u16  flags: bit 0 = the array section is zlib-compressed
-    8   u32  meta_len: bytes of the meta JSON that follows the header
-    12  u32  rows: M, the patterns of all ranks together
-    16  meta JSON (utf-8, meta_len bytes): {"schema_version", "job", "session", "frames": [str],
-        "functions": [[key, category, label, resource]] (a Python key is a list of frame
-        indices), "workers": [{"rank", "world_size", "host", "local_rank", "pid", "coords",
-        "source", "gpu", "window_start_ns", "window_end_ns", "iteration_ms", "rows"}]}
+    8   u32  table_len: bytes of the function table JSON that follows the header
+    12  u32  meta_len: bytes of the meta JSON that follows the table
+    16  u32  rows: M, the patterns of all ranks together
+    20  table JSON (utf-8): {"frames": [str], "functions": [[key, category, label, resource]]}
+        (a Python key is a list of frame indices; the nodes of a job send the same table, so the
+        localizer parses each distinct table once)
+    ..  meta JSON (utf-8): {"schema_version", "job", "session", "workers": [{"rank",
+        "world_size", "host", "local_rank", "pid", "coords", "source", "gpu",
+        "window_start_ns", "window_end_ns", "iteration_ms", "rows"}]}
     ..  arrays: fidx int32[M], values float64[M, 3] (β, μ, σ), executions int64[M],
         critical_ns int64[M]; worker i owns the next ``workers[i]["rows"]`` rows
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +46,10 @@ COLUMNS_CONTENT_TYPE = "application/x-perftracker-columns"
 MAGIC = b"PTCB"
 FORMAT_VERSION = 1
 FLAG_ZLIB = 1
-HEADER = struct.Struct("<4sHHII")
+HEADER = struct.Struct("<4sHHIII")
+_TABLES: dict[bytes, tuple[Any, ...]] = {}  # table JSON -> parsed (keys, labels, categories, resources)
+_TABLES_LOCK = threading.Lock()
+_MAX_TABLES = 64
 ROW_BYTES = 4 + 24 + 8 + 8
 _LO, _HI = -1e-9, 1 + 1e-9  # the model's tolerance around [0, 1]
 _CATEGORIES = {c.value: c for c in Category}
@@ -161,13 +168,18 @@ def batch_to_sets(batch: PatternBatch) -> list[PatternSet]:
 
 
 # ---------------------------------------------------------------- encode
-def meta_dict(batch: PatternBatch) -> dict[str, Any]:
-    """The meta JSON object of a batch (Python stacks share one frame table)."""
+def table_dict(batch: PatternBatch) -> dict[str, Any]:
+    """The function table of a batch (Python stacks share one frame table)."""
     frames: dict[str, int] = {}
     functions = []
     for key, label, cat, res in zip(batch.keys, batch.labels, batch.categories, batch.resources, strict=True):
         k: Any = [frames.setdefault(fr, len(frames)) for fr in key.split(";")] if cat is Category.PYTHON else key
         functions.append([k, cat.value, label, res])
+    return {"frames": list(frames), "functions": functions}
+
+
+def meta_dict(batch: PatternBatch) -> dict[str, Any]:
+    """The meta JSON object of a batch: its job, session and workers."""
     workers = []
     for i, w in enumerate(batch.workers):
         workers.append({"rank": w.rank, "world_size": w.world_size, "host": w.host, "local_rank": w.local_rank,
@@ -175,8 +187,11 @@ def meta_dict(batch: PatternBatch) -> dict[str, Any]:
                         "window_start_ns": w.window_start_ns, "window_end_ns": w.window_end_ns,
                         "iteration_ms": list(w.iteration_ms),
                         "rows": int(batch.offsets[i + 1] - batch.offsets[i])})
-    return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "frames": list(frames),
-            "functions": functions, "workers": workers}
+    return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "workers": workers}
+
+
+def _json(d: dict[str, Any]) -> bytes:
+    return json.dumps(d, separators=(",", ":"), allow_nan=False).encode()
 
 
 def array_bytes(batch: PatternBatch) -> bytes:
@@ -185,15 +200,16 @@ def array_bytes(batch: PatternBatch) -> bytes:
                      batch.executions.astype("<i8").tobytes(), batch.critical_ns.astype("<i8").tobytes()))
 
 
-def frame(meta: bytes, rows: int, arrays: bytes, compressed: bool) -> bytes:
-    """Header + meta + array section (``arrays`` already zlib-compressed when ``compressed``)."""
-    return HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_ZLIB if compressed else 0, len(meta), rows) + meta + arrays
+def frame(table: bytes, meta: bytes, rows: int, arrays: bytes, compressed: bool) -> bytes:
+    """Header + table + meta + array section (``arrays`` already zlib-compressed when ``compressed``)."""
+    return (HEADER.pack(MAGIC, FORMAT_VERSION, FLAG_ZLIB if compressed else 0, len(table), len(meta), rows)
+            + table + meta + arrays)
 
 
 def encode_batch(batch: PatternBatch, *, compress: bool = True) -> bytes:
-    meta = json.dumps(meta_dict(batch), separators=(",", ":"), allow_nan=False).encode()
     arrays = array_bytes(batch)
-    return frame(meta, batch.rows, zlib.compress(arrays, 1) if compress else arrays, compress)
+    return frame(_json(table_dict(batch)), _json(meta_dict(batch)), batch.rows,
+                 zlib.compress(arrays, 1) if compress else arrays, compress)
 
 
 def encode_sets(sets: Sequence[PatternSet], *, compress: bool = True) -> bytes:
@@ -211,7 +227,7 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
     version) names what is wrong; nothing is unpickled."""
     if len(data) < HEADER.size:
         raise SchemaError(f"patterns batch: {len(data)} bytes, shorter than its {HEADER.size}-byte header")
-    magic, version, flags, meta_len, rows = HEADER.unpack_from(data)
+    magic, version, flags, table_len, meta_len, rows = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise SchemaError(f"patterns batch: not a perftracker columnar body (magic {magic!r}, expected {MAGIC!r})")
     if version != FORMAT_VERSION:
@@ -219,9 +235,11 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
                                f"reads version {FORMAT_VERSION}); upload JSON or upgrade the localizer")
     if flags & ~FLAG_ZLIB:
         raise SchemaError(f"patterns batch: unknown flags {flags:#x}")
-    end = HEADER.size + meta_len
+    mid = HEADER.size + table_len
+    end = mid + meta_len
     if end > len(data):
-        raise SchemaError(f"patterns batch: meta of {meta_len} bytes runs past the body ({len(data)} bytes)")
+        raise SchemaError(f"patterns batch: table and meta of {table_len} + {meta_len} bytes run past the body "
+                          f"({len(data)} bytes)")
     want = rows * ROW_BYTES
     if want > max_inflated_bytes:
         raise SchemaError(f"patterns batch: {rows} rows are more than {max_inflated_bytes} bytes")
@@ -237,15 +255,12 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
         arrays = memoryview(raw)
     elif len(arrays) != want:
         raise SchemaError(f"patterns batch: array section of {len(arrays)} bytes, expected {want} for {rows} rows")
-    try:
-        meta = json.loads(bytes(data[HEADER.size:end]), parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise SchemaError(f"patterns batch: meta is not valid JSON ({exc})") from None
     where = "patterns batch"
+    keys, labels, cats, res = _table(bytes(data[HEADER.size:mid]), where)
+    meta = _load(bytes(data[mid:end]), f"{where}: meta")
     check_schema_version(meta, where)
     job = require(meta, "job", str, where)
     session = require(meta, "session", str, where)
-    keys, labels, cats, res = _functions(meta, where)
     workers, counts = _workers(meta, where)
     if sum(counts) != rows:
         raise SchemaError(f"{where}: the workers' rows add up to {sum(counts)}, the header says {rows}")
@@ -262,6 +277,27 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
     _check_rows(fidx, values, offsets, len(keys), [w.rank for w in workers], keys, where)
     return PatternBatch(job, session, tuple(workers), keys, labels, cats, res, offsets, fidx, values, executions,
                         critical_ns)
+
+
+def _load(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise SchemaError(f"{what} is not valid JSON ({exc})") from None
+
+
+def _table(raw: bytes, where: str) -> tuple[Any, ...]:
+    """The parsed function table, once per distinct table (the nodes of a job send the same one)."""
+    with _TABLES_LOCK:
+        hit = _TABLES.get(raw)
+    if hit is not None:
+        return hit
+    parsed = _functions(_load(raw, f"{where}: function table"), where)
+    with _TABLES_LOCK:
+        if len(_TABLES) >= _MAX_TABLES:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[raw] = parsed
+    return parsed
 
 
 def _functions(meta: Mapping[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...],
@@ -303,6 +339,11 @@ def _workers(meta: Mapping[str, Any], where: str) -> tuple[list[WorkerMeta], lis
         raise SchemaError(f"{where}.workers: empty")
     workers, counts = [], []
     for i, d in enumerate(raw):
+        fast = _worker_fast(d)
+        if fast is not None:  # the well-formed worker (exact types), as the slow path would build it
+            workers.append(fast[0])
+            counts.append(fast[1])
+            continue
         w = f"{where}.workers[{i}]"
         n = require(d, "rows", int, w)
         if n < 0:
@@ -327,6 +368,25 @@ def _workers(meta: Mapping[str, Any], where: str) -> tuple[list[WorkerMeta], lis
     if len(set(ranks)) != len(ranks):
         raise SchemaError(f"{where}.workers: a rank appears twice")
     return workers, counts
+
+
+_WORKER_KEYS = {"rank", "world_size", "host", "local_rank", "pid", "coords", "source", "gpu", "window_start_ns",
+                "window_end_ns", "iteration_ms", "rows"}
+
+
+def _worker_fast(d: Any) -> tuple[WorkerMeta, int] | None:
+    """A worker dict with every field present and of its exact type, else None (the checked path)."""
+    if type(d) is not dict or d.keys() != _WORKER_KEYS:
+        return None
+    ints = (d["rank"], d["world_size"], d["local_rank"], d["pid"], d["window_start_ns"], d["window_end_ns"], d["rows"])
+    coords, iters = d["coords"], d["iteration_ms"]
+    if (any(type(x) is not int for x in ints) or d["rows"] < 0 or type(d["host"]) is not str
+            or type(d["source"]) is not str or type(d["gpu"]) is not bool or type(coords) is not dict
+            or type(iters) is not list or any(type(v) is not int for v in coords.values())
+            or any(type(x) is not float or not math.isfinite(x) for x in iters)):
+        return None
+    return WorkerMeta(d["rank"], d["world_size"], d["host"], d["window_start_ns"], d["window_end_ns"], d["local_rank"],
+                      d["pid"], coords, d["source"], d["gpu"], tuple(iters)), d["rows"]
 
 
 def _check_rows(fidx: np.ndarray, values: np.ndarray, offsets: np.ndarray, n_functions: int,

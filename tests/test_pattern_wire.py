@@ -67,9 +67,9 @@ def test_a_category_conflict_is_refused_before_it_is_kept() -> None:
 
 
 def _with_header(body: bytes, *, version: int | None = None, rows: int | None = None) -> bytes:
-    magic, v, flags, meta_len, n = struct.unpack_from("<4sHHII", body)
-    return struct.pack("<4sHHII", magic, v if version is None else version, flags, meta_len,
-                       n if rows is None else rows) + body[16:]
+    magic, v, flags, table_len, meta_len, n = struct.unpack_from("<4sHHIII", body)
+    return struct.pack("<4sHHIII", magic, v if version is None else version, flags, table_len, meta_len,
+                       n if rows is None else rows) + body[20:]
 
 
 def test_bad_and_foreign_bodies_are_refused_with_a_clear_error() -> None:
@@ -85,7 +85,7 @@ def test_bad_and_foreign_bodies_are_refused_with_a_clear_error() -> None:
         decode_batch(_with_header(body[:-44], rows=len(sets[0].patterns) * 2 - 1))
     with pytest.raises(SchemaError, match="does not inflate"):
         decode_batch(_with_header(encode_sets(sets), rows=3))
-    bomb = struct.pack("<4sHHII", b"PTCB", 1, 1, 2, 10**6) + b"{}" + zlib.compress(b"\0" * 10**6)
+    bomb = struct.pack("<4sHHIII", b"PTCB", 1, 1, 2, 2, 10**6) + b"{}{}" + zlib.compress(b"\0" * 10**6)
     with pytest.raises(SchemaError, match="more than 1000 bytes"):
         decode_batch(bomb, max_inflated_bytes=1000)
     # a NaN and a value outside [0, 1], written past the encoder's own checks
@@ -93,8 +93,8 @@ def test_bad_and_foreign_bodies_are_refused_with_a_clear_error() -> None:
     for value, what in ((float("nan"), "nan"), (1.5, "1.5")):
         batch.values[4, 1] = value
         raw = encode_sets(sets, compress=False)
-        meta_len = struct.unpack_from("<I", raw, 8)[0]
-        start = 16 + meta_len + 4 * batch.rows
+        table_len, meta_len = struct.unpack_from("<II", raw, 8)
+        start = 20 + table_len + meta_len + 4 * batch.rows
         raw = raw[:start] + batch.values.astype("<f8").tobytes() + raw[start + 24 * batch.rows:]
         with pytest.raises(SchemaError, match=f"rank 0: function .* has mu = {what}, not a number in"):
             decode_batch(raw)
