@@ -18,8 +18,9 @@ Layout (little-endian)::
     ..  meta JSON (utf-8): {"schema_version", "job", "session", "workers": [{"rank",
         "world_size", "host", "local_rank", "pid", "coords", "source", "gpu",
         "window_start_ns", "window_end_ns", "iteration_ms", "rows"}]}
-    ..  arrays: fidx int32[M], values float64[M, 3] (β, μ, σ), executions int64[M],
-        critical_ns int64[M]; worker i owns the next ``workers[i]["rows"]`` rows
+    ..  arrays: fidx int32[M], values uint32[M, 3] ((β, μ, σ) in millionths, at most 1,000,000:
+        the 6 decimals of the JSON form, exactly), executions int64[M], critical_ns int64[M];
+        worker i owns the next ``workers[i]["rows"]`` rows
 
 Nothing is unpickled; a body of another format version is refused with a clear error
 (``WireVersionError``). Pure functions, numpy and the stdlib only.
@@ -50,8 +51,8 @@ HEADER = struct.Struct("<4sHHIII")
 _TABLES: dict[bytes, tuple[Any, ...]] = {}  # table JSON -> parsed (keys, labels, categories, resources)
 _TABLES_LOCK = threading.Lock()
 _MAX_TABLES = 64
-ROW_BYTES = 4 + 24 + 8 + 8
-_LO, _HI = -1e-9, 1 + 1e-9  # the model's tolerance around [0, 1]
+ROW_BYTES = 4 + 12 + 8 + 8
+MICRO = 1_000_000  # (β, μ, σ) travel as integer millionths: the JSON form's 6 decimals, exactly
 _CATEGORIES = {c.value: c for c in Category}
 
 
@@ -196,7 +197,8 @@ def _json(d: dict[str, Any]) -> bytes:
 
 def array_bytes(batch: PatternBatch) -> bytes:
     """The array section, uncompressed."""
-    return b"".join((batch.fidx.astype("<i4").tobytes(), batch.values.astype("<f8").tobytes(),
+    micro = np.rint(np.clip(batch.values, 0.0, 1.0) * MICRO).astype("<u4")
+    return b"".join((batch.fidx.astype("<i4").tobytes(), micro.tobytes(),
                      batch.executions.astype("<i8").tobytes(), batch.critical_ns.astype("<i8").tobytes()))
 
 
@@ -267,14 +269,15 @@ def decode_batch(data: bytes, max_inflated_bytes: int = 64 * 1024 * 1024) -> Pat
     o = 0
     fidx = np.frombuffer(arrays, dtype="<i4", count=rows, offset=o).astype(np.int32)
     o += 4 * rows
-    values = np.frombuffer(arrays, dtype="<f8", count=3 * rows, offset=o).astype(np.float64).reshape(rows, 3)
-    o += 24 * rows
+    micro = np.frombuffer(arrays, dtype="<u4", count=3 * rows, offset=o).reshape(rows, 3)
+    o += 12 * rows
     executions = np.frombuffer(arrays, dtype="<i8", count=rows, offset=o).astype(np.int64)
     o += 8 * rows
     critical_ns = np.frombuffer(arrays, dtype="<i8", count=rows, offset=o).astype(np.int64)
     offsets = np.zeros(len(workers) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    _check_rows(fidx, values, offsets, len(keys), [w.rank for w in workers], keys, where)
+    _check_rows(fidx, micro, offsets, len(keys), [w.rank for w in workers], keys, where)
+    values = micro.astype(np.float64) / MICRO  # k / 1e6 is round(x, 6) exactly: the JSON form's value
     return PatternBatch(job, session, tuple(workers), keys, labels, cats, res, offsets, fidx, values, executions,
                         critical_ns)
 
@@ -389,19 +392,19 @@ def _worker_fast(d: Any) -> tuple[WorkerMeta, int] | None:
                       d["pid"], coords, d["source"], d["gpu"], tuple(iters)), d["rows"]
 
 
-def _check_rows(fidx: np.ndarray, values: np.ndarray, offsets: np.ndarray, n_functions: int,
+def _check_rows(fidx: np.ndarray, micro: np.ndarray, offsets: np.ndarray, n_functions: int,
                 ranks: Sequence[int], keys: Sequence[str], where: str) -> None:
     rows = fidx.shape[0]
     if rows == 0:
         return
     if int(fidx.min()) < 0 or int(fidx.max()) >= n_functions:
         raise SchemaError(f"{where}: a row names function {int(fidx.max())} of {n_functions}")
-    bad = ~((values >= _LO) & (values <= _HI))  # NaN fails both
+    bad = micro > MICRO
     if bad.any():
         r, d = (int(i[0]) for i in np.nonzero(bad))
         w = int(np.searchsorted(offsets, r, side="right")) - 1
         raise SchemaError(f"{where}: rank {ranks[w]}: function {keys[int(fidx[r])]!r} has "
-                          f"{('beta', 'mu', 'sigma')[d]} = {float(values[r, d])!r}, not a number in [0, 1]")
+                          f"{('beta', 'mu', 'sigma')[d]} = {int(micro[r, d]) / MICRO!r}, outside [0, 1]")
     owner = np.repeat(np.arange(len(ranks), dtype=np.int64), np.diff(offsets))
     pair = owner * n_functions + fidx
     if np.unique(pair).shape[0] != rows:
