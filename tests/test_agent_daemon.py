@@ -7,8 +7,10 @@ Workers are emulated at the wire level (a real socket, real raw-window files); t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -66,6 +68,8 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
         report = wait_until(lambda: up.get_report(session), 40, step_s=0.3, what="stored report")
         assert report.ranks_reported == (0, 1) and report.ranks_missing == ()
         assert "rank 1" in report.trigger_reason
+        with contextlib.closing(sqlite3.connect(tmp_path / "runs" / "localizer.sqlite")) as db:  # one upload per node
+            assert db.execute("SELECT ranks FROM pattern_batches WHERE session=?", (session,)).fetchall() == [("[0, 1]",)]
         assert not results[0]["raw"].exists(), "raw files are removed after upload"
         # metrics: per-rank iteration time, phase, sessions
         text = urllib.request.urlopen(info["metrics_url"], timeout=5).read().decode()
