@@ -4,10 +4,11 @@ Every row carries ``schema_version``. Writes commit before the method returns, s
 acknowledges an upload only after it is on disk (``synchronous=FULL``): a localizer restart, even a
 ``kill -9``, loses nothing that was acknowledged.
 
-Tables: ``agents`` and ``workers`` (registrations), ``sessions``, ``patterns`` (one PatternSet per
-session and rank, stored as ``PatternSet.to_bytes()``), ``hang_snapshots``, ``heartbeats`` (latest
-per rank) and ``reports``. Nothing read back is unpickled: bodies are JSON or zlib-compressed JSON
-and go through the model's ``from_dict``.
+Tables: ``agents`` and ``workers`` (registrations), ``sessions``, ``pattern_batches`` (each upload's
+columnar bytes) and ``patterns`` (which batch holds each rank's latest patterns:
+``localizer.pattern_store``), ``hang_snapshots``, ``heartbeats`` (latest per rank) and ``reports``
+(``localizer.event_store``). Nothing read back is unpickled: bodies are JSON, zlib-compressed JSON
+or the columnar wire form, and are validated as they are on arrival.
 """
 
 from __future__ import annotations
