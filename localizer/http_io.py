@@ -129,7 +129,8 @@ def parse_json(raw: bytes, what: str = "body") -> Any:
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
     """The whole body, or 408 when it does not arrive within ``timeout_s`` (a slow client)."""
     try:
-        return await asyncio.wait_for(request.read(), timeout_s)
+        async with asyncio.timeout(timeout_s):  # no extra task per request, unlike wait_for
+            return await request.read()
     except TimeoutError:
         raise RequestError(f"request body not received within {timeout_s:g} s", status=408) from None
 
