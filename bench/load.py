@@ -282,8 +282,12 @@ async def drive(url: str, n_agents: int, rpa: int, window_s: float, seed: int, n
         pending = set(sessions)
         while pending and time.monotonic() < end:
             for session in sorted(pending):
-                async with http.get(f"{url}/v1/sessions/{session}", headers=h) as r:
-                    st = await r.json()
+                try:
+                    async with http.get(f"{url}/v1/sessions/{session}", headers=h) as r:
+                        st = await r.json()
+                except aiohttp.ClientError as exc:  # e.g. an idle pooled connection the server just closed
+                    log(f"polling session {session}: {type(exc).__name__}: {exc}; again")
+                    continue
                 if st["state"] in ("done", "failed"):
                     if st["state"] == "failed":
                         log(f"session {session} failed: {st['error']}")
