@@ -292,7 +292,7 @@ async def drive(url: str, n_agents: int, rpa: int, window_s: float, seed: int, n
                     if st["state"] == "failed":
                         log(f"session {session} failed: {st['error']}")
                     pending.discard(session)
-            await asyncio.sleep(0.25)  # light polling: do not steal CPU from the localization
+            await asyncio.sleep(1.0)  # light polling: a 100,000-rank session answer is ~1 MB of JSON
     return agents, sessions
 
 

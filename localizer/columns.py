@@ -37,6 +37,7 @@ class SessionColumns:
         self._res: list[str] = []
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (f, slot, values (M, 3))
         self._workers: list[WorkerMeta] = []  # slot -> the rank's identity and window
+        self._where: list[tuple[int, int, int]] = []  # slot -> (chunk, first row, end row) in that chunk
         self._slot_of: dict[int, int] = {}  # rank -> its latest slot
         self.rows = 0
 
@@ -80,6 +81,7 @@ class SessionColumns:
             first = len(self._workers)
             for j, w in enumerate(batch.workers):
                 self._slot_of[w.rank] = first + j
+                self._where.append((len(self._chunks), int(batch.offsets[j]), int(batch.offsets[j + 1])))
             self._workers.extend(batch.workers)
             slots = np.repeat(np.arange(first, first + len(batch.workers), dtype=np.int32),
                               np.diff(batch.offsets))
@@ -87,52 +89,89 @@ class SessionColumns:
             self.rows += batch.rows
 
     def to_arrays(self) -> PatternArrays:
-        """All live ranks as PatternArrays, columns in rank order. InputError when there are none."""
+        """All live ranks as PatternArrays, columns in rank order. InputError when there are none.
+
+        The uploads are scattered into the (F, 3, N) values a group of chunks at a time (bounded
+        temporaries); the function order is found by walking the ranks in order until every
+        function with a live row has been seen (usually the first rank has them all)."""
         with self._lock:
             if not self._slot_of:
                 raise InputError("no pattern sets to localize (an empty set)")
             live = sorted(self._slot_of.items())  # (rank, slot) by rank
             chunks = list(self._chunks)
             workers = list(self._workers)
+            where = list(self._where)
             keys, labels, cats, res = list(self._keys), list(self._labels), list(self._cats), list(self._res)
         n = len(live)
         col_of_slot = np.full(len(workers), -1, dtype=np.int64)
         col_of_slot[np.array([s for _, s in live], dtype=np.int64)] = np.arange(n, dtype=np.int64)
-        f = np.concatenate([c[0] for c in chunks])
-        col = col_of_slot[np.concatenate([c[1] for c in chunks])]
-        vals = np.concatenate([c[2] for c in chunks])
-        keep = col >= 0
-        if not keep.all():  # rows of replaced uploads
-            f, col, vals = f[keep], col[keep], vals[keep]
-        order = _first_seen_order(f, col, len(keys))  # session function -> its column in the arrays
-        used = order >= 0
-        n_f = int(used.sum())
-        fi = order[f]
+        groups = []
+        present = np.zeros(len(keys), dtype=bool)
+        for i in range(0, len(chunks), _GROUP):
+            part = chunks[i:i + _GROUP]
+            f = np.concatenate([c[0] for c in part]) if len(part) > 1 else part[0][0]
+            col = col_of_slot[np.concatenate([c[1] for c in part]) if len(part) > 1 else part[0][1]]
+            vals = np.concatenate([c[2] for c in part]) if len(part) > 1 else part[0][2]
+            keep = col >= 0
+            if not keep.all():  # rows of replaced uploads
+                f, col, vals = f[keep], col[keep], vals[keep]
+            present[f] = True
+            groups.append((f, col, vals))
+        order = _first_seen_order(present, [where[s] for _, s in live], chunks, groups)
+        n_f = int(present.sum())
         values = np.zeros((n_f, 3, n), dtype=np.float64)
         flat = values.reshape(-1)
-        base = fi * (3 * n) + col
-        for d in range(3):
-            flat[base + d * n] = vals[:, d]
-        np.clip(values, 0.0, 1.0, out=values)
+        for f, col, vals in groups:
+            base = order[f] * (3 * n) + col
+            flat[base] = vals[:, 0]
+            base += n
+            flat[base] = vals[:, 1]
+            base += n
+            flat[base] = vals[:, 2]
         funcs: list[FunctionInfo | None] = [None] * n_f
-        for g in np.flatnonzero(used).tolist():
+        for g in np.flatnonzero(present).tolist():
             funcs[int(order[g])] = FunctionInfo(keys[g], labels[g], cats[g], res[g])
         metas = [workers[s] for _, s in live]
         return _arrays(self.job, self.session, metas, tuple(funcs), values)  # type: ignore[arg-type]
 
 
-def _first_seen_order(f: np.ndarray, col: np.ndarray, n_functions: int) -> np.ndarray:
-    """Each session function's position in first-seen order over the columns (rank order) and,
-    within a column, row order, as ``pattern_sets_to_arrays`` numbers them; -1 for functions no
-    live row has."""
-    n_rows = f.shape[0]
-    key = col * n_rows + np.arange(n_rows, dtype=np.int64)  # (column, row) as one sortable number
-    first = np.full(n_functions, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, f, key)
-    seen = np.flatnonzero(first < np.iinfo(np.int64).max)
-    out = np.full(n_functions, -1, dtype=np.int64)
-    out[seen[np.argsort(first[seen], kind="stable")]] = np.arange(seen.shape[0], dtype=np.int64)
+_GROUP = 256  # chunks (uploads) scattered together
+
+
+def _first_seen_order(present: np.ndarray, spans: list[tuple[int, int, int]],
+                      chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                      groups: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Each session function's position in first-seen order over the live ranks (rank order) and,
+    within a rank, row order, as ``pattern_sets_to_arrays`` numbers them; -1 for functions no live
+    row has. ``spans``: each live rank's (chunk, first row, end row), in rank order. The first
+    ranks are walked in Python (they usually hold every function); functions first seen later
+    are placed by their smallest (column, row) over the groups' rows, vectorized."""
+    out = np.full(present.shape[0], -1, dtype=np.int64)
+    want = int(present.sum())
+    seen = 0
+    for chunk, a, b in spans[:_WALK]:
+        for g in chunks[chunk][0][a:b].tolist():
+            if out[g] < 0:
+                out[g] = seen
+                seen += 1
+    if seen == want:
+        return out
+    late = present & (out < 0)
+    big = sum(int(f.shape[0]) for f, _, _ in groups) + 1  # > any row index: (column, row) as one number
+    first = np.full(present.shape[0], np.iinfo(np.int64).max, dtype=np.int64)
+    offset = 0
+    for f, col, _ in groups:
+        mask = late[f]
+        if mask.any():
+            rows = np.flatnonzero(mask)
+            np.minimum.at(first, f[rows], col[rows] * big + offset + rows)
+        offset += int(f.shape[0])
+    later = np.flatnonzero(late)
+    out[later[np.argsort(first[later], kind="stable")]] = np.arange(seen, want, dtype=np.int64)
     return out
+
+
+_WALK = 4  # ranks walked in Python before the vectorized search
 
 
 def _arrays(job: str, session: str, workers: list[WorkerMeta], funcs: tuple[FunctionInfo, ...],

@@ -405,6 +405,11 @@ def _check_rows(fidx: np.ndarray, micro: np.ndarray, offsets: np.ndarray, n_func
         w = int(np.searchsorted(offsets, r, side="right")) - 1
         raise SchemaError(f"{where}: rank {ranks[w]}: function {keys[int(fidx[r])]!r} has "
                           f"{('beta', 'mu', 'sigma')[d]} = {int(micro[r, d]) / MICRO!r}, outside [0, 1]")
+    rising = np.diff(fidx) > 0
+    starts = offsets[1:-1]
+    rising[starts[(starts > 0) & (starts < rows)] - 1] = True  # a new rank may start anywhere
+    if rising.all():  # each rank's functions in table order (what the encoder writes): no repeats
+        return
     owner = np.repeat(np.arange(len(ranks), dtype=np.int64), np.diff(offsets))
     pair = owner * n_functions + fidx
     if np.unique(pair).shape[0] != rows:

@@ -15,7 +15,7 @@ from localizer.arrays import pattern_sets_to_arrays
 from localizer.columns import SessionColumns
 from localizer.writer import GroupCommit
 from perftracker.errors import InputError, SchemaError
-from perftracker.model import Category, PatternSet
+from perftracker.model import Category, Pattern, PatternSet
 from perftracker.pattern_wire import (
     ROW_BYTES,
     WireVersionError,
@@ -41,6 +41,12 @@ def test_round_trip_equals_the_json_path(compress: bool) -> None:
 
 def test_columns_build_the_arrays_of_the_pattern_set_path() -> None:
     sets = [make_pattern_set("j", "s", r, 24, seed=1, slow=r == 7) for r in range(24)]
+    extra = {9: ["only_a"], 17: ["only_b", "only_a"]}  # first seen past the first ranks, in row order
+    for i, names in extra.items():
+        ps = sets[i]
+        more = tuple(Pattern(k, Category.COMPUTE, 0.02, 0.5, 0.01, label=k, executions=3, critical_ns=9)
+                     for k in names)
+        sets[i] = PatternSet(**{**ps.__dict__, "patterns": (*ps.patterns[:3], *more, *ps.patterns[3:])})
     random.Random(0).shuffle(sets)  # nodes upload in any order
     cols = SessionColumns("j", "s")
     for i in range(0, 24, 8):
@@ -50,6 +56,7 @@ def test_columns_build_the_arrays_of_the_pattern_set_path() -> None:
     ref = pattern_sets_to_arrays(sorted([_json_form(p) for p in sets if p.rank != 3] + [_json_form(newer)],
                                         key=lambda p: p.rank))
     got = cols.to_arrays()
+    assert [f.key for f in got.functions][-2:] == ["only_a", "only_b"]
     assert got.functions == ref.functions and np.array_equal(got.ranks, ref.ranks)
     assert np.array_equal(got.values, ref.values) and np.array_equal(got.worker_window_s, ref.worker_window_s)
     assert (got.window_s, got.world_size, got.iteration_ms) == (ref.window_s, ref.world_size, ref.iteration_ms)
