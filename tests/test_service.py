@@ -269,3 +269,16 @@ def test_concurrent_uploads_are_all_acknowledged_and_stored(localizer: Localizer
     assert all(a["stored"] for a in acks)
     s = _wait_report(up, session)
     assert s["uploaded"] == list(range(n)) and s["state"] in ("done", "failed")
+
+
+def test_a_localizer_that_does_not_read_the_columnar_version_gets_json_rank_by_rank(
+        localizer: LocalizerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perftracker import pattern_wire
+
+    up = Uplink(localizer.url, TOKEN)
+    up.register("job-v", "agent-0", "node0", workers(range(2), 2))
+    session, _ = up.create_trigger("job-v", "cli", window_s=30)
+    monkeypatch.setattr(pattern_wire, "FORMAT_VERSION", 2)  # this agent writes a version the localizer lacks
+    ack = up.upload_pattern_batch([make_pattern_set("job-v", session, r, 2) for r in (0, 1)])
+    assert ack["stored"] and ack["ranks"] == [0, 1] and ack["uploaded"] == 2
+    assert up.get_session(session)["uploaded"] == [0, 1]
