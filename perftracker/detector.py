@@ -450,5 +450,21 @@ class Detector:
             "phase": self.phase,
         }
 
+    def boundaries_in(self, kinds: list[int]) -> int:
+        """How many iteration boundaries these events (not fed yet) would complete; reads only, so
+        another thread may call it (Runtime.iteration from a heartbeat or a hang snapshot)."""
+        seq, pos = self.sequence, self._pos
+        if self.phase != "tracking" or not seq:
+            return sum(1 for k in kinds if k == STEP)  # before learning every step counts
+        n = 0
+        for k in kinds:
+            if k == seq[pos]:
+                pos += 1
+                if pos == len(seq):
+                    pos, n = 0, n + 1
+            else:
+                pos = 1 if k == seq[0] else 0
+        return n
+
     def sequence_names(self) -> list[str]:
         return [KIND_NAMES[k] for k in self.sequence]

@@ -1,8 +1,9 @@
 """The per-process Runtime: hooks -> detector -> sink, plus the contract API other stages build on.
 
 One Runtime per training process (``get_runtime()``). The hook callbacks are the hot path: they
-read the clock, feed the detector and, only at an iteration boundary, collect a pending trigger and
-call the boundary listeners. Anything that raises inside a hook or the detector disables
+read the clock and append to an event log; at least every 20 ms (at every event while a boundary
+listener is set) the log goes to the detector in one pass, which collects a pending trigger and
+calls the boundary listeners at each iteration boundary (docs/overhead.md). Anything that raises inside a hook or the detector disables
 perftracker in this process (logged once); training goes on.
 
 Thread model:
@@ -23,7 +24,7 @@ from collections.abc import Callable, Mapping
 from perftracker import hooks
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
-from perftracker.detector import DATALOADER, KIND_NAMES, STEP, Detector, DetectorOptions
+from perftracker.detector import KIND_NAMES, STEP, Detector, DetectorOptions
 from perftracker.identity import RuntimeIdentity, provisional_identity, settle_identity
 from perftracker.sinks import LoggingSink, TriggerSink
 
@@ -80,7 +81,9 @@ class Runtime:
         """Completed iterations (before the sequence is learned: optimizer steps). Exact in the
         training thread; from another thread at most ``batch_ms`` of events late."""
         self._sync()
-        return self.detector.iteration
+        iteration = self.detector.iteration
+        pending = list(self._events)  # another thread: the boundaries still in the log count too
+        return iteration + self.detector.boundaries_in([e & 1 for e in pending]) if pending else iteration
 
     def _sync(self) -> None:
         """In the thread that runs the hooks, feed the event log to the detector now."""
