@@ -338,20 +338,26 @@ class ChangepointRule:
         (a checkpoint) from firing it alone.
         """
         c = self.options.cusum_clip
-        z = (min(max((x - self._level) / self._noise, -c), c) - self._cusum_mu) / self._cusum_scale
-        sums, starts, llr = self._cusum_s, self._cusum_from, self.options.cusum_llr
-        peaks = self._cusum_peak
+        z = (x - self._level) / self._noise
+        if z > c:
+            z = c
+        elif z < -c:
+            z = -c
+        z = (z - self._cusum_mu) / self._cusum_scale
+        sums, starts, peaks, llr = self._cusum_s, self._cusum_from, self._cusum_peak, self.options.cusum_llr
         fired = -1
         i = 0
         for a, b, _ in self._cusum_grid:
-            s = sums[i] + a * z - b
+            prev = sums[i]
+            s = prev + a * z - b
             if s <= 0.0:
-                sums[i] = 0.0
-                starts[i] = n
-                peaks[i] = -math.inf
+                if prev:
+                    sums[i] = 0.0
             else:
                 sums[i] = s
-                if x > peaks[i]:
+                if not prev:  # a run begins with this value
+                    starts[i], peaks[i] = n - 1, x
+                elif x > peaks[i]:
                     peaks[i] = x
                 if s > llr and fired < 0:
                     fired = i
