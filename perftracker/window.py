@@ -179,7 +179,7 @@ class ProfileWindow(WindowWriter, WindowExit):
         if opts.stacks == "sample" or (opts.stacks == "remote" and cur.pystacks_path is None):
             cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus)
             cur.stack_sampler.start()
-        if opts.switch_interval_s > 0:
+        if opts.switch_interval_s > 0 and cur.stack_sampler is not None:  # only the sampler thread needs it
             cur.old_switch_s = sys.getswitchinterval()
             sys.setswitchinterval(min(cur.old_switch_s, opts.switch_interval_s))
         cur.thread_ident = threading.get_ident()

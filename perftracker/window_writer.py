@@ -39,7 +39,7 @@ class WindowOptions:
     # "tracer": torch's Python tracer; "off"
     stacks: str = "sample"
     stack_period_us: int = 1000
-    switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window (0: leave as is)
+    switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window with the sampler thread (0: leave as is)
     record_gc: bool = True
     nvtx: bool = True
     spawn_sampler: bool = False  # run `python -m agent.samplers` for this window ourselves
@@ -51,7 +51,7 @@ class WindowOptions:
     writer: str = "thread"
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
-    child_nice: int = 19  # the conversion child's nice value ("fork")
+    child_nice: int = 19  # the conversion child's nice value ("fork"); it also runs SCHED_IDLE
     child_soft_s: float = 30.0  # a child still converting after this long is reniced to writer_nice
     child_timeout_s: float = 60.0  # ... and killed after this long; a thread then writes the window
     # CPUs for perftracker's helpers (sampler process, conversion child, writer and stack-sampler
@@ -130,7 +130,7 @@ class WindowWriter:
         if pid == 0:  # child: only this thread exists; never return into training code
             code = 1
             try:
-                _lower_priority(0, self.options.child_nice, self.options.helper_cpus)
+                _lower_priority(0, self.options.child_nice, self.options.helper_cpus, idle=True)
                 self._build(cur, result, end_ns).save(path)
                 code = 0
             except BaseException as exc:  # noqa: BLE001
@@ -228,7 +228,8 @@ class WindowWriter:
                 waited_s = time.monotonic() - t0
                 want = 0 if self._hurry.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
                 if want < nice:
-                    try:
+                    try:  # back from SCHED_IDLE, at a higher priority
+                        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
                         os.setpriority(os.PRIO_PROCESS, pid, want)
                     except OSError:  # an unprivileged process cannot lower a nice value
                         pass
@@ -284,12 +285,19 @@ def _load_remote_stacks(path: Path, session: str, wait_s: float = 30.0) -> tuple
         return None
 
 
-def _lower_priority(tid: int, nice: int, cpus: tuple[int, ...]) -> None:
-    """Nice ``tid`` (0: this process) to ``nice`` and move it to ``cpus`` (if any); best effort."""
+def _lower_priority(tid: int, nice: int, cpus: tuple[int, ...], idle: bool = False) -> None:
+    """Nice ``tid`` (0: this process) to ``nice``, with ``idle`` also SCHED_IDLE (runs only when
+    nothing else wants the CPU, preempted at once when training wakes), and move it to ``cpus``
+    (if any); best effort."""
     try:
         os.setpriority(os.PRIO_PROCESS, tid, nice)
     except (OSError, AttributeError):
         pass
+    if idle:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
     if cpus:
         try:
             os.sched_setaffinity(tid, cpus)

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,24 @@ def _complete(res: WindowResult) -> RawWindow:
 
 @pytest.mark.timeout(120)
 def test_child_writes_the_window(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sched: list[tuple[int, int]] = []
+
+    def look(win: ProfileWindow, pid: int) -> None:  # the child lowers its own priority first thing
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(100):
+                sched.append((os.sched_getscheduler(pid), os.getpriority(os.PRIO_PROCESS, pid)))
+                if sched[-1][0] == os.SCHED_IDLE:
+                    break
+                os.kill(pid, signal.SIGCONT)
+                time.sleep(0.01)
+                os.kill(pid, signal.SIGSTOP)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     with caplog.at_level(logging.WARNING, logger="perftracker.window"):
-        _, res, pids = _run(tmp_path)
+        _, res, pids = _run(tmp_path, gate=look)
+    assert sched[-1] == (os.SCHED_IDLE, 19)
     _complete(res)
     assert pids and pids[0] > 0 and pids[0] != os.getpid() and _gone(pids[0])
     assert "conversion child" not in caplog.text  # the child did it: no fallback
