@@ -161,7 +161,8 @@ def ours(tr: Trainer, args: argparse.Namespace, out_dir: Path, session: str, sta
     ident = type("Ident", (), {"rank": int(os.environ.get("RANK", 0)), "world_size": args.nproc, "host": socket.gethostname(),
                                "pid": os.getpid(), "training_tid": threading.get_native_id(), "job": "datagen",
                                "local_rank": int(os.environ.get("RANK", 0))})()
-    kw = {"stacks": stacks, "spawn_sampler": spawn, "stack_period_us": args.stack_period_us, "writer": args.writer}
+    kw = {"stacks": stacks, "spawn_sampler": spawn, "stack_period_us": args.stack_period_us, "writer": args.writer,
+          "sampler_args": tuple(args.sampler_args.split())}
     own_pinning = "helper_cpus" in WindowOptions.__dataclass_fields__  # older code: the bench pins the sampler
     if own_pinning:
         kw["helper_cpus"] = tuple(args.helper_cpus)
@@ -311,7 +312,8 @@ SUMMARY = ("lost_s", "baseline_lost_s", "lost_ratio", "blocking_s", "baseline_bl
 def summarize(runs: list[dict], args: argparse.Namespace) -> dict:
     """The median of each figure over the runs, its range, and every run."""
     out: dict = {"runs_n": len(runs), "layout": args.layout, "window_s": args.window_s, "nproc": args.nproc,
-                 "stacks": args.stacks, "stack_period_us": args.stack_period_us, "writer": args.writer}
+                 "stacks": args.stacks, "stack_period_us": args.stack_period_us, "writer": args.writer,
+                 "sampler_args": args.sampler_args}
     for key in SUMMARY:
         vals = [r[key] for r in runs if r.get(key) is not None]
         out[key] = round(statistics.median(vals), 4) if vals else None
@@ -338,6 +340,7 @@ def main() -> int:
     p.add_argument("--stack-period-us", type=int, default=WindowOptions.stack_period_us)
     p.add_argument("--writer", default=WindowOptions.writer, help="WindowOptions.writer for our window")
     p.add_argument("--tracer", action="store_true", help="also run our window with torch's Python tracer")
+    p.add_argument("--sampler-args", default="", help="extra arguments for the sampler process, e.g. '--period-us 4000'")
     args = p.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     args.train_cpus, args.helper_cpus = [], []
