@@ -15,7 +15,8 @@ Two halves:
 - ``RemoteStackReader`` runs in the sampler process: ``sample()`` reads the thread's stack,
   innermost first, as ``(frame address, RemoteCode)`` pairs: the same shape as the in-process
   sampler's ``(id(frame), code)``, so ``stacks.python_executions`` turns both into executions.
-  A read the target tore (a frame that returned while it was read) is dropped: a one-sample gap.
+  A read the target tore (its innermost frame changed while the stack was read) is dropped: a
+  one-sample gap.
 
 Requires ptrace-read access to the training process (same uid and Yama ``ptrace_scope`` <= 1, or
 CAP_SYS_PTRACE), as the perf CPU source does.
@@ -110,7 +111,7 @@ def calibrate() -> StackLayout:
     get_ts = ctypes.pythonapi.PyThreadState_Get
     get_ts.restype = ctypes.c_void_p
     tstate = int(get_ts())
-    cframe_off = _find_cframe(mem, tstate)
+    cframe_off, own_fp = _find_cframe(mem, tstate)
     code = _Probe.meth.__code__
     addr = id(code)
     code_type = mem.word(addr + 8)
@@ -134,14 +135,18 @@ def calibrate() -> StackLayout:
         raise PerftrackerError("remote stacks: string layout not found")
     layout = StackLayout(tstate, cframe_off, code_type, fn[0], nm[0], line_off, length[0], state_off, bit,
                          ascii_data, latin_data, sys.version.split()[0])
+    # read our own stack back from this very call's frame down (the frames above it, the
+    # reader's own, are gone by the time they would be read)
     reader = RemoteStackReader(os.getpid(), layout)
-    got = [c.co_name for _, c in reader.sample() or ()]
-    if "calibrate" not in got:  # read our own stack back: the layout must find this very call
+    got = [c.co_name for _, c in reader._walk(own_fp) or ()]
+    caller = sys._getframe(1).f_code.co_name
+    if got[:2] != ["calibrate", caller]:
         raise PerftrackerError(f"remote stacks: own stack not read back ({got[:4]})")
     return layout
 
 
-def _find_cframe(mem: Memory, tstate: int) -> int:
+def _find_cframe(mem: Memory, tstate: int) -> tuple[int, int]:
+    """The offset of PyThreadState.cframe, and the caller's (live) interpreter frame."""
     me = sys._getframe(1)  # calibrate()'s frame, with its caller
     want = (id(me.f_code), id(me.f_back.f_code) if me.f_back is not None else 0)
     for off in range(0, 512, 8):
@@ -151,7 +156,7 @@ def _find_cframe(mem: Memory, tstate: int) -> int:
                 break
             prev = mem.word(fp + _FRAME_PREVIOUS) or 0
             if (mem.word(fp + _FRAME_CODE), mem.word(prev + _FRAME_CODE) if prev else 0) == want:
-                return off
+                return off, fp
             fp = prev
     raise PerftrackerError("remote stacks: the thread's current frame not found")
 
@@ -192,25 +197,32 @@ class RemoteStackReader:
         self.torn = 0  # samples dropped because the stack changed while it was read
         self._lock = threading.Lock()
 
+    def _top(self) -> int | None:
+        cframe = self.mem.word(self.layout.tstate + self.layout.tstate_cframe)
+        return self.mem.word(cframe + _CFRAME_CURRENT) if cframe else None
+
     def sample(self) -> tuple[tuple[int, RemoteCode], ...] | None:
-        """The stack, innermost first; None when it could not be read whole."""
-        lay, mem = self.layout, self.mem
-        cframe = mem.word(lay.tstate + lay.tstate_cframe)
-        fp = mem.word(cframe + _CFRAME_CURRENT) if cframe else None
-        if fp is None:
+        """The stack, innermost first; None when it could not be read whole, or the innermost
+        frame changed while it was read (the frames read after a return may belong to a later
+        call at the same address: a torn stack, e.g. inner() under other() instead of outer())."""
+        top = self._top()
+        got = self._walk(top) if top is not None else None
+        if got is None or self._top() != top:
             self.torn += 1
             return None
+        return got
+
+    def _walk(self, fp: int) -> tuple[tuple[int, RemoteCode], ...] | None:
+        mem = self.mem
         out = []
         codes = self.codes
         while fp and len(out) < MAX_DEPTH:
             raw = mem.read(fp, _FRAME_PREVIOUS + 8)
             if raw is None:
-                self.torn += 1
                 return None
             code_addr = int.from_bytes(raw[_FRAME_CODE:_FRAME_CODE + 8], "little")
             code = codes.get(code_addr) or self._code(code_addr)
             if code is None:
-                self.torn += 1
                 return None
             out.append((fp, code))
             fp = int.from_bytes(raw[_FRAME_PREVIOUS:_FRAME_PREVIOUS + 8], "little")
