@@ -195,6 +195,7 @@ class RemoteStackReader:
         self.codes: dict[int, RemoteCode] = {}
         self._strings: dict[int, str] = {}
         self.torn = 0  # samples dropped because the stack changed while it was read
+        self._first_code = 0
         self._lock = threading.Lock()
 
     def _top(self) -> int | None:
@@ -203,11 +204,14 @@ class RemoteStackReader:
 
     def sample(self) -> tuple[tuple[int, RemoteCode], ...] | None:
         """The stack, innermost first; None when it could not be read whole, or the innermost
-        frame changed while it was read (the frames read after a return may belong to a later
-        call at the same address: a torn stack, e.g. inner() under other() instead of outer())."""
+        frame (its address or code) changed while it was read: the frames read after a return
+        may belong to a later call at the same address, a torn stack (e.g. inner() under other()).
+        Not caught: a return and a new call of the same function at the same address within the
+        read (~3 us per frame) whose callers changed."""
         top = self._top()
-        got = self._walk(top) if top is not None else None
-        if got is None or self._top() != top:
+        got = self._walk(top) if top else None
+        # the same innermost frame (address and code) after the walk as before it
+        if not got or self._top() != top or self.mem.word(top + _FRAME_CODE) != self._first_code:
             self.torn += 1
             return None
         return got
@@ -224,6 +228,8 @@ class RemoteStackReader:
             code = codes.get(code_addr) or self._code(code_addr)
             if code is None:
                 return None
+            if not out:
+                self._first_code = code_addr
             out.append((fp, code))
             fp = int.from_bytes(raw[_FRAME_PREVIOUS:_FRAME_PREVIOUS + 8], "little")
         return tuple(out)
