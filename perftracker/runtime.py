@@ -3,8 +3,8 @@
 One Runtime per training process (``get_runtime()``). The hook callbacks are the hot path: they
 read the clock and append to an event log; at least every 20 ms (at every event while a boundary
 listener is set) the log goes to the detector in one pass, which collects a pending trigger and
-calls the boundary listeners at each iteration boundary (docs/overhead.md). Anything that raises inside a hook or the detector disables
-perftracker in this process (logged once); training goes on.
+calls the boundary listeners at each iteration boundary (docs/overhead.md). Anything that raises
+inside a hook or the detector disables perftracker in this process (logged once); training goes on.
 
 Thread model:
 - hooks, boundary listeners and detector triggers run in the training (main) thread;
