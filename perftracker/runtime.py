@@ -88,7 +88,7 @@ class Runtime:
     def _sync(self) -> None:
         """In the thread that runs the hooks, feed the event log to the detector now."""
         if self._events and threading.get_ident() == self._hook_ident:
-            self._flush(self._events[-1] >> 1)
+            self._flush(self._events[-1] >> 1, from_hook=False)
 
     def settle_identity(self, store_wait_s: float = 30.0, exiting: bool = False) -> bool:
         """Replace the provisional identity with the real one once it can be known (from the process
@@ -241,23 +241,29 @@ class Runtime:
         if t_ns >= self._due_ns:
             self._flush(t_ns)
 
-    def _flush(self, now_ns: int) -> None:
-        """Feed the event log to the detector, in order, with the boundary work at each boundary."""
+    def _flush(self, now_ns: int, from_hook: bool = True) -> None:
+        """Feed the event log to the detector, in order, with the boundary work at each boundary.
+        Boundary listeners run only for the event a hook is handling now (not from ``_sync``)."""
         events, self._events = self._events, []
         self._hook_ident = threading.get_ident()
         on_event, det = self._on_event, self.detector
+        current = events[-1] if events and from_hook else -1
         for e in events:
             t_ns = e >> 1
             if on_event(e & 1, t_ns) and (self._listeners or det.pending is not None):
-                self._boundary(t_ns)
+                # listeners (a window's start, its iteration marks) only at a boundary happening now:
+                # the first pass after a listener is added may hold boundaries up to batch_ms old
+                self._boundary(t_ns, listeners=e == current)
         self._due_ns = 0 if self._listeners else now_ns + self._log_ns
 
-    def _boundary(self, t_ns: int) -> None:
+    def _boundary(self, t_ns: int, listeners: bool = True) -> None:
         """An iteration boundary with something to do: a pending trigger, or boundary listeners."""
         if self.detector.pending is not None:
             detail = self.detector.pop_trigger()
             if detail is not None:
                 self._deliver("slowdown", {"source": "detector", **detail, **self._identity_fields()})
+        if not listeners:
+            return
         iteration = self.detector.iteration
         for fn in self._listeners:
             try:

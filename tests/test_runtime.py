@@ -241,3 +241,19 @@ def test_blocked_limit_plus_a_window_on_the_real_detector() -> None:
     detail = rt.check_blocked(last + int(13.1e9), extra_s=8.0)
     assert detail is not None and abs(float(detail["limit_s"]) - 13.0) < 1e-6  # type: ignore[arg-type]
     assert len(sink.blocked) == 1
+
+
+def test_boundary_listeners_see_only_boundaries_that_happen_now() -> None:
+    """Hooks append to an event log fed to the detector every 20 ms (docs/overhead.md). A listener
+    added mid-batch (a profile window armed from another thread) is not called for the boundaries
+    still in the log, only from the next event on, at every boundary, when it happens."""
+    rt, clock, _ = _fake_runtime()
+    _iterate(rt, clock, 30, 40)  # learn "D O": 40 ms iterations, every event is fed at once
+    _iterate(rt, clock, 5, 1)  # 1 ms iterations: the log holds them (20 ms batches)
+    assert rt._events  # type: ignore[attr-defined]
+    seen: list[tuple[int, int]] = []
+    rt.add_boundary_listener(lambda t, i: seen.append((t, i)))
+    before = rt.iteration
+    _iterate(rt, clock, 3, 1)
+    assert [i for _, i in seen] == [before + 1, before + 2, before + 3]
+    assert [t for t, _ in seen] == sorted({t for t, _ in seen}) and seen[-1][0] == clock.now_ns()
