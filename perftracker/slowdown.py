@@ -30,7 +30,7 @@ from typing import Protocol
 _log = math.log
 _IQR_TO_SIGMA = 1.349  # interquartile range of a normal, in sigmas
 _MEDIAN_SE = 1.2533  # standard error of a median, in units of sigma / sqrt(n), for a normal
-_MIN_CUSUM_RUN = 4  # a CUSUM run this short is a burst of spikes (3 seen in a row at a 1% spike rate)
+_MIN_CUSUM_RUN = 4  # a shorter CUSUM run is a burst of spikes (3 in a row seen at a 1% spike rate)
 
 
 class SlowdownRule(Protocol):
