@@ -171,6 +171,54 @@ class Detector:
             return False
         return self._learn(kind, t_ns)
 
+    def feed(self, events: list[int]) -> bool:
+        """Feed logged hook events ``(t_ns << 1) | kind`` in order, as ``on_event`` would one by one;
+        True when the last one completed an iteration (an iteration boundary).
+
+        The tracking fast path matches the sequence with local variables only and queues the
+        durations for one drain at the end; anything else (learning, a mismatch) goes through
+        ``on_event`` from there on.
+        """
+        if not events:
+            return False
+        if self.phase != "tracking":
+            boundary = False
+            for e in events:
+                boundary = self.on_event(e & 1, e >> 1)
+            return boundary
+        seq, pos, n_seq = self.sequence, self._pos, len(self.sequence)
+        last, iteration, dirty, unmatched = self.last_boundary_ns, self.iteration, self._dirty, self._unmatched
+        append = self._batch.append
+        boundary = False
+        for i, e in enumerate(events):
+            kind = e & 1
+            if kind != seq[pos]:  # a mismatch: hand over to the full path
+                self._pos, self.last_boundary_ns, self.iteration = pos, last, iteration
+                self._dirty, self._unmatched = dirty, unmatched
+                for rest in events[i:]:
+                    boundary = self.on_event(rest & 1, rest >> 1)
+                return boundary
+            pos += 1
+            if pos == n_seq:
+                pos = 0
+                iteration += 1
+                t_ns = e >> 1
+                if last >= 0:
+                    # an iteration with an unmatched event is recorded, not observed (negative)
+                    append(last - t_ns if dirty or unmatched else t_ns - last)
+                dirty, unmatched = False, 0
+                last = t_ns
+                boundary = True
+            else:
+                boundary = False
+        self._pos, self.last_boundary_ns, self.iteration = pos, last, iteration
+        self._dirty, self._unmatched = dirty, unmatched
+        e = events[-1]
+        self.last_kind, self.last_t_ns = e & 1, e >> 1
+        if last - self._drained_ns >= self._batch_ns or len(self._batch) >= self._batch_max:
+            self._drain()
+        return boundary
+
     def _complete(self, t_ns: int) -> None:
         """An iteration boundary: count it, and queue its duration for the rule (see _drain)."""
         self.iteration += 1

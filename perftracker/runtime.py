@@ -246,14 +246,13 @@ class Runtime:
         Boundary listeners run only for the event a hook is handling now (not from ``_sync``)."""
         events, self._events = self._events, []
         self._hook_ident = threading.get_ident()
-        on_event, det = self._on_event, self.detector
-        current = events[-1] if events and from_hook else -1
-        for e in events:
-            t_ns = e >> 1
-            if on_event(e & 1, t_ns) and (self._listeners or det.pending is not None):
-                # listeners (a window's start, its iteration marks) only at a boundary happening now:
-                # the first pass after a listener is added may hold boundaries up to batch_ms old
-                self._boundary(t_ns, listeners=e == current)
+        det = self.detector
+        boundary = det.feed(events)
+        # listeners (a window's start, its iteration marks) only at a boundary happening now: the
+        # first pass after a listener is added may hold boundaries up to batch_ms old
+        listeners = boundary and from_hook and bool(self._listeners)
+        if listeners or det.pending is not None:
+            self._boundary(events[-1] >> 1, listeners=listeners)
         self._due_ns = 0 if self._listeners else now_ns + self._log_ns
 
     def _boundary(self, t_ns: int, listeners: bool = True) -> None:

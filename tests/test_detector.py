@@ -451,3 +451,50 @@ def test_cusum_grid_finds_a_small_step_that_the_single_cusum_missed() -> None:
         delays.append(fired[0] - 599)
     bound = math.log(1e4) / ((math.log(1.1) / 0.2) ** 2 / 2)
     assert sorted(delays)[4] < 1.5 * bound and max(delays) < 2.5 * bound, (delays, bound)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_feeding_logged_events_in_chunks_equals_feeding_them_one_by_one(seed: int) -> None:
+    """Detector.feed (the Runtime's event log, docs/overhead.md) against on_event: the same
+    boundaries, iterations, phase, durations and triggers, through learning, steady tracking, stray
+    events (mismatches), a sequence change (relearning) and a slowdown."""
+    rng = np.random.default_rng(seed)
+    events: list[tuple[int, int]] = []
+    t = 1_000 * MS
+    for i in range(1500):
+        pattern = (D, O) if i < 900 else (D, O, O)  # the sequence changes at 900
+        if i == 900:  # an evaluation pass in between: 250 dataloader events, no step (relearning)
+            for _ in range(250):
+                t += MS
+                events.append((D, t))
+        ms = 30 * (1.5 if 600 <= i < 700 else 1.0) * float(np.exp(rng.normal(0, 0.05)))
+        for kind in pattern:
+            t += int(ms * MS / len(pattern))
+            events.append((kind, t))
+        if rng.random() < 0.02:  # a stray event: a mismatch, the iteration is recorded, not observed
+            t += MS
+            events.append((O if rng.random() < 0.5 else D, t))
+    one, chunked = Detector(opts(), FakeClock()), Detector(opts(), FakeClock())
+    trig_one: list[tuple[int, object]] = []
+    trig_chunked: list[tuple[int, object]] = []
+    boundaries_one = []
+    for kind, t in events:
+        if one.on_event(kind, t):
+            boundaries_one.append(t)
+        if one.pending is not None:
+            trig_one.append((one.iteration, one.pop_trigger()))
+    i = 0
+    while i < len(events):
+        n = int(rng.integers(1, 40))
+        chunk = [(t << 1) | kind for kind, t in events[i:i + n]]
+        chunked.feed(chunk)
+        if chunked.pending is not None:
+            trig_chunked.append((chunked.iteration, chunked.pop_trigger()))
+        i += n
+    one._drain()  # the last partial batch
+    chunked._drain()
+    assert chunked.iteration == one.iteration and chunked.phase == one.phase
+    assert chunked.relearn_count == one.relearn_count >= 1 and chunked.sequence == one.sequence
+    assert list(chunked.durations_ns) == list(one.durations_ns)
+    assert (chunked.last_kind, chunked.last_t_ns) == (one.last_kind, one.last_t_ns)
+    assert [d for _, d in trig_chunked] == [d for _, d in trig_one] and trig_one
