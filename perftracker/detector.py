@@ -252,6 +252,21 @@ class Detector:
         it = self.iteration - len(batch)
         t_ns = self.last_boundary_ns - sum(map(abs, batch))  # the boundary before the batch's first
         durations, w, observe = self.durations_ns, self._w, self._observe
+        if not self._profiling and self._settle_left <= 0:
+            # the common case: no window, no settle; nothing below reads the durations window, so it
+            # is updated once for the whole batch (the same contents and sum)
+            durations.extend(map(abs, batch))
+            self._durations_sum = sum(durations)
+            for d in batch:
+                it += 1
+                if d > 0:
+                    t_ns += d
+                    detail = observe(d)
+                    if detail is not None:
+                        self._pass(detail, t_ns, it)
+                else:
+                    t_ns -= d
+            return
         for d in batch:
             it += 1
             clean = d > 0

@@ -64,6 +64,7 @@ class Runtime:
         # the event log: hook events wait here ((t_ns << 1) | kind) and reach the detector in one
         # warm pass once an event comes at or after _due_ns (every event while listeners are set)
         self._events: list[int] = []
+        self._log_event = self._events.append  # the list is emptied in place, never replaced
         self._due_ns = 0
         self._hook_ident = -1  # the thread that runs the hooks (seen at the last flush)
         self._log_ns = int(self.detector.options.batch_ms * 1e6)
@@ -228,7 +229,7 @@ class Runtime:
     # the detector at most batch_ms late.
     def on_dataloader_next(self) -> None:
         t_ns = self._now_ns()
-        self._events.append(t_ns << 1)  # DATALOADER == 0
+        self._log_event(t_ns << 1)  # DATALOADER == 0
         if t_ns >= self._due_ns:
             self._flush(t_ns)
 
@@ -237,14 +238,15 @@ class Runtime:
 
     def on_step_post(self) -> None:
         t_ns = self._now_ns()
-        self._events.append((t_ns << 1) | STEP)
+        self._log_event((t_ns << 1) | STEP)
         if t_ns >= self._due_ns:
             self._flush(t_ns)
 
     def _flush(self, now_ns: int, from_hook: bool = True) -> None:
         """Feed the event log to the detector, in order, with the boundary work at each boundary.
         Boundary listeners run only for the event a hook is handling now (not from ``_sync``)."""
-        events, self._events = self._events, []
+        events = self._events[:]
+        self._events.clear()
         self._hook_ident = threading.get_ident()
         det = self.detector
         boundary = det.feed(events)
