@@ -5,8 +5,8 @@
 One training process (datagen's MLP, one thread) trains while a reader process runs
 perftracker/remote_stacks.py against it in phases, interleaved round by round: ``none`` (no
 reader), ``rt_1ms`` (SCHED_RR, every 1 ms, as the sampler process runs), ``normal_1ms`` (nice 0),
-``normal_4ms``, and ``thread_1ms`` (no reader: the in-process sampler thread, with the 1 ms
-switch interval). Reports each phase's median iteration time over ``none``'s. Progress on
+``rt_4ms``, ``normal_4ms``, and ``thread_1ms`` / ``thread_4ms`` (no reader: the in-process
+sampler thread, with the 1 ms switch interval). Reports each phase's median iteration time over ``none``'s. Progress on
 stderr; last stdout line one JSON object.
 """
 
@@ -64,7 +64,7 @@ def main() -> int:
     torch.set_num_threads(1)
     tr = Trainer(argparse.Namespace(dim=512, depth=6, batch=64))
     layout = calibrate().to_json()
-    phases = ("none", "rt_1ms", "normal_1ms", "normal_4ms", "thread_1ms")
+    phases = ("none", "rt_1ms", "normal_1ms", "rt_4ms", "normal_4ms", "thread_1ms", "thread_4ms")
     times: dict[str, list[float]] = {ph: [] for ph in phases}
     reader_us: dict[str, list[float]] = {}
 
@@ -94,9 +94,9 @@ def main() -> int:
                 proc.stdin.write(layout + "\n")
                 proc.stdin.flush()
                 time.sleep(0.5)
-            elif ph == "thread_1ms":
+            elif ph.startswith("thread"):
                 sys.setswitchinterval(0.001)
-                sampler = stacks_mod.StackSampler(threading.get_ident(), 1000)
+                sampler = stacks_mod.StackSampler(threading.get_ident(), 1000 if ph.endswith("1ms") else 4000)
                 sampler.start()
             times[ph] += train(args.phase_s)
             if proc is not None:

@@ -38,6 +38,7 @@ _FRAME_CODE = 32  # _PyInterpreterFrame.f_code (CPython 3.11, 64-bit)
 _FRAME_PREVIOUS = 48  # _PyInterpreterFrame.previous
 _CFRAME_CURRENT = 8  # _PyCFrame.current_frame
 MAX_DEPTH = 256
+BLOCK = 16384  # bytes of the data stack read at once below the innermost frame
 
 
 class _IoVec(ctypes.Structure):
@@ -54,7 +55,7 @@ _readv.restype = ctypes.c_ssize_t
 class Memory:
     """Reads another (or this) process's memory; ``None`` for an unreadable address."""
 
-    def __init__(self, pid: int, size: int = 4096) -> None:
+    def __init__(self, pid: int, size: int = 32768) -> None:
         self.pid = pid
         self._buf = ctypes.create_string_buffer(size)
         self._local = _IoVec(ctypes.cast(self._buf, ctypes.c_void_p), 0)
@@ -217,11 +218,24 @@ class RemoteStackReader:
         return got
 
     def _walk(self, fp: int) -> tuple[tuple[int, RemoteCode], ...] | None:
+        """Follow ``previous`` from ``fp``. Callers' frames sit below the innermost one in the same
+        data-stack chunk, so one read of the BLOCK bytes below it serves most of the walk (one
+        system call instead of one per frame); a frame outside it is read on its own."""
         mem = self.mem
         out = []
         codes = self.codes
+        lo = max(fp - BLOCK, 4096)
+        block = mem.read(lo, fp + _FRAME_PREVIOUS + 8 - lo)
+        if block is None:  # the chunk starts above lo: per frame
+            lo, block = fp, mem.read(fp, _FRAME_PREVIOUS + 8)
+            if block is None:
+                return None
+        hi = lo + len(block)
         while fp and len(out) < MAX_DEPTH:
-            raw = mem.read(fp, _FRAME_PREVIOUS + 8)
+            if lo <= fp and fp + _FRAME_PREVIOUS + 8 <= hi:
+                raw = block[fp - lo:fp - lo + _FRAME_PREVIOUS + 8]
+            else:
+                raw = mem.read(fp, _FRAME_PREVIOUS + 8)
             if raw is None:
                 return None
             code_addr = int.from_bytes(raw[_FRAME_CODE:_FRAME_CODE + 8], "little")
