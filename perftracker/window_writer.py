@@ -271,11 +271,15 @@ class WindowWriter:
         return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
 
 
-def _load_remote_stacks(path: Path, session: str, wait_s: float = 30.0) -> tuple[list[int], list[Any]] | None:
-    """The sampler process's stack samples (it writes them once the window's end has passed)."""
+REMOTE_STACKS_WAIT_S = 30.0  # the longest wait for the sampler process's stack file
+
+
+def _load_remote_stacks(path: Path, session: str) -> tuple[list[int], list[Any]] | None:
+    """The sampler process's stack samples (it writes them once the window's end has passed);
+    None, logged, when it wrote none (it died): the window then has no Python rows."""
     from perftracker.remote_stacks import load_samples
 
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + REMOTE_STACKS_WAIT_S
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     try:

@@ -119,3 +119,32 @@ def test_no_calibration_falls_back_to_the_thread(tmp_path: Path, monkeypatch: py
         raw, _ = _window(tmp_path, fallback=True)
     assert "sampling Python stacks in a thread instead" in caplog.text
     assert (raw.col("kind") == EventKind.PYTHON).sum() > 0  # the thread sampled them
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The sampler process dies mid-window: the window is still written (ops, GC), without Python
+    rows, with a warning; nothing raises."""
+    monkeypatch.setattr("perftracker.window_writer.REMOTE_STACKS_WAIT_S", 1.0)
+    win = ProfileWindow(tw._Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
+    done: list[WindowResult] = []
+    assert win.arm("dead", 1.0, done.append)
+    killed: list[int] = []
+
+    def body() -> None:
+        tw.outer()
+        tw.other()
+        cur = win._cur
+        if win.state == "active" and not killed and cur is not None and cur.sampler is not None:
+            killed.append(cur.sampler.proc.pid)
+            cur.sampler.proc.kill()
+
+    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        tw._drive(win, done, body=body)
+    res = done[0]
+    assert killed and res.error == "" and res.raw_path is not None
+    raw = RawWindow.load(res.raw_path)
+    kinds = raw.col("kind")
+    assert (kinds == EventKind.PYTHON).sum() == 0 and (kinds == EventKind.CPU_OP).sum() > 0
+    assert "no Python stacks from the sampler process" in caplog.text
