@@ -209,13 +209,14 @@ class RemoteStackReader:
         may belong to a later call at the same address, a torn stack (e.g. inner() under other()).
         Not caught: a return and a new call of the same function at the same address within the
         read (~3 us per frame) whose callers changed."""
-        top = self._top()
-        got = self._walk(top) if top else None
-        # the same innermost frame (address and code) after the walk as before it
-        if not got or self._top() != top or self.mem.word(top + _FRAME_CODE) != self._first_code:
-            self.torn += 1
-            return None
-        return got
+        for _ in range(2):  # a torn read is tried once more at once
+            top = self._top()
+            got = self._walk(top) if top else None
+            # the same innermost frame (address and code) after the walk as before it
+            if got and self._top() == top and self.mem.word(top + _FRAME_CODE) == self._first_code:
+                return got
+        self.torn += 1
+        return None
 
     def _walk(self, fp: int) -> tuple[tuple[int, RemoteCode], ...] | None:
         """Follow ``previous`` from ``fp``. Callers' frames sit below the innermost one in the same
