@@ -191,8 +191,8 @@ class AgentChannel:
             self._enqueue(beat)
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                if not self.connected and ending is None:
-                    return  # no agent to tell: a normal exit does not wait for one
+                if not self.connected and (ending is None or not os.path.exists(self.path)):
+                    return  # no agent to tell: nobody waits for one (a crash waits only for an agent that is there)
                 with self._lock:
                     if not self._out and self.connected:
                         return
