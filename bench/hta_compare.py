@@ -1,6 +1,6 @@
 """perftracker analyze and HTA (HolisticTraceAnalysis) side by side on trace sets.
 
-    python bench/hta_compare.py DIR [DIR ...] [--scenario FILE ...] [--steps K]
+    python bench/hta_compare.py DIR [DIR ...] [--scenario FILE ...]
 
 For each trace directory (and, with --scenario, the mutated trace set of each GPU scenario), it
 prints HTA's straggler candidates (``get_potential_stragglers``), HTA's temporal breakdown per

@@ -276,6 +276,10 @@ def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: S
             part += f" ({where})"
         elif where:
             part += f" {where}"
+        if state == WAITING:
+            since = min(s.last_iteration for s in states if s.rank in rs)
+            if since >= 0:
+                part += f" since iteration {since}"
         if state == "failed in":
             gists = {s.detail.split(": ", 1)[-1] for s in states if s.rank in rs}
             if len(gists) == 1:

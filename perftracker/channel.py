@@ -189,9 +189,21 @@ class AgentChannel:
             beat = heartbeat_message(self.runtime)
             beat["phase"] = "exited"
             self._enqueue(beat)
+            # A process that trained (its identity is settled) but ends before its channel registered
+            # (a short job, or ``sys.exit(3)`` a few iterations in) still registers now, so that the
+            # agent knows it and reads its exit status from the zombie (agent.exits).
+            settled = self.connected
+            if not settled:
+                settle = getattr(self.runtime, "settle_identity", None)
+                try:
+                    settled = bool(settle(store_wait_s=1.0)) if settle is not None else False
+                except Exception as exc:  # noqa: BLE001
+                    log.debug("perftracker: identity not settled at exit: %r", exc)
+                if settled:
+                    self._kick.set()
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                if not self.connected and (ending is None or not os.path.exists(self.path)):
+                if not self.connected and (not os.path.exists(self.path) or (ending is None and not settled)):
                     return  # no agent to tell: nobody waits for one (a crash waits only for an agent that is there)
                 with self._lock:
                     if not self._out and self.connected:

@@ -178,6 +178,7 @@ def test_exception_rank_is_first_and_later_failures_are_not_blamed() -> None:
     assert {s.rank: s.state for s in r.hang_states} == {0: "waiting", 1: "culprit", 2: "failed", 3: "waiting"}
     assert r.summary.startswith("crash: rank 1 failed with RuntimeError: bad at train.py:22 in forward")
     assert "ranks 0,3 wait in c10d allreduce" in r.summary
+    assert "ranks 0,3 wait in c10d allreduce since iteration 200" in r.summary, r.summary
 
 
 def test_single_process_crash_in_a_c10d_call_is_a_crash_not_a_collective_hang() -> None:
@@ -214,14 +215,18 @@ def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> 
 # ------------------------------------------------------------------------------------------------
 
 
-def _perftracker_run(tmp_path: Path, *train_args: str) -> str:
+def _perftracker_run_status(tmp_path: Path, *train_args: str) -> tuple[int, str]:
     from tests.agent_helpers import env_for_tests
 
     train = Path(__file__).resolve().parents[1] / "examples" / "train.py"
     out = subprocess.run([sys.executable, "-m", "perftracker", "run", "--", sys.executable, str(train), "--quiet",
                           *train_args], cwd=tmp_path, env=env_for_tests(), capture_output=True, text=True,
                          timeout=240)
-    return out.stdout
+    return out.returncode, out.stdout
+
+
+def _perftracker_run(tmp_path: Path, *train_args: str) -> str:
+    return _perftracker_run_status(tmp_path, *train_args)[1]
 
 
 @pytest.mark.timeout(300)
@@ -234,3 +239,45 @@ def test_single_process_crash_gives_a_crash_report_and_a_normal_exit_none(tmp_pa
     (tmp_path / "normal").mkdir()
     normal = _perftracker_run(tmp_path / "normal", "--iters", "30")  # another runs dir: a fresh store
     assert "no session was triggered" in normal, normal
+
+
+def test_run_keeps_a_failed_command_a_zombie_for_the_agent_and_reaps_a_clean_one_at_once() -> None:
+    from perftracker.commands.run import wait_keeping_failed_zombie
+
+    seen: list[ExitStatus | None] = []
+    failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    watcher = threading.Thread(target=lambda: seen.append(watch_exit(failing.pid, 0, 5.0)))
+    watcher.start()
+    assert wait_keeping_failed_zombie(failing, hold_s=1.0) == 3
+    watcher.join(10)
+    assert seen == [ExitStatus("exit", 3)]  # the agent's reader saw the zombie before the reap
+
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.send_signal(signal.SIGKILL)
+    seen.clear()
+    watcher = threading.Thread(target=lambda: seen.append(watch_exit(killed.pid, 0, 5.0)))
+    watcher.start()
+    assert wait_keeping_failed_zombie(killed, hold_s=1.0) == -signal.SIGKILL
+    watcher.join(10)
+    assert seen == [ExitStatus("signal", signal.SIGKILL)]
+
+    clean = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_keeping_failed_zombie(clean, hold_s=30.0) == 0  # a clean exit: no hold (30 s would time out)
+
+
+@pytest.mark.timeout(300)
+def test_single_process_nonzero_exit_under_perftracker_run_is_a_crash_with_its_status(tmp_path: Path) -> None:
+    # at iteration 2 the channel has not registered yet (it looks every 0.5 s): it registers at exit
+    code, out = _perftracker_run_status(tmp_path, "--iters", "100000", "--fault", "exit:at_iter=2,code=3")
+    assert code == 3, out
+    assert "crash: rank 0 (a single-process job) ended with exit status 3, at iteration 2" in out, out
+    assert "hang" not in out.split("done, complete:", 1)[-1], out
+
+
+@pytest.mark.timeout(300)
+def test_single_process_crash_before_its_first_iteration_is_a_crash(tmp_path: Path) -> None:
+    code, out = _perftracker_run_status(tmp_path, "--iters", "100000", "--fault", "raise:at_iter=0")
+    assert code != 0, out
+    assert "crash: rank 0 (a single-process job) failed with RuntimeError: injected fault: raise at iteration 0" \
+        in out and "before its first iteration completed" in out, out
+    assert "hang" not in out.split("done, complete:", 1)[-1], out

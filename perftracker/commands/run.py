@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,10 @@ a script path alone with python. Reports go to ./perftracker-runs/ (see `perftra
 
 log = logging.getLogger(__name__)
 DEFAULT_RUNS_DIR = "perftracker-runs"
+# A command that failed stays a zombie until the agent has opened a crash session for it, for at
+# most this long, so that the agent can read its wait status from /proc (agent.exits.watch_exit
+# polls for 1 s after the worker's socket closes). A clean exit is reaped at once.
+FAILED_EXIT_HOLD_S = 3.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -198,6 +203,31 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
         out.write(line + "\n")
 
 
+def wait_keeping_failed_zombie(proc: subprocess.Popen[bytes], hold_s: float = FAILED_EXIT_HOLD_S,
+                               seen: Callable[[], bool] = lambda: False, poll_s: float = 0.05) -> int:
+    """Wait for ``proc``; if it failed (a nonzero status or a signal), reap it only once ``seen()``
+    says the agent has seen the failure, or after ``hold_s``.
+
+    When the command is itself the training process (``perftracker run -- python train.py``), this
+    process is its parent: reaping it at once would take away the wait status that the agent reads
+    from the zombie, and a failed single-process job would get no crash report (issue 22).
+    """
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.wait()
+    if info is not None and not (info.si_code == os.CLD_EXITED and info.si_status == 0):
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline and not seen():
+            time.sleep(poll_s)
+    return proc.wait()
+
+
+def _crash_session_open(agent: LocalAgent) -> bool:
+    """A hang or crash session of this run exists (the crash reports open sessions of kind "hang")."""
+    return any(s.get("kind") in ("hang", "crash") for s in agent.sessions())
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = build_command(args.command, args.nproc_per_node)
     agent = LocalAgent.start(args.runs_dir, args.window_s, args.collect_grace_s)
@@ -206,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         proc = subprocess.Popen(cmd, env=agent.env(args.window_s))
         try:
-            code = proc.wait()
+            code = wait_keeping_failed_zombie(proc, seen=lambda: _crash_session_open(agent))
         except KeyboardInterrupt:
             proc.send_signal(signal.SIGINT)
             code = proc.wait()
