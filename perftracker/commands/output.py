@@ -2,8 +2,8 @@
 output files written whole.
 
 Colour only when the stream is a terminal and ``NO_COLOR`` is unset (rich's rules; ``FORCE_COLOR``
-forces it); the width is the terminal's (``COLUMNS`` when set, 80 when not a terminal). rich is in
-the ``localizer`` extra and imported here lazily; without it (the agent image) messages are plain
+forces it); the width is the terminal's (``COLUMNS`` when set, 80 when not a terminal). rich is a
+base dependency, imported here lazily; should it be missing (a trimmed image), messages are plain
 text. ``import perftracker`` never imports this module.
 """
 
