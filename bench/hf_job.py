@@ -16,7 +16,7 @@ download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
    longer the ranks take from the end of ``trainer.train()`` to their last atexit hook than in the
    "off" runs (each rank measures it; the worst rank counts).
 
-Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30]
+Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30] [--hooks-only]
 Last stdout line: {"ratio": float, "samples_per_s_off": float, "samples_per_s_on": float,
 "exit_delay_s": float, "report_headline": str, ...}
 """
@@ -219,6 +219,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="off/on pairs, in ABBA order, for the throughput ratio")
     p.add_argument("--trigger-before-end-s", type=float, default=30.0, help="0: skip the trigger run")
     p.add_argument("--auto-triggers", action="store_true", help="keep the detector's triggers in the trigger run")
+    p.add_argument("--hooks-only", action="store_true",
+                   help="the detector's triggers off in the 'on' throughput runs too: the ratio is then the "
+                        "always-on cost (hooks, channel, agent) without any profile window")
     p.add_argument("--skip-throughput", type=float, default=0.0, metavar="S_PER_STEP",
                    help="skip the off/on runs; use this many seconds per step for the trigger run")
     args = p.parse_args()
@@ -227,8 +230,9 @@ def main() -> int:
         return 0
     runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
     order = [False, True, True, False] * ((args.rounds + 1) // 2)
+    no_triggers = {"PERFTRACKER_SLOWDOWN_THRESHOLD": "100"}  # a slowdown of +10,000%: never
     for on in ([] if args.skip_throughput else order[: 2 * args.rounds]):
-        res = run_job(on, args.steps)
+        res = run_job(on, args.steps, env_extra=no_triggers if on and args.hooks_only else None)
         if res["rc"] != 0:
             print(f"run failed (on={on}):\n{res['tail']}", file=sys.stderr)
             return 1
@@ -247,6 +251,7 @@ def main() -> int:
         result = {
             "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
             "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
+            "hooks_only": args.hooks_only,
             "exit_after_train_off_s": round(exit_off, 3),
         }
     if args.trigger_before_end_s > 0:
@@ -256,7 +261,7 @@ def main() -> int:
         # the detector's own triggers off for this run (--auto-triggers keeps them): on a loaded
         # machine a noise trigger's 20 s window may still be written when the CLI trigger comes, and
         # the worker then refuses the second window; this run is about the window at exit
-        extra = {} if args.auto_triggers else {"PERFTRACKER_SLOWDOWN_THRESHOLD": "100"}
+        extra = {} if args.auto_triggers else no_triggers
         res = run_job(True, steps, trigger_before_end_s=args.trigger_before_end_s, env_extra=extra)
         if res["rc"] != 0:
             print(f"trigger run failed:\n{res['tail']}", file=sys.stderr)
