@@ -222,6 +222,8 @@ def main() -> int:
     p.add_argument("--hooks-only", action="store_true",
                    help="the detector's triggers off in the 'on' throughput runs too: the ratio is then the "
                         "always-on cost (hooks, channel, agent) without any profile window")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="a PERFTRACKER_* variable for the 'on' runs, e.g. PERFTRACKER_AUTOSTART_AGENT=0 (repeatable)")
     p.add_argument("--skip-throughput", type=float, default=0.0, metavar="S_PER_STEP",
                    help="skip the off/on runs; use this many seconds per step for the trigger run")
     args = p.parse_args()
@@ -231,8 +233,12 @@ def main() -> int:
     runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
     order = [False, True, True, False] * ((args.rounds + 1) // 2)
     no_triggers = {"PERFTRACKER_SLOWDOWN_THRESHOLD": "100"}  # a slowdown of +10,000%: never
+    user_env = dict(kv.split("=", 1) for kv in args.env if "=" in kv)
+    if any("=" not in kv or not kv.startswith("PERFTRACKER_") for kv in args.env):
+        p.error("--env takes PERFTRACKER_NAME=VALUE")
+    on_env = {**(no_triggers if args.hooks_only else {}), **user_env}
     for on in ([] if args.skip_throughput else order[: 2 * args.rounds]):
-        res = run_job(on, args.steps, env_extra=no_triggers if on and args.hooks_only else None)
+        res = run_job(on, args.steps, env_extra=on_env if on else None)
         if res["rc"] != 0:
             print(f"run failed (on={on}):\n{res['tail']}", file=sys.stderr)
             return 1
@@ -251,7 +257,7 @@ def main() -> int:
         result = {
             "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
             "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
-            "hooks_only": args.hooks_only,
+            "hooks_only": args.hooks_only, "env": user_env,
             "exit_after_train_off_s": round(exit_off, 3),
         }
     if args.trigger_before_end_s > 0:
