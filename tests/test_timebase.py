@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock
@@ -63,6 +64,9 @@ def _rows(raw: RawWindow, name_suffix: str, kind: EventKind) -> list[tuple[int, 
     return list(zip(raw.col("start_ns")[sel].tolist(), raw.col("end_ns")[sel].tolist(), strict=True))
 
 
+# One rerun: 40 ms phases of a real thread on a shared 2-core host; a full-suite run on 2026-11-26,
+# during a stretch where a busy thread got only ~0.73 of a core, read 0.11 off. Tolerances unchanged.
+@pytest.mark.flaky(reruns=1)
 def test_busy_and_sleep_line_up_with_procfs_samples(tmp_path: Path) -> None:
     win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(spawn_sampler=True))
     done: list[WindowResult] = []
