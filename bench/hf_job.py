@@ -16,7 +16,7 @@ download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
    longer the ranks take from the end of ``trainer.train()`` to their last atexit hook than in the
    "off" runs (each rank measures it; the worst rank counts).
 
-Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30] [--hooks-only]
+Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30] [--hooks-only] [--env K=V]
 Last stdout line: {"ratio": float, "samples_per_s_off": float, "samples_per_s_on": float,
 "exit_delay_s": float, "report_headline": str, ...}
 """
@@ -233,9 +233,9 @@ def main() -> int:
     runs: dict[bool, list[dict[str, object]]] = {False: [], True: []}
     order = [False, True, True, False] * ((args.rounds + 1) // 2)
     no_triggers = {"PERFTRACKER_SLOWDOWN_THRESHOLD": "100"}  # a slowdown of +10,000%: never
-    user_env = dict(kv.split("=", 1) for kv in args.env if "=" in kv)
     if any("=" not in kv or not kv.startswith("PERFTRACKER_") for kv in args.env):
         p.error("--env takes PERFTRACKER_NAME=VALUE")
+    user_env = dict(kv.split("=", 1) for kv in args.env)
     on_env = {**(no_triggers if args.hooks_only else {}), **user_env}
     for on in ([] if args.skip_throughput else order[: 2 * args.rounds]):
         res = run_job(on, args.steps, env_extra=on_env if on else None)

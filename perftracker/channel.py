@@ -160,8 +160,10 @@ class AgentChannel:
         exception's traceback (``end="exception"``; a survivor of a dead peer fails inside the
         collective); then a last heartbeat with phase "exited". A process that crashes before its
         identity settled (before its first iteration, e.g. a configuration error) settles it now, so
-        that the crash is reported. Waits at most ``exit_flush_s`` (``crash_flush_s`` after a crash);
-        never raises.
+        that the crash is reported; one that trained but ends before its channel registered (a short
+        job, or ``sys.exit(3)`` a few iterations in) registers now, so that the agent knows it and
+        reads its exit status from the zombie (agent.exits). Waits at most ``exit_flush_s``
+        (``crash_flush_s`` after a crash); never raises.
         """
         try:
             if self._stop.is_set() or self._thread is None:
@@ -173,14 +175,9 @@ class AgentChannel:
             wait_s = self.options.exit_flush_s
             if ending is not None:
                 wait_s = max(wait_s, self.options.crash_flush_s)
-                settle = getattr(self.runtime, "settle_identity", None)
                 # a torch.multiprocessing launcher re-raises its child's failure: the child reports it
-                launcher = type(ending[0]).__name__ in ("ProcessRaisedException", "ProcessExitedException")
-                if settle is not None and not launcher and not getattr(self.runtime.identity, "settled", True):
-                    try:
-                        settle(store_wait_s=1.0, exiting=True)
-                    except Exception as exc:  # noqa: BLE001
-                        log.debug("perftracker: identity not settled at exit: %r", exc)
+                if type(ending[0]).__name__ not in ("ProcessRaisedException", "ProcessExitedException"):
+                    self._settle_at_exit(exiting=True)
                 snap = crash.crash_snapshot(self.runtime, ending[0], ending[1])
                 if snap is not None:
                     self._enqueue(snapshot_message(snap))
@@ -189,18 +186,9 @@ class AgentChannel:
             beat = heartbeat_message(self.runtime)
             beat["phase"] = "exited"
             self._enqueue(beat)
-            # A process that trained (its identity is settled) but ends before its channel registered
-            # (a short job, or ``sys.exit(3)`` a few iterations in) still registers now, so that the
-            # agent knows it and reads its exit status from the zombie (agent.exits).
-            settled = self.connected
-            if not settled:
-                settle = getattr(self.runtime, "settle_identity", None)
-                try:
-                    settled = bool(settle(store_wait_s=1.0)) if settle is not None else False
-                except Exception as exc:  # noqa: BLE001
-                    log.debug("perftracker: identity not settled at exit: %r", exc)
-                if settled:
-                    self._kick.set()
+            settled = self.connected or self._settle_at_exit(exiting=False)
+            if settled and not self.connected:
+                self._kick.set()  # not registered yet: the channel thread registers now
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
                 if not self.connected and (not os.path.exists(self.path) or (ending is None and not settled)):
@@ -213,6 +201,18 @@ class AgentChannel:
             log.debug("perftracker: exit report failed: %r", exc)
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _settle_at_exit(self, exiting: bool) -> bool:
+        """Settle the identity now, waiting at most 1 s on the default store; whether it is settled.
+        ``exiting``: settle even without a completed iteration (a crash at setup)."""
+        settle = getattr(self.runtime, "settle_identity", None)
+        if settle is None:
+            return False
+        try:
+            return bool(settle(store_wait_s=1.0, exiting=exiting))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("perftracker: identity not settled at exit: %r", exc)
+            return False
 
     def _enqueue(self, msg: dict[str, Any]) -> None:
         with self._lock:
