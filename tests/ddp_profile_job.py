@@ -5,10 +5,13 @@ rank ``SLOW_RANK`` also sleeps ``SLEEP_MS`` per iteration in ``straggle``. The p
 are exported as Kineto JSON (``OUT/rank{r}.json``) with Python stacks, and a schedstat sampler
 process (tests.schedstat_sampler) records the training thread's CPU use (``OUT/samples{r}.npz``).
 A ``perftracker.sync:<monotonic ns>`` annotation ties the trace clock to CLOCK_MONOTONIC.
+``OUT/busy{r}.json`` holds busy_fn's true CPU share over the profiled iterations, counted both ways
+(tests/cpuclock.py): thread_time and, where perf is permitted, the thread's task-clock.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from tests.cpuclock import ThreadCpuClock
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -51,12 +55,19 @@ def main() -> None:
     model = DDP(torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 256)
+    clock = ThreadCpuClock()
+    busy_ns = [0, 0, 0]  # wall, thread_time, task-clock of busy_fn (the profiled iterations only)
 
     def step() -> None:
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
+        w0, (c0, p0) = time.monotonic_ns(), clock.read()
         busy_fn()
+        w1, (c1, p1) = time.monotonic_ns(), clock.read()
+        busy_ns[0] += w1 - w0
+        busy_ns[1] += c1 - c0
+        busy_ns[2] += (p1 - p0) if p0 is not None and p1 is not None else 0
         sleepy_fn()
         if rank == SLOW_RANK and SLEEP_MS > 0:
             straggle()
@@ -72,6 +83,7 @@ def main() -> None:
          os.path.join(OUT, f"samples{rank}.npz")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert sampler.stdout is not None and sampler.stdout.readline().strip() == "ready"
     dist.barrier()
+    busy_ns[:] = [0, 0, 0]
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
             pass
@@ -83,6 +95,9 @@ def main() -> None:
     prof_path = os.path.join(OUT, f"rank{rank}.json")
     # export_chrome_trace after the sampler stopped: its cost is not in the window
     prof.export_chrome_trace(prof_path)
+    with open(os.path.join(OUT, f"busy{rank}.json"), "w") as fh:
+        json.dump({"thread_time_share": busy_ns[1] / busy_ns[0],
+                   "task_clock_share": busy_ns[2] / busy_ns[0] if clock.has_perf else None}, fh)
     dist.barrier()
     dist.destroy_process_group()
 

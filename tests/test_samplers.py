@@ -29,6 +29,7 @@ from agent.samplers.procfs import (
 from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from perftracker.errors import ConfigError, TraceError
 from perftracker.rawdata import SampleSet, UtilSeries
+from tests.cpuclock import ThreadCpuClock, steal_ticks_per_cpu, steal_upper_bound_ns
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
@@ -203,7 +204,8 @@ def _task_clock_or_skip(tid: int) -> int:
 
 
 def test_task_clock_reads_the_threads_exact_cpu_time() -> None:
-    """The counter equals the thread's own CLOCK_THREAD_CPUTIME_ID and ignores sibling threads."""
+    """The counter equals the thread's own CLOCK_THREAD_CPUTIME_ID, up to the time the hypervisor
+    stole from its vCPU, and ignores sibling threads."""
     import threading
 
     fd = _task_clock_or_skip(threading.get_native_id())
@@ -215,30 +217,37 @@ def test_task_clock_reads_the_threads_exact_cpu_time() -> None:
         while not sib_tid:
             time.sleep(0.001)
         sib_fd = open_task_clock(sib_tid[0])
+        st0 = steal_ticks_per_cpu()
         c0, r0, s0 = time.thread_time_ns(), read_task_clock(fd), read_task_clock(sib_fd)
         t = time.perf_counter()
-        while time.perf_counter() - t < 0.1:
+        while time.perf_counter() - t < 0.5:
             pass
         r1, c1, s1 = read_task_clock(fd), time.thread_time_ns(), read_task_clock(sib_fd)
+        st1 = steal_ticks_per_cpu()
         os.close(sib_fd)
     finally:
         stop.set()
         sib.join()
         os.close(fd)
-    assert c1 - c0 > 1_000_000  # the loop got some CPU, even on a loaded node
-    # the reads sit between the thread_time calls: the counter is up to date at each read. The two
-    # clocks are kept apart in the kernel: perf's counts time the hypervisor stole from the vCPU
-    # while the thread was on it, the scheduler's run time (thread_time, schedstat) leaves it out
-    # (CONFIG_PARAVIRT_TIME_ACCOUNTING, on in this VM); measured here: up to ~0.6 % apart.
-    assert abs((c1 - c0) - (r1 - r0)) < 100_000 + 0.02 * (c1 - c0), (c1 - c0, r1 - r0)
+    assert c1 - c0 > 5_000_000  # the loop got some CPU, even on a loaded node
+    # the reads sit between the thread_time calls: the counter is up to date at each read. perf's
+    # count is a superset of the scheduler's run time: it adds the time the hypervisor stole from
+    # the vCPU while the thread was on it (thread_time and schedstat leave it out). Measured on a
+    # quiet host: up to ~0.6 % apart; on a CI host with 10 % steal, 11 % apart over 100 ms.
+    stolen = steal_upper_bound_ns(st0, st1)
+    assert (r1 - r0) >= (c1 - c0) - 100_000, (c1 - c0, r1 - r0)
+    # 2 % of 0.5 s is one tick: it covers a CPU whose steal counter did not move (< 1 tick stolen)
+    assert (r1 - r0) - (c1 - c0) < 100_000 + 0.02 * (c1 - c0) + stolen, (c1 - c0, r1 - r0, stolen)
     assert s1 - s0 < 1_000_000  # the waiting sibling ran (almost) nothing
 
 
 _ALTERNATING_CHILD = textwrap.dedent("""\
-    # A thread alternating a pure-Python busy loop and time.sleep, timing each phase with
-    # time.thread_time_ns (its exact CPU time) next to CLOCK_MONOTONIC; a sibling thread burns CPU
-    # outside the GIL (hashlib) all along, so a per-process counter would not read 0 in the sleeps.
+    # A thread alternating a pure-Python busy loop and time.sleep, timing each phase with its own
+    # CPU clocks (thread_time_ns; perf task-clock where permitted, -1 elsewhere: tests/cpuclock.py)
+    # next to CLOCK_MONOTONIC; a sibling thread burns CPU outside the GIL (hashlib) all along, so a
+    # per-process counter would not read 0 in the sleeps.
     import hashlib, sys, threading, time
+    from tests.cpuclock import ThreadCpuClock
     n, busy_ms, nap_ms = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
     stop = threading.Event()
     def burn():
@@ -248,15 +257,20 @@ _ALTERNATING_CHILD = textwrap.dedent("""\
     def work(start_ns):
         while time.monotonic_ns() < start_ns:
             time.sleep(0.001)
+        clock = ThreadCpuClock()
         rows = []
+        def now():
+            c, p = clock.read()
+            return time.monotonic_ns(), c, (-1 if p is None else p)
         for _ in range(n):
-            w0, c0 = time.monotonic_ns(), time.thread_time_ns()
+            w0, c0, p0 = now()
             while time.monotonic_ns() - w0 < busy_ms * 1e6:
                 pass
-            w1, c1 = time.monotonic_ns(), time.thread_time_ns()
+            w1, c1, p1 = now()
             time.sleep(nap_ms / 1000)
-            w2, c2 = time.monotonic_ns(), time.thread_time_ns()
-            rows += [f"busy {w0} {w1} {c1 - c0}", f"sleep {w1} {w2} {c2 - c1}"]
+            w2, c2, p2 = now()
+            rows += [f"busy {w0} {w1} {c1 - c0} {p1 - p0 if p0 >= 0 else -1}",
+                     f"sleep {w1} {w2} {c2 - c1} {p2 - p1 if p0 >= 0 else -1}"]
         print("\\n".join(rows), flush=True)
         print("done", flush=True)
     threading.Thread(target=burn, daemon=True).start()
@@ -281,13 +295,22 @@ _ALTERNATING_CHILD = textwrap.dedent("""\
     """)
 
 
-def _phase_estimates(cpu: UtilSeries, phases: list[tuple[str, int, int, float]]) -> dict[str, np.ndarray]:
-    """Per phase: (true share, the series' mean over exactly [w0, w1], mean of samples fully inside)."""
+Phase = tuple[str, int, int, float, float]  # kind, w0, w1, thread_time share, task-clock share (nan: no perf)
+
+
+def _phase_estimates(cpu: UtilSeries, phases: list[Phase]) -> dict[str, np.ndarray]:
+    """Per phase: (true share, the series' mean over exactly [w0, w1], mean of samples fully inside).
+
+    The true share is counted as the series' source counts it (tests/cpuclock.py): the thread's own
+    task-clock for perf, its thread_time for schedstat.
+    """
     t = cpu.t_ns
     v = cpu.value.astype(np.float64)
     t_prev = np.r_[t[0] - cpu.period_ns, t[:-1]]
     out: dict[str, list[tuple[float, float, float]]] = {"busy": [], "sleep": []}
-    for kind, w0, w1, share in phases:
+    for kind, w0, w1, sched_share, perf_share in phases:
+        share = perf_share if cpu.source == "perf" else sched_share
+        assert share == share, "a perf series but no task-clock truth"
         overlap = np.clip(np.minimum(t, w1) - np.maximum(t_prev, w0), 0, None)
         inside = (t_prev >= w0) & (t <= w1)
         out[kind].append((share, float((overlap * v).sum() / (w1 - w0)), float(v[inside].mean()) if inside.sum() >= 5 else np.nan))
@@ -314,7 +337,7 @@ def _perf_refusal_can_be_forced() -> bool:
 
 
 def _run_side_by_side(tmp_path: Path, variants: dict[str, tuple[list[str], object]], n: int = 24,
-                      busy_ms: int = 40, nap_ms: int = 40) -> tuple[dict[str, UtilSeries], list[tuple[str, int, int, float]], dict[str, str]]:
+                      busy_ms: int = 40, nap_ms: int = 40) -> tuple[dict[str, UtilSeries], list[Phase], dict[str, str]]:
     """Run one sampler process per variant (extra args, preexec_fn) on the same alternating thread."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PERFTRACKER_DISABLE": "1"}
     child = subprocess.Popen([sys.executable, "-c", _ALTERNATING_CHILD, str(n), str(busy_ms), str(nap_ms)],
@@ -339,12 +362,13 @@ def _run_side_by_side(tmp_path: Path, variants: dict[str, tuple[list[str], objec
             p.stdin.flush()
         child.stdin.write(f"{start + 30_000_000}\n")
         child.stdin.flush()
-        phases: list[tuple[str, int, int, float]] = []
+        phases: list[Phase] = []
         for line in child.stdout:
             if line.strip() == "done":
                 break
-            kind, a, b, c = line.split()
-            phases.append((kind, int(a), int(b), int(c) / (int(b) - int(a))))
+            kind, a, b, c, p = line.split()
+            wall = int(b) - int(a)
+            phases.append((kind, int(a), int(b), int(c) / wall, int(p) / wall if int(p) >= 0 else float("nan")))
         end = time.monotonic_ns()
         logs: dict[str, str] = {}
         for name, p in procs.items():
@@ -386,7 +410,9 @@ SCHEDSTAT_TOL = {"median": 0.1, "p90": 0.15, "sleep_inside": 0.025}
 
 # One rerun: the phases are 40 ms of a real thread on a shared 2-core host. A full-suite run on
 # 2026-11-26 read p90 0.083 for perf (one phase hit by the host; median 0.0088, within tolerance),
-# while two other full runs the same day and CI passed. The tolerances stay as they are.
+# while two other full runs the same day and CI passed. The tolerances stay as they are. A later CI
+# run on a host with 10-20 % hypervisor steal read perf 0.835 against thread_time's 0.651: the
+# truth for perf is now the thread's own task-clock (tests/cpuclock.py), which counts steal too.
 @pytest.mark.flaky(reruns=1)
 def test_cpu_sources_match_the_threads_true_share(tmp_path: Path) -> None:
     """perf (the default where permitted) and schedstat (forced) sample one thread side by side."""
@@ -399,7 +425,7 @@ def test_cpu_sources_match_the_threads_true_share(tmp_path: Path) -> None:
         perf_ok = False
     assert series["auto"].source == ("perf" if perf_ok else "schedstat")
     assert ("cpu source perf" if perf_ok else "cpu source schedstat") in logs["auto"]
-    truth = np.array([share for kind, *_, share in phases if kind == "busy"])
+    truth = np.array([sched for kind, _, _, sched, _ in phases if kind == "busy"])
     assert np.median(truth) > 0.03, "the machine is too loaded for this test to mean anything"
     report = {"true_busy_share": round(float(truth.mean()), 3)}
     for name, tol in (("auto", PERF_TOL if perf_ok else SCHEDSTAT_TOL), ("schedstat", SCHEDSTAT_TOL)):

@@ -8,6 +8,7 @@ each iteration, with a procfs/perf thread-CPU sampler (tests.schedstat_sampler) 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,6 +97,16 @@ def test_online_window_victim_is_not_blamed(online_job: Path) -> None:
 
 
 _cache: dict[tuple[Path, int], tuple[RawWindow, SampleSet]] = {}
+
+
+def busy_true_share(out: Path, rank: int, samples: SampleSet) -> float:
+    """busy_fn's CPU share in the profiled iterations, by the clock the job's sampler used."""
+    truth = json.loads((out / f"busy{rank}.json").read_text())
+    cpu = samples.get("cpu")
+    assert cpu is not None
+    if cpu.source.startswith("perf"):
+        return float(truth["task_clock_share"])
+    return float(truth["thread_time_share"])
 
 
 def load_rank(out: Path, rank: int) -> tuple[RawWindow, SampleSet]:
@@ -206,7 +217,13 @@ def test_busy_function_mu_near_one_sleeping_function_mu_near_zero(job: Path) -> 
         # 0.465, rank 1 (also 50 ms straggler sleeps) 0.0; busy_fn's samples 0.86-0.89. A trace-to-sampler
         # clock error of a millisecond would put busy time into the sleeps and lift this well above 0.2.
         assert float(np.mean(samples.get("cpu").value[inside])) <= 0.2, (rank, np.mean(samples.get("cpu").value[inside]))
-        assert busy.mu >= 0.8 and busy.mu > sleepy.mu, (rank, busy.mu, sleepy.mu)
+        # μ ≈ busy_fn's true CPU share, counted as the sampler's source counts it (tests/cpuclock.py).
+        # On a quiet host the share is ~0.97 and μ 0.86-0.89 (the sampler's staircase reads a little
+        # low). A CI host with 10-20 % hypervisor steal and other jobs beside it gave μ 0.75: the
+        # thread truly ran less there, so the bound follows the measured share, not a fixed 0.8.
+        true_share = busy_true_share(job, rank, samples)
+        assert true_share > 0.3, ("the machine is too loaded for this test to mean anything", true_share)
+        assert busy.mu >= 0.8 * true_share and busy.mu > sleepy.mu, (rank, busy.mu, sleepy.mu, true_share)
         # cross-check μ and σ of busy_fn (no children: self time = execution) with a by-hand Algorithm 1
         nid = [i for i, n in enumerate(raw.names) if n.endswith("busy_fn")][0]
         rows = np.flatnonzero(raw.col("name_id") == nid)
