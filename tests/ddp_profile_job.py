@@ -22,9 +22,10 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from tests.cpuclock import ThreadCpuClock
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, record_function
+
+from tests.cpuclock import ThreadCpuClock
 
 OUT = os.environ["OUT"]
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "5"))

@@ -29,7 +29,7 @@ from agent.samplers.procfs import (
 from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
 from perftracker.errors import ConfigError, TraceError
 from perftracker.rawdata import SampleSet, UtilSeries
-from tests.cpuclock import ThreadCpuClock, steal_ticks_per_cpu, steal_upper_bound_ns
+from tests.cpuclock import steal_ticks_per_cpu, steal_upper_bound_ns
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
