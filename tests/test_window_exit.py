@@ -61,7 +61,9 @@ SCRIPT = textwrap.dedent("""\
         opt.step()
         opt.zero_grad()
         i += 1
-        if win.state == want and (mode != "running" or i % 20 == 0):
+        # "running": end with complete iterations in the window (one with none is discarded by
+        # design); waiting for i % 20 alone raced the window's start on a loaded host
+        if win.state == want and (mode != "running" or (i % 20 == 0 and len(win._cur.boundaries_ns) >= 3)):
             break
     model(torch.randn(64, 32)).pow(2).mean().backward()  # half an iteration: cut off at exit
     print("STATE", win.state, flush=True)
