@@ -310,7 +310,7 @@ def _phase_estimates(cpu: UtilSeries, phases: list[Phase]) -> dict[str, np.ndarr
     out: dict[str, list[tuple[float, float, float]]] = {"busy": [], "sleep": []}
     for kind, w0, w1, sched_share, perf_share in phases:
         share = perf_share if cpu.source == "perf" else sched_share
-        assert share == share, "a perf series but no task-clock truth"
+        assert not np.isnan(share), "a perf series but no task-clock truth"
         overlap = np.clip(np.minimum(t, w1) - np.maximum(t_prev, w0), 0, None)
         inside = (t_prev >= w0) & (t <= w1)
         out[kind].append((share, float((overlap * v).sum() / (w1 - w0)), float(v[inside].mean()) if inside.sum() >= 5 else np.nan))
