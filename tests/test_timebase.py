@@ -3,10 +3,12 @@
 A loop alternates a pure-Python busy function with a Python function that sleeps. The window
 profiles it and the real sampler process (``python -m agent.samplers``) samples the training
 thread (perf task-clock where permitted, else schedstat; tests/test_samplers.py checks both
-sources against each other and against ``time.thread_time_ns``). Inside each busy execution (found in the window's rows, from the stack sampler and from a
-Kineto ``record_function`` annotation) the sampled CPU utilization must match the thread's true
-CPU share for that call (``time.thread_time_ns``), which is ~100 % on an idle machine; inside each
-sleep it must be ~0 %. Shifting the profiler times by a few tens of ms must break the match.
+sources against the thread's own clocks). Inside each busy execution (found in the window's rows,
+from the stack sampler and from a Kineto ``record_function`` annotation) the sampled CPU
+utilization must match the thread's true CPU share for that call, counted as the source counts it
+(its task-clock for perf, ``time.thread_time_ns`` for schedstat: tests/cpuclock.py), which is
+~100 % on an idle machine; inside each sleep it must be ~0 %. Shifting the profiler times by a few
+tens of ms must break the match.
 """
 
 from __future__ import annotations
