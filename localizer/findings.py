@@ -41,6 +41,7 @@ from localizer.waits import (
     cause_of_lateness,
     late_groups,
     material_wait,
+    suspect_late_groups,
     wait_families,
 )
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
@@ -173,8 +174,12 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     families = wait_families([v.info.label for v in verdicts], waits)
     causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
     groups = late_groups(beta, families, arr.stage, opts)
-    groups += _flagged_early_exits(drafts, beta, groups, opts)
+    groups += _flagged_early_exits(drafts, beta, families, groups, opts)
+    suspects = [d.idx for d in drafts if not d.folded and d.kind == "specific" and d.observed.beta >= d.median.beta
+                and d.verdict.info.key != LINK_KEY and not _is_wait(d.verdict.info)]
+    groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts)
     groups.sort(key=lambda g: -g.wait_share)
+    _drop_split_early_exits(drafts, families, groups)
     waiting = np.zeros(arr.n_workers, dtype=bool)
     for lg in groups:
         waiting[lg.waiting] = True
@@ -225,28 +230,48 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 break
 
 
-def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, known: Sequence[LateGroup],
-                         opts: WaitOptions) -> list[LateGroup]:
+def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: list[list[int]],
+                         known: Sequence[LateGroup], opts: WaitOptions) -> list[LateGroup]:
     """Late groups from collective findings whose ranks hold the collective materially *less* than
     the others (the differential test singled them out: they arrive last), where the wait evidence
-    itself was not clear enough (a noisy group). The others' excess must be a material wait. Such a
-    finding may already be folded into its ranks' own finding as a consequence; its waits still count."""
+    itself was not clear enough (a noisy group). Judged, like the wait evidence, on the whole wait
+    family (a rank that holds one part of the DDP reducer's wait less may hold the other part more).
+    The others' excess must be a material wait. Such a finding may already be folded into its ranks'
+    own finding as a consequence; its waits still count."""
+    family_of = {f: fam for fam in families for f in fam}
     covered = {(g.f, int(r)) for g in known for r in g.late}
     out = []
     for v in drafts:
         info = v.verdict.info
         if not _is_wait(info) or v.kind == "common" or v.tests != ("differential",):
             continue
-        if all((v.f, int(r)) in covered for r in v.idx):
+        family = family_of.get(v.f, [v.f])
+        head = family[0]
+        if all((head, int(r)) in covered for r in v.idx):
             continue
-        b = beta[v.f]
+        b = beta[family].sum(axis=0)
         others = np.setdiff1d(np.flatnonzero(b > 0), v.idx)
         if others.size == 0:
             continue
         share = float(np.median(b[others]) - np.median(b[v.idx]))
         if material_wait(share, float(np.median(b[others])), opts):
-            out.append(LateGroup(v.f, np.sort(v.idx), others, share))
+            out.append(LateGroup(head, np.sort(v.idx), others, share))
+            covered.update((head, int(r)) for r in v.idx)
     return out
+
+
+def _drop_split_early_exits(drafts: Sequence[_Draft], families: list[list[int]], groups: Sequence[LateGroup]) -> None:
+    """A finding that some ranks hold one *part* of a split wait (the DDP reducer's steady and varying
+    parts) less, where those ranks are not late for the wait as a whole, says only how a peer's
+    delay split between the parts on them: no finding."""
+    family_of = {f: fam for fam in families for f in fam}
+    late = {(g.f, int(r)) for g in groups for r in g.late}
+    for v in drafts:
+        if v.folded or not _is_wait(v.verdict.info) or v.observed.beta >= v.median.beta:
+            continue
+        family = family_of.get(v.f, [v.f])
+        if len(family) > 1 and not any((family[0], int(r)) in late for r in v.idx):
+            v.folded = True
 
 
 def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:

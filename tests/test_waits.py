@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from localizer import synthetic as sy
-from localizer.arrays import FunctionInfo, PatternArrays
+from localizer.arrays import FunctionInfo, PatternArrays, pattern_sets_to_arrays
 from localizer.host import HOST_KEY
 from localizer.localize import LocalizeOptions, localize, localize_arrays
-from localizer.waits import WaitOptions, late_workers
+from localizer.waits import LateGroup, WaitOptions, late_groups, late_workers, suspect_late_groups
 from perftracker.model import Category, PatternSet, Report
 
 OPTS = LocalizeOptions(created_ns=1)
@@ -263,3 +263,68 @@ def test_tier_needs_peer_evidence() -> None:
     assert _tier(draft(("waits",)), 0.05) == 0
     assert _tier(draft(("expectation",)), 0.05) == 1
     assert _tier(draft(("differential",), kind="common"), 0.05) == 1
+
+
+def _suspect(b: list[float], suspect: list[int]) -> list[LateGroup]:
+    return suspect_late_groups(np.array([b]), [[0]], None, [np.array(suspect)], [], WO)
+
+
+def test_a_suspect_is_late_when_below_every_waiter_by_a_material_wait() -> None:
+    """Rank 1 has a finding of its own (another test): the others wait for it when it holds the
+    collective less than each of them and their median exceeds its share by ``wait_min``. The
+    outlier test alone would not name it (the waiters' spread makes its margin 0.12)."""
+    waiters = [0.20, 0.22, 0.18]  # median 0.20
+    above = [waiters[0], 0.20 - 1.2 * WO.wait_min, *waiters[1:]]
+    below = [waiters[0], 0.20 - 0.8 * WO.wait_min, *waiters[1:]]
+    assert not late_workers(np.array(above), WO)[0].any()
+    g = _suspect(above, [1])
+    assert len(g) == 1 and g[0].late.tolist() == [1] and g[0].waiting.tolist() == [0, 2, 3]
+    assert g[0].wait_share == pytest.approx(1.2 * WO.wait_min)
+    assert _suspect(below, [1]) == []  # separated, but the wait is not material
+
+
+def test_a_suspect_that_some_waiter_undercuts_or_that_waits_itself_is_not_late() -> None:
+    assert _suspect([0.55, 0.47, 0.45, 0.60], [1]) == []  # rank 2 holds the collective less
+    assert _suspect([0.30, 0.60, 0.32, 0.31], [1]) == []  # the suspect waits for the others
+    assert _suspect([0.55, 0.20, 0.25, 0.60], [1, 2]) == []  # two of four is no minority
+    assert _suspect([0.55, 0.20], [1]) == []  # at N = 2 only the wait evidence decides (late_workers)
+    ranks_1_2 = _suspect([0.55, 0.20, 0.21, 0.60, 0.58, 0.57], [1, 2])
+    assert [g.late.tolist() for g in ranks_1_2] == [[1, 2]]
+
+
+def test_a_suspect_already_late_is_not_judged_twice() -> None:
+    b = np.array([[0.55, 0.10, 0.50, 0.60]])
+    known = late_groups(b, [[0]], None, WO)
+    assert [g.late.tolist() for g in known] == [[1]]
+    assert suspect_late_groups(b, [[0]], None, [np.array([1])], known, WO) == []
+
+
+def test_a_slow_rank_whose_peers_do_not_wait_gets_no_waits() -> None:
+    """Rank 1 computes 2x (a finding), but nobody waits for it (its collective share is the
+    others'): the finding carries no waits, whatever the seed."""
+    for seed in range(1, 6):
+        arr = sy.simulate_job(4, seed=seed)
+        arr.values[sy.function_index(arr, "GEMM"), 0, 1] *= 2.0
+        report = localize_arrays(arr, OPTS)
+        assert report.findings and report.findings[0].ranks == (1,), report.summary
+        assert all(not f.waits for f in report.findings), [f.sentence for f in report.findings]
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_demo_runs_beside_busy_loops_name_rank_1_with_its_waiters_inside(name: str) -> None:
+    """Pattern sets stored by two real `perftracker demo --slow-rank 1` runs with two busy loops on
+    the 2-core host. The waiters' reducer waits spread so widely that the outlier test names no late
+    rank (checked here), and in run b rank 3 holds one part of the split wait 0.57x the others
+    while holding the whole wait more than rank 1. The headline is rank 1's compute, the other
+    three ranks are its waiters, and no finding names another rank."""
+    sets = [PatternSet.from_dict(d) for d in
+            json.loads((FIXTURES / f"demo_cpu_slow_rank1_loaded_{name}.patterns.json").read_text())]
+    arr = pattern_sets_to_arrays(sets)
+    reducer = [i for i, f in enumerate(arr.functions) if f.label.startswith("ddp.reducer::wait")]
+    assert len(reducer) == 2 and late_groups(arr.values[:, 0, :], [reducer], None, WO) == []
+    report = localize(sets, OPTS)
+    head = report.findings[0]
+    assert head.ranks == (1,) and head.category is Category.COMPUTE, report.summary
+    assert all(f.ranks == (1,) for f in report.findings), [f.sentence for f in report.findings]
+    assert {r for w in head.waits for r in w.ranks} == {0, 2, 3}
+    assert head.waits[0].share >= WO.wait_min
