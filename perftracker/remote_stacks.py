@@ -68,7 +68,7 @@ class Memory:
         self._remote.base, self._remote.len = addr, n
         if _readv(self.pid, ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0) != n:
             return None
-        return self._buf.raw[:n]
+        return ctypes.string_at(self._buf, n)
 
     def word(self, addr: int) -> int | None:
         b = self.read(addr, 8)
@@ -199,6 +199,7 @@ class RemoteStackReader:
         self._first_code = 0
         self._lock = threading.Lock()
 
+
     def _top(self) -> int | None:
         cframe = self.mem.word(self.layout.tstate + self.layout.tstate_cframe)
         return self.mem.word(cframe + _CFRAME_CURRENT) if cframe else None
@@ -223,30 +224,34 @@ class RemoteStackReader:
         data-stack chunk, so one read of the BLOCK bytes below it serves most of the walk (one
         system call instead of one per frame); a frame outside it is read on its own."""
         mem = self.mem
-        out = []
+        out: list[tuple[int, RemoteCode]] = []
         codes = self.codes
-        lo = max(fp - BLOCK, 4096)
+        lo = max(fp - BLOCK, 4096) & ~7
         block = mem.read(lo, fp + _FRAME_PREVIOUS + 8 - lo)
         if block is None:  # the chunk starts above lo: per frame
             lo, block = fp, mem.read(fp, _FRAME_PREVIOUS + 8)
             if block is None:
                 return None
-        hi = lo + len(block)
+        words = memoryview(block).cast("B")[:len(block) & ~7].cast("Q")  # native 64-bit words
+        hi = lo + len(words) * 8
+        code_w, prev_w = _FRAME_CODE // 8, _FRAME_PREVIOUS // 8
         while fp and len(out) < MAX_DEPTH:
-            if lo <= fp and fp + _FRAME_PREVIOUS + 8 <= hi:
-                raw = block[fp - lo:fp - lo + _FRAME_PREVIOUS + 8]
+            if lo <= fp and fp + _FRAME_PREVIOUS + 8 <= hi and not (fp - lo) & 7:
+                i = (fp - lo) >> 3
+                code_addr, prev = words[i + code_w], words[i + prev_w]
             else:
                 raw = mem.read(fp, _FRAME_PREVIOUS + 8)
-            if raw is None:
-                return None
-            code_addr = int.from_bytes(raw[_FRAME_CODE:_FRAME_CODE + 8], "little")
+                if raw is None:
+                    return None
+                code_addr = int.from_bytes(raw[_FRAME_CODE:_FRAME_CODE + 8], "little")
+                prev = int.from_bytes(raw[_FRAME_PREVIOUS:_FRAME_PREVIOUS + 8], "little")
             code = codes.get(code_addr) or self._code(code_addr)
             if code is None:
                 return None
             if not out:
                 self._first_code = code_addr
             out.append((fp, code))
-            fp = int.from_bytes(raw[_FRAME_PREVIOUS:_FRAME_PREVIOUS + 8], "little")
+            fp = prev
         return tuple(out)
 
     def _code(self, addr: int) -> RemoteCode | None:

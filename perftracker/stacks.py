@@ -1,7 +1,9 @@
 """Python call stacks of the training thread, by sampling, plus garbage-collector pauses.
 
 ``StackSampler`` is a daemon thread in the training process that reads the training thread's
-stack (``sys._current_frames()``) every ``period_us`` (1 ms by default). The main thread does no
+stack every ``period_us`` (1 ms by default): from the process's own memory on CPython 3.11
+(perftracker/remote_stacks.py; walking frame objects from another thread crashes 3.11 now and
+then), from ``sys._current_frames()`` elsewhere. The main thread does no
 work for it: only the GIL hand-over, which is free while the main thread runs torch ops (they
 release the GIL) and bounded by ``sys.setswitchinterval`` while it runs pure Python. Each sample
 keeps ``(id(frame), code)`` per level; frames are never kept alive (their locals could be tensors).
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,11 +45,26 @@ def frame_name(code: CodeType) -> str:
     return f"{code.co_filename}({code.co_firstlineno}): {code.co_name}"
 
 
-class StackSampler:
-    """Samples one thread's Python stack from a helper thread in the same process."""
+class StackReader(Protocol):
+    """Reads one thread's stack, innermost first, as (frame address, code) pairs; None for a read
+    the thread tore (perftracker.remote_stacks.RemoteStackReader)."""
 
-    def __init__(self, thread_ident: int, period_us: int = 1000, cpus: tuple[int, ...] = ()) -> None:
+    def sample(self) -> tuple[tuple[int, Any], ...] | None: ...
+
+
+class StackSampler:
+    """Samples one thread's Python stack from a helper thread in the same process.
+
+    With a ``reader`` (CPython 3.11: a ``RemoteStackReader`` on this very process) the thread reads
+    the stack's memory with ``process_vm_readv`` and never holds a frame object of the training
+    thread. Walking such frames (``f_back``) from another thread is what crashes 3.11 now and then
+    (docs/profile-window.md, "Stack sampling on CPython 3.11"); a bad read there is an error, not
+    a crash."""
+
+    def __init__(self, thread_ident: int, period_us: int = 1000, cpus: tuple[int, ...] = (),
+                 reader: StackReader | None = None) -> None:
         self.thread_ident = thread_ident
+        self.reader = reader  # reads the stack from memory instead of frame objects (CPython 3.11)
         self.cpus = cpus
         self.period_ns = period_us * 1000
         self.t_ns: list[int] = []
@@ -85,8 +103,22 @@ class StackSampler:
         t_list, s_list = self.t_ns, self.samples
         period = self.period_ns
         next_ns = time.monotonic_ns()
+        read = self.reader.sample if self.reader is not None else None
         try:
             while not self._stop.is_set():
+                if read is not None:
+                    got = read()
+                    now = time.monotonic_ns()
+                    if got is not None:  # None: the stack changed while it was read, a one-sample gap
+                        t_list.append(now)
+                        s_list.append(got)
+                    next_ns += period
+                    sleep_ns = next_ns - time.monotonic_ns()
+                    if sleep_ns > 0:
+                        time.sleep(sleep_ns / 1e9)
+                    else:
+                        next_ns = time.monotonic_ns()
+                    continue
                 frame = current_frames().get(ident)
                 now = time.monotonic_ns()
                 stack = []

@@ -177,7 +177,8 @@ class ProfileWindow(WindowWriter, WindowExit):
         if opts.stacks == "remote" and cur.sampler is not None:
             cur.pystacks_path = self._remote_stacks(cur)
         if opts.stacks == "sample" or (opts.stacks == "remote" and cur.pystacks_path is None):
-            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus)
+            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus,
+                                                        reader=self._own_stack_reader())
             cur.stack_sampler.start()
         if opts.switch_interval_s > 0 and cur.stack_sampler is not None:  # only the sampler thread needs it
             cur.old_switch_s = sys.getswitchinterval()
@@ -204,6 +205,22 @@ class ProfileWindow(WindowWriter, WindowExit):
         cur.watchdog.daemon = True
         cur.watchdog.start()
         log.info("perftracker: window %s started", cur.session)
+
+    def _own_stack_reader(self) -> Any:
+        """CPython 3.11 (training thread): a reader of this thread's stack through this process's own
+        memory, so that the sampler thread holds no frame object of it; None elsewhere (frame
+        objects are safe to walk there) and where calibration fails here (logged once)."""
+        if sys.version_info[:2] != (3, 11) or not self.options.stack_reader:
+            return None
+        from perftracker import remote_stacks
+
+        try:
+            return remote_stacks.RemoteStackReader(os.getpid(), remote_stacks.calibrate())
+        except PerftrackerError as exc:
+            if not self._remote_warned:
+                log.warning("perftracker: %s; the stack sampler walks frame objects instead", exc)
+                self._remote_warned = True
+            return None
 
     def _remote_stacks(self, cur: _Active) -> Path | None:
         """stacks="remote" (training thread): have the sampler process read this thread's Python

@@ -39,6 +39,9 @@ class WindowOptions:
     # "tracer": torch's Python tracer; "off"
     stacks: str = "sample"
     stack_period_us: int = 1000
+    # "sample" on CPython 3.11: the sampler thread reads the stack's memory (no frame objects of the
+    # training thread, see perftracker/stacks.py); False walks frame objects (tests compare the two)
+    stack_reader: bool = True
     switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window with the sampler thread (0: leave as is)
     record_gc: bool = True
     nvtx: bool = True

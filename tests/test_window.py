@@ -79,9 +79,23 @@ def _no_profiler_state(before_switch: float, callbacks_before: int) -> None:
 # gets no CPU for longer than a whole 10 ms call cannot see that call (a documented limit of
 # sampling), and the assertions below count only the merges they can prove.
 @pytest.mark.flaky(reruns=1)
-def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("reader", [True, False], ids=["memory_reader", "frame_objects"])
+def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch, reader: bool) -> None:
+    """Both ways of sampling the stack in a thread: by default on CPython 3.11 the sampler reads
+    the stack's memory and never asks for the training thread's frame objects (walking those from
+    another thread is what crashes 3.11 now and then); elsewhere, or with stack_reader=False, it
+    walks them."""
     switch, ncb = sys.getswitchinterval(), len(gc.callbacks)
-    win = ProfileWindow(_Ident(), tmp_path)
+    frames_asked: list[int] = []
+    real_current_frames = sys._current_frames
+
+    def current_frames() -> dict:
+        frames_asked.append(threading.get_ident())
+        return real_current_frames()
+
+    monkeypatch.setattr(sys, "_current_frames", current_frames)
+    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(stack_reader=reader))
     done: list[WindowResult] = []
     assert win.arm("s1", 1.5, done.append)
     with caplog.at_level(logging.WARNING, logger="perftracker.window"):
@@ -100,6 +114,8 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
 
     _drive(win, done, body=body)
     assert seen_active and len(done) == 1
+    uses_memory = reader and sys.version_info[:2] == (3, 11)
+    assert bool(frames_asked) != uses_memory, len(frames_asked)
     res = done[0]
     assert res.error == "" and res.session == "s1" and res.raw_path is not None
     assert res.end_ns - res.start_ns >= 1.5e9
