@@ -42,7 +42,7 @@ spread by 0.02-0.16 of the window; in 2 of them the outlier test found no late r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,18 +145,24 @@ def late_groups(values_beta: np.ndarray, families: list[list[int]], stage: np.nd
                 opts: WaitOptions) -> list[LateGroup]:
     """Every (wait family, group of like workers) with a late minority. values_beta: (F, N) β."""
     out: list[LateGroup] = []
+    for f, cols, b in family_shares(values_beta, families, stage):
+        if cols.size < 2:
+            continue
+        late, share = late_workers(b, opts)
+        if late.any():
+            out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
+    return out
+
+
+def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Per group of like workers and wait family: (the family's first function, the worker columns
+    that run it, their summed β)."""
     for members in groups_of(values_beta.shape[1], stage):
         for family in families:
-            f = family[0]
             b = values_beta[family][:, members].sum(axis=0)
             runs = b > 0.0
-            if runs.sum() < 2:
-                continue
-            cols = members[runs]
-            late, share = late_workers(b[runs], opts)
-            if late.any():
-                out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
-    return out
+            yield family[0], members[runs], b[runs]
 
 
 def cause_of_lateness(values_beta: np.ndarray, candidates: list[int], late: np.ndarray, waiting: np.ndarray,
@@ -193,24 +199,19 @@ def suspect_late_groups(values_beta: np.ndarray, families: list[list[int]], stag
     pairs already late in ``known`` are not judged again."""
     covered = {(g.f, int(r)) for g in known for r in g.late}
     out: list[LateGroup] = []
-    for members in groups_of(values_beta.shape[1], stage):
-        for family in families:
-            f = family[0]
-            b = values_beta[family][:, members].sum(axis=0)
-            runs = b > 0.0
-            cols, b = members[runs], b[runs]
-            for idx in suspects:
-                late = np.isin(cols, idx)
-                n_late = int(late.sum())
-                if n_late == 0 or n_late > opts.late_fraction * cols.size:
-                    continue
-                if all((f, int(c)) in covered for c in cols[late]):
-                    continue
-                waiters = b[~late]
-                if float(b[late].max()) >= float(np.quantile(waiters, _SUSPECT_BELOW_Q)):
-                    continue
-                share = float(np.median(waiters) - np.median(b[late]))
-                if share >= opts.wait_min:
-                    out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
-                    covered.update((f, int(c)) for c in cols[late])
+    for f, cols, b in family_shares(values_beta, families, stage):
+        for idx in suspects:
+            late = np.isin(cols, idx)
+            n_late = int(late.sum())
+            if n_late == 0 or n_late > opts.late_fraction * cols.size:
+                continue
+            if all((f, int(c)) in covered for c in cols[late]):
+                continue
+            waiters = b[~late]
+            if float(b[late].max()) >= float(np.quantile(waiters, _SUSPECT_BELOW_Q)):
+                continue
+            share = float(np.median(waiters) - np.median(b[late]))
+            if share >= opts.wait_min:
+                out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
+                covered.update((f, int(c)) for c in cols[late])
     return out

@@ -88,6 +88,16 @@ class StackSampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _frames(self) -> Sample:
+        """The stack by walking the thread's frame objects (not on CPython 3.11, see the class doc)."""
+        frame = sys._current_frames().get(self.thread_ident)
+        stack = []
+        while frame is not None:
+            stack.append((id(frame), frame.f_code))
+            frame = frame.f_back
+        del frame
+        return tuple(stack)
+
     def _run(self) -> None:
         try:  # keep the ticks on time on a busy node; needs CAP_SYS_NICE, optional
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), -10)
@@ -98,36 +108,17 @@ class StackSampler:
                 os.sched_setaffinity(threading.get_native_id(), self.cpus)
             except (OSError, AttributeError, ValueError):
                 pass
-        current_frames = sys._current_frames
-        ident = self.thread_ident
+        read = self.reader.sample if self.reader is not None else self._frames
         t_list, s_list = self.t_ns, self.samples
         period = self.period_ns
         next_ns = time.monotonic_ns()
-        read = self.reader.sample if self.reader is not None else None
         try:
             while not self._stop.is_set():
-                if read is not None:
-                    got = read()
-                    now = time.monotonic_ns()
-                    if got is not None:  # None: the stack changed while it was read, a one-sample gap
-                        t_list.append(now)
-                        s_list.append(got)
-                    next_ns += period
-                    sleep_ns = next_ns - time.monotonic_ns()
-                    if sleep_ns > 0:
-                        time.sleep(sleep_ns / 1e9)
-                    else:
-                        next_ns = time.monotonic_ns()
-                    continue
-                frame = current_frames().get(ident)
+                got = read()
                 now = time.monotonic_ns()
-                stack = []
-                while frame is not None:
-                    stack.append((id(frame), frame.f_code))
-                    frame = frame.f_back
-                del frame
-                t_list.append(now)
-                s_list.append(tuple(stack))
+                if got is not None:  # None: the stack changed while the reader read it, a one-sample gap
+                    t_list.append(now)
+                    s_list.append(got)
                 next_ns += period
                 sleep_ns = next_ns - time.monotonic_ns()
                 if sleep_ns > 0:

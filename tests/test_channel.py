@@ -82,6 +82,9 @@ class Agent:
                 c, _ = self.srv.accept()
             except OSError:
                 return
+            if self._stop:
+                c.close()
+                return
             self.conns.append(c)
             threading.Thread(target=self._read, args=(c,), daemon=True).start()
 
@@ -112,11 +115,18 @@ class Agent:
         raise AssertionError(f"no {n}x {kind} within {timeout_s}s; got {[m['type'] for m in self.msgs]}")
 
     def kill(self) -> None:
+        """Die as a process does: nothing can connect any more, then every connection closes. (Closing
+        the connections first let a worker reconnect to the still-listening socket in between, and
+        stay registered with this dead agent: 1 run in 3 of this file.)"""
         self._stop = True
-        for c in self.conns:
-            c.close()
-        self.srv.close()
         os.unlink(self.path)
+        try:
+            self.srv.shutdown(socket.SHUT_RDWR)  # wakes the accept thread; queued connections are reset
+        except OSError:
+            pass
+        self.srv.close()
+        for c in list(self.conns):
+            c.close()
 
 
 @pytest.fixture
