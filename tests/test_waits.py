@@ -310,13 +310,15 @@ def test_a_slow_rank_whose_peers_do_not_wait_gets_no_waits() -> None:
         assert all(not f.waits for f in report.findings), [f.sentence for f in report.findings]
 
 
-@pytest.mark.parametrize("name", ["a", "b"])
+@pytest.mark.parametrize("name", ["a", "b", "c"])
 def test_demo_runs_beside_busy_loops_name_rank_1_with_its_waiters_inside(name: str) -> None:
-    """Pattern sets stored by two real `perftracker demo --slow-rank 1` runs with two busy loops on
+    """Pattern sets stored by three real `perftracker demo --slow-rank 1` runs with two busy loops on
     the 2-core host. The waiters' reducer waits spread so widely that the outlier test names no late
-    rank (checked here), and in run b rank 3 holds one part of the split wait 0.57x the others
-    while holding the whole wait more than rank 1. The headline is rank 1's compute, the other
-    three ranks are its waiters, and no finding names another rank."""
+    rank (checked here). In run b rank 3 holds one part of the split wait 0.57x the others while
+    holding the whole wait more than rank 1; in run c rank 2 holds the steady part 1.5x the others
+    (a differential finding of its own before) while holding the whole wait no more than rank 0.
+    The headline is rank 1's compute, the other three ranks are its waiters, and no finding names
+    another rank."""
     sets = [PatternSet.from_dict(d) for d in
             json.loads((FIXTURES / f"demo_cpu_slow_rank1_loaded_{name}.patterns.json").read_text())]
     arr = pattern_sets_to_arrays(sets)
@@ -328,3 +330,27 @@ def test_demo_runs_beside_busy_loops_name_rank_1_with_its_waiters_inside(name: s
     assert all(f.ranks == (1,) for f in report.findings), [f.sentence for f in report.findings]
     assert {r for w in head.waits for r in w.ranks} == {0, 2, 3}
     assert head.waits[0].share >= WO.wait_min
+
+
+@pytest.mark.parametrize("above_late", [0.6, 1.4])
+def test_a_waiters_split_wait_finding_folds_only_when_it_holds_the_whole_wait_longer(above_late: float) -> None:
+    """Run c, with rank 2's varying part of the reducer wait set so that rank 2 holds the whole wait
+    ``above_late`` x half of wait_min more than the late rank 1. Its differential finding on the
+    steady part (1.5x the others) is rank 1's consequence only when that margin is at least half of
+    wait_min: below it, nothing shows rank 2 waiting for rank 1 and the finding stands."""
+    sets = [PatternSet.from_dict(d) for d in
+            json.loads((FIXTURES / "demo_cpu_slow_rank1_loaded_c.patterns.json").read_text())]
+    arr = pattern_sets_to_arrays(sets)
+    reducer = [i for i, f in enumerate(arr.functions) if f.label.startswith("ddp.reducer::wait")]
+    varying = next(i for i in reducer if "varying" in arr.functions[i].label)
+    r1, r2 = (int(np.flatnonzero(arr.ranks == r)[0]) for r in (1, 2))
+    whole = arr.values[reducer, 0, :].sum(axis=0)
+    arr.values[varying, 0, r2] += whole[r1] + above_late * 0.5 * WO.wait_min - whole[r2]
+    report = localize_arrays(arr, OPTS)
+    head = report.findings[0]
+    assert head.ranks == (1,) and head.category is Category.COMPUTE, report.summary
+    rank2 = [f for f in report.findings if f.ranks == (2,)]
+    if above_late > 1:
+        assert rank2 == [] and 2 in {r for w in head.waits for r in w.ranks}, report.summary
+    else:
+        assert [f.category for f in rank2] == [Category.COLLECTIVE], [f.sentence for f in report.findings]
