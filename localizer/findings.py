@@ -175,8 +175,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
     groups = late_groups(beta, families, arr.stage, opts)
     groups += _flagged_early_exits(drafts, beta, families, groups, opts)
-    suspects = [d.idx for d in drafts if not d.folded and d.kind == "specific" and d.observed.beta >= d.median.beta
-                and d.verdict.info.key != LINK_KEY and not _is_wait(d.verdict.info)]
+    suspects = _suspects(drafts)
     groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts)
     groups.sort(key=lambda g: -g.wait_share)
     _drop_split_early_exits(drafts, families, groups)
@@ -233,6 +232,19 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
                 v.folded = True
                 break
+
+
+def _suspects(drafts: Sequence[_Draft]) -> list[tuple[np.ndarray, float]]:
+    """The ranks of each specific finding on one of their own functions (not a wait), with what
+    their findings cost them: the share of the window those functions hold over the median rank,
+    summed over the findings on exactly these ranks."""
+    cost: dict[tuple[int, ...], float] = {}
+    for d in drafts:
+        if (not d.folded and d.kind == "specific" and d.observed.beta >= d.median.beta
+                and d.verdict.info.key != LINK_KEY and not _is_wait(d.verdict.info)):
+            key = tuple(np.sort(d.idx).tolist())
+            cost[key] = cost.get(key, 0.0) + d.observed.beta - d.median.beta
+    return [(np.array(k, dtype=np.int64), c) for k, c in cost.items()]
 
 
 def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: list[list[int]],
