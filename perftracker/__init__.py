@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping
 
 from perftracker.config import Config
-from perftracker.errors import PerftrackerError
+from perftracker.errors import ConfigError, PerftrackerError
 
 __all__ = ["Config", "PerftrackerError", "activate", "deactivate", "status", "trigger"]
 __version__ = "0.1.0"
@@ -82,7 +82,9 @@ def _activate_from_env() -> None:
         from perftracker.channel import start_channel
 
         start_channel(rt, config)  # link to the node agent (autostarted if none); never raises
-    except Exception:  # never hurt training: a bad setting or a torch mismatch disables us
+    except ConfigError as exc:  # a user's setting, not a bug: one line, no traceback
+        log.error("perftracker: %s; detection is off in this process", exc)
+    except Exception:  # never hurt training: a torch mismatch or a bug disables us
         log.exception("perftracker: activation failed; detection is off in this process")
 
 
