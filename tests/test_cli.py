@@ -15,6 +15,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import pytest
 from report_samples import slow_compute_report
 
 from localizer.render.json import render as render_json
@@ -154,6 +155,32 @@ def test_sessions_format_json_and_the_deprecated_json_flag(tmp_path: Path) -> No
     assert text.returncode == 0 and "s-1" in text.stdout and "job-a" in text.stdout
     assert max(len(line) for line in text.stdout.splitlines()) <= 80
     assert "--json" not in cli("sessions", "--help").stdout
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_sessions_table_is_one_line_per_session_in_the_terminal_width(tmp_path: Path, columns: int) -> None:
+    """Long reasons and job names are cut with an ellipsis, never folded over several lines; --limit
+    counts sessions (0: all) and refuses a negative count."""
+    from localizer.store import SessionRecord, Store
+
+    store_path = tmp_path / "localizer.sqlite"
+    store = Store(store_path)
+    now = time.time_ns()
+    for i in range(3):
+        store.insert_session(SessionRecord(
+            seq=0, session=f"20261127-0400{i:02d}-abcdef", job="train-gpt2-finetune-with-a-long-name", kind="on-demand",
+            reason="rank 3: slowdown at iteration 1234 (+26% over 53.4 ms) " * 3, window_s=2.0, state="open",
+            opened_ns=now + i, deadline_ns=now + 10**9, expected=tuple(range(16))))
+    store.close()
+    out = ANSI.sub("", in_pty("sessions", "--store", str(store_path), columns=columns))
+    lines = [ln for ln in out.splitlines() if ln.strip() and not set(ln.strip()) <= {"─"}]
+    assert len(lines) == 1 + 3, out  # the header and one line per session
+    assert max(len(ln.rstrip()) for ln in lines) <= columns, out
+    assert all("20261127-0400" in ln and "…" in ln for ln in lines[1:]), out
+    assert len(json.loads(cli("sessions", "--store", str(store_path), "--format", "json", "--limit", "2").stdout)) == 2
+    assert len(json.loads(cli("sessions", "--store", str(store_path), "--format", "json", "--limit", "0").stdout)) == 3
+    bad = cli("sessions", "--store", str(store_path), "--limit", "-1")
+    assert bad.returncode == 2 and "0 or more" in bad.stderr
 
 
 def test_export_trace_takes_a_kineto_trace(tmp_path: Path, dlrm_dir: Path) -> None:
