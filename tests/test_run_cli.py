@@ -122,3 +122,26 @@ def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_po
         cleanup(run_dir)
     # torchrun prints its own traceback for the SIGTERM; none may come from perftracker
     assert f"{REPO}/perftracker/" not in out and f"{REPO}/agent/" not in out, out[-3000:]
+
+
+def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "perftracker", "run", "--runs-dir", str(runs), "--nproc-per-node", "2",
+                        "--", "nosuch.py"], cwd=tmp_path, env=env_for_tests(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and r.stderr.strip() == "perftracker: error: nosuch.py: no such file", r.stderr
+    assert "torch" not in r.stderr and not runs.exists()  # neither torchrun nor an agent ran
+
+
+def test_progress_in_a_log_is_a_line_per_change_not_per_second(capsys: pytest.CaptureFixture[str]) -> None:
+    from perftracker.commands.trigger import Progress
+
+    p = Progress()
+    assert not p.tty  # pytest captures stderr: not a terminal
+    for left_s in (50, 49, 48):
+        p.show("session s: open, 0/2 rank(s) uploaded", f", deadline in {left_s} s")
+    p.show("session s: open, 1/2 rank(s) uploaded", ", deadline in 47 s")
+    p.done()
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["session s: open, 0/2 rank(s) uploaded", "session s: open, 1/2 rank(s) uploaded"]
+    assert "\r" not in err

@@ -71,6 +71,8 @@ def build_command(command: list[str], nproc: int | None) -> list[str]:
     if not cmd:
         raise ConfigError("no command given: perftracker run [options] -- <command...>")
     is_script = cmd[0].endswith(".py")
+    if is_script and not Path(cmd[0]).is_file():
+        raise ConfigError(f"{cmd[0]}: no such file")
     if nproc is not None:
         if nproc < 1:
             raise ConfigError(f"--nproc-per-node {nproc}: must be at least 1")
@@ -154,20 +156,23 @@ class LocalAgent:
 
     def wait_sessions(self, timeout_s: float, progress: bool = True) -> list[dict[str, Any]]:
         """Wait until no session of this run is open or localizing; returns them all."""
+        from perftracker.commands.trigger import Progress
+
         deadline = time.monotonic() + timeout_s
-        while True:
-            sessions = self.sessions()
-            pending = [s for s in sessions if s.get("state") in ("open", "localizing")]
-            if not pending or time.monotonic() >= deadline:
-                if progress and pending:
-                    sys.stderr.write("\n")
-                return sessions
-            if progress:
-                s = pending[0]
-                sys.stderr.write(f"\rperftracker: waiting for session {s['session']} ({s.get('state')}, "
-                                 f"{len(s.get('uploaded', []))}/{len(s.get('expected', []))} uploaded) ")
-                sys.stderr.flush()
-            time.sleep(0.5)
+        line = Progress()
+        try:
+            while True:
+                sessions = self.sessions()
+                pending = [s for s in sessions if s.get("state") in ("open", "localizing")]
+                if not pending or time.monotonic() >= deadline:
+                    return sessions
+                if progress:
+                    s = pending[0]
+                    line.show(f"perftracker: waiting for session {s['session']} ({s.get('state')}, "
+                              f"{len(s.get('uploaded', []))}/{len(s.get('expected', []))} uploaded)")
+                time.sleep(0.5)
+        finally:
+            line.done()
 
     def stop(self, remove_run_dir: bool = True) -> None:
         if self.proc.poll() is None:

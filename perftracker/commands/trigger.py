@@ -83,7 +83,11 @@ class Progress:
         self.tty = sys.stderr.isatty()
         self.last = ""
 
-    def show(self, text: str) -> None:
+    def show(self, text: str, countdown: str = "") -> None:
+        """``countdown`` (a changing time) is shown on a terminal only: a log gets a line per change
+        of ``text``, not one per second."""
+        if self.tty:
+            text += countdown
         if text == self.last:
             return
         self.last = text
@@ -104,7 +108,7 @@ def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> 
             s = up.get_session(session)
             left_s = max(0.0, s["deadline_ns"] / 1e9 - time.time())
             progress.show(f"session {session}: {s['state']}, {len(s['uploaded'])}/{len(s['expected'])} rank(s) "
-                          f"uploaded, deadline in {left_s:.0f} s")
+                          "uploaded", f", deadline in {left_s:.0f} s")
             if s["state"] == "failed":
                 return 1, f"session {session} failed: {s['error']}"
             if s["state"] == "done":
