@@ -98,7 +98,7 @@ def late_workers(beta: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float
         late = np.zeros(2, dtype=bool)
         late[lo] = True
         return late, excess
-    delta, med = _loo_threshold(b, opts)
+    delta, med = loo_threshold(b, opts)
     if not (b < med - delta).any():
         return none
     late = b < med - delta
@@ -119,7 +119,7 @@ def material_wait(share: float, waiters: float, opts: WaitOptions) -> bool:
     return share >= opts.wait_min and share >= opts.pair_ratio * waiters
 
 
-def _loo_threshold(b: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, np.ndarray]:
+def loo_threshold(b: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, np.ndarray]:
     """Per worker: (δ, median) of the *other* workers' shares, δ = max(wait_min, k·MADn(others)).
 
     Leaving the worker out keeps a late worker's own deviation out of the spread it is judged

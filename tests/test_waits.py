@@ -347,11 +347,13 @@ def test_demo_runs_beside_busy_loops_name_rank_1_with_its_waiters_inside(name: s
 
 
 @pytest.mark.parametrize("above_late", [0.6, 1.4])
-def test_a_waiters_split_wait_finding_folds_only_when_it_holds_the_whole_wait_longer(above_late: float) -> None:
+def test_a_waiters_split_wait_finding_never_stands_on_either_side_of_the_fold_margin(above_late: float) -> None:
     """Run c, with rank 2's varying part of the reducer wait set so that rank 2 holds the whole wait
     ``above_late`` x half of wait_min more than the late rank 1. Its differential finding on the
     steady part (1.5x the others) is rank 1's consequence only when that margin is at least half of
-    wait_min: below it, nothing shows rank 2 waiting for rank 1 and the finding stands."""
+    wait_min: below it, nothing shows rank 2 waiting for rank 1. Either way rank 2 holds the whole
+    wait less than the other waiters, so the part finding does not stand on its own either (it says
+    how rank 2's waiting split between the parts; see the clean-run fixture below)."""
     sets = [PatternSet.from_dict(d) for d in
             json.loads((FIXTURES / "demo_cpu_slow_rank1_loaded_c.patterns.json").read_text())]
     arr = pattern_sets_to_arrays(sets)
@@ -364,10 +366,8 @@ def test_a_waiters_split_wait_finding_folds_only_when_it_holds_the_whole_wait_lo
     head = report.findings[0]
     assert head.ranks == (1,) and head.category is Category.COMPUTE, report.summary
     rank2 = [f for f in report.findings if f.ranks == (2,)]
-    if above_late > 1:
-        assert rank2 == [] and 2 in {r for w in head.waits for r in w.ranks}, report.summary
-    else:
-        assert [f.category for f in rank2] == [Category.COLLECTIVE], [f.sentence for f in report.findings]
+    assert rank2 == [], [f.sentence for f in report.findings]
+    assert {r for w in head.waits for r in w.ranks} == {0, 2, 3}, report.summary
 
 
 def test_real_dlrm_waits_go_to_the_ranks_that_arrive_last_not_to_a_late_starter() -> None:
@@ -387,3 +387,35 @@ def test_real_dlrm_waits_go_to_the_ranks_that_arrive_last_not_to_a_late_starter(
     for f in report.findings:
         if f.waits:
             assert set(f.ranks) <= {3, 4, 5}, f.sentence
+
+
+def _clean_loaded() -> list[PatternSet]:
+    return [PatternSet.from_dict(d) for d in
+            json.loads((FIXTURES / "faults_clean_s2_loaded.patterns.json").read_text())]
+
+
+def test_a_clean_job_whose_rank_holds_one_part_of_the_split_wait_longer_has_no_finding() -> None:
+    """Stored by a real `bench/faults.py` clean run (4 CPU ranks, no fault) on a slow 2-core host:
+    rank 0 held the reducer's steady part 0.26 of the window against 0.13-0.16, so the differential
+    test flags it, but the whole wait 0.58 against 0.45-0.56: it does not wait more than its peers,
+    its waiting only split differently. No finding, and above all no "slow interconnect" on rank 0."""
+    report = localize(_clean_loaded(), OPTS)
+    assert report.findings == (), [f.sentence for f in report.findings]
+
+
+@pytest.mark.parametrize("of_delta", [0.8, 1.2])
+def test_a_longer_split_wait_part_stands_only_when_the_whole_wait_is_an_outlier(of_delta: float) -> None:
+    """Rank 0's steady part raised until its whole wait lies 0.8 or 1.2 x δ above the other ranks'
+    median, δ = max(wait_min, 4 MADn of the others) (the bar a late rank must clear below them)."""
+    arr = pattern_sets_to_arrays(_clean_loaded())
+    fam = [i for i, f in enumerate(arr.functions) if f.label.startswith("ddp.reducer::wait")]
+    steady = next(i for i in fam if arr.functions[i].label.startswith("ddp.reducer::wait (allreduce"))
+    col0 = int(np.flatnonzero(arr.ranks == 0)[0])
+    whole = arr.values[fam, 0, :].sum(axis=0)
+    others = np.delete(whole, col0)
+    med = float(np.median(others))
+    delta = max(WO.wait_min, WO.k * 1.482602218505602 * float(np.median(np.abs(others - med))))
+    arr.values[steady, 0, col0] += med + of_delta * delta - whole[col0]
+    report = localize_arrays(arr, OPTS)
+    on_rank0 = [f for f in report.findings if f.category is Category.COLLECTIVE and f.ranks == (0,)]
+    assert bool(on_rank0) == (of_delta > 1), [f.sentence for f in report.findings]
