@@ -410,16 +410,22 @@ def print_summary(rank: int, world: int, iters: int, elapsed_s: float) -> None:
     times = [round(float(t), 2) for t in st.get("recent_iteration_ms", [])]  # type: ignore[union-attr]
     mean = st.get("recent_mean_ms")
     low = st.get("recent_min_ms")
-    print(
+    # one write per line: the ranks share torchrun's stdout pipe, and print() writes the text and
+    # its newline separately, so two ranks' lines could run together
+    _line(
         f"[rank {rank}/{world}] {iters} iterations in {elapsed_s:.1f} s; perftracker phase={st['phase']} "
         f"mode={st.get('mode')} iteration={st['iteration']} sequence={' '.join(st['sequence'])}"  # type: ignore[arg-type]
         + (f" recent mean={mean:.1f} ms min={low:.1f} ms" if mean is not None and low is not None else "")
         + f" triggers={len(st.get('triggers', []))}"  # type: ignore[arg-type]
-        + f" trigger_iterations={[t.get('iteration') for t in st.get('triggers', [])]}",  # type: ignore[union-attr]
-        flush=True,
+        + f" trigger_iterations={[t.get('iteration') for t in st.get('triggers', [])]}"  # type: ignore[union-attr]
     )
     if rank == 0 and times:
-        print(f"[rank 0] last {len(times)} iteration times (ms): {times}", flush=True)
+        _line(f"[rank 0] last {len(times)} iteration times (ms): {times}")
+
+
+def _line(text: str) -> None:
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (text + "\n").encode())
 
 
 if __name__ == "__main__":

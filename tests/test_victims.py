@@ -130,6 +130,11 @@ def pattern(ps: PatternSet, suffix: str) -> list:  # type: ignore[type-arg]
     return [p for p in ps.patterns if p.key.endswith(suffix)]
 
 
+# One rerun: on a loaded host (a full suite that took 1,509 s against ~1,100 s, 2026-11-27) rank 1's
+# straggler sleep read μ 0.29 against the bound of 0.2. A sleep's μ comes from the few nonzero
+# samples at its edges (Algorithm 1 drops the long zero run inside it), the same instability as the
+# 2 ms sleeps in the test below.
+@pytest.mark.flaky(reruns=1)
 def test_waiting_rank_is_not_blamed(job: Path) -> None:
     sets = {}
     for rank in (0, 1):
