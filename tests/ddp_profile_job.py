@@ -4,7 +4,7 @@ Every rank runs ``busy_fn`` (a pure-Python loop) and ``sleepy_fn`` (time.sleep) 
 rank ``SLOW_RANK`` also sleeps ``SLEEP_MS`` per iteration in ``straggle``. The profiled iterations
 are exported as Kineto JSON (``OUT/rank{r}.json``) with Python stacks, and a schedstat sampler
 process (tests.schedstat_sampler) records the training thread's CPU use (``OUT/samples{r}.npz``).
-A ``perftracker.sync:<monotonic ns>`` annotation ties the trace clock to CLOCK_MONOTONIC.
+``perftracker.sync:<monotonic ns>`` annotations tie the trace clock to CLOCK_MONOTONIC.
 ``OUT/busy{r}.json`` holds busy_fn's true CPU share over the profiled iterations, counted both ways
 (tests/cpuclock.py): thread_time and, where perf is permitted, the thread's task-clock.
 """
@@ -31,6 +31,7 @@ OUT = os.environ["OUT"]
 SLEEP_MS = float(os.environ.get("SLEEP_MS", "5"))
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "1"))
 ITERS = int(os.environ.get("ITERS", "22"))
+SYNC_POINTS = 16
 
 
 def busy_fn(n: int = 60_000) -> int:
@@ -86,10 +87,16 @@ def main() -> None:
     dist.barrier()
     busy_ns[:] = [0, 0, 0]
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
-            pass
+        # several sync points: a preemption between reading the clock and entering the annotation
+        # makes one point late by a timeslice (ms on a loaded host); the reader takes the earliest
+        for _ in range(SYNC_POINTS):
+            with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
+                pass
         for _ in range(ITERS):
             step()
+        for _ in range(SYNC_POINTS):  # and at the end: the trace clock may drift from CLOCK_MONOTONIC
+            with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
+                pass
     assert sampler.stdin is not None
     sampler.stdin.close()
     sampler.wait(timeout=30)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -117,23 +118,49 @@ def load_rank(out: Path, rank: int) -> tuple[RawWindow, SampleSet]:
 
 def _load_rank(out: Path, rank: int) -> tuple[RawWindow, SampleSet]:
     raw = read_kineto_trace(out / f"rank{rank}.json")
-    # the job's "perftracker.sync:<monotonic ns>" annotation ties the sampler clock to the trace clock
-    sync = next(n for n in raw.names if n.startswith("perftracker.sync:"))
-    row = int(np.flatnonzero(raw.col("name_id") == raw.names.index(sync))[0])
-    offset = int(raw.col("start_ns")[row]) - int(sync.split(":")[1])
+    # the job's "perftracker.sync:<monotonic ns>" annotations, before and after the profiled steps, tie
+    # the sampler clock to the trace clock. Each reads the clock just before it enters, so each offset
+    # is the true one plus the delay in between (a whole timeslice when the thread is preempted
+    # there): the smallest of each group is the best, and the line through the two follows any drift.
+    (m0, o0), (m1, o1) = sync_points(raw)
     cpu = SampleSet.load(out / f"samples{rank}.npz").get("cpu")
     assert cpu is not None and len(cpu.t_ns) > 100
-    return raw, SampleSet({"cpu": UtilSeries("cpu", cpu.t_ns + offset, cpu.value, cpu.period_ns, cpu.source)})
+    t = cpu.t_ns.astype(np.int64)
+    offset = o0 + ((t - m0) * (o1 - o0) / max(m1 - m0, 1)).astype(np.int64)
+    return raw, SampleSet({"cpu": UtilSeries("cpu", t + offset, cpu.value, cpu.period_ns, cpu.source)})
+
+
+def sync_points(raw: RawWindow) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(CLOCK_MONOTONIC ns, trace clock minus it) at the best sync annotation before and after the steps."""
+    pts = []
+    for name_id, name in enumerate(raw.names):
+        if name.startswith("perftracker.sync:"):
+            mono = int(name.split(":")[1])
+            pts += [(mono, int(raw.col("start_ns")[r]) - mono) for r in np.flatnonzero(raw.col("name_id") == name_id)]
+    pts.sort()
+    assert len(pts) >= 16, len(pts)
+    half = len(pts) // 2
+    return min(pts[:half], key=lambda p: p[1]), min(pts[half:], key=lambda p: p[1])
+
+
+def samples_in(raw: RawWindow, samples: SampleSet, select: Callable[[str, str], bool]) -> np.ndarray:
+    """The CPU samples whose interval lies inside the self time of the frames that ``select(name,
+    parent's name)`` picks."""
+    fr = window_frames(raw, SummarizeOptions())
+    parent = fr.nesting.parent
+    frames = np.flatnonzero([select(fr.names[int(n)], fr.names[int(fr.name_id[parent[i]])] if parent[i] >= 0 else "")
+                             for i, n in enumerate(fr.name_id)])
+    seg = np.isin(fr.segments.owner, frames)
+    cpu = samples.get("cpu")
+    assert cpu is not None
+    _, inside = samples_inside(fr.segments.owner[seg], fr.segments.start_ns[seg], fr.segments.end_ns[seg], cpu)
+    return np.asarray(cpu.value[inside], dtype=np.float64)
 
 
 def pattern(ps: PatternSet, suffix: str) -> list:  # type: ignore[type-arg]
     return [p for p in ps.patterns if p.key.endswith(suffix)]
 
 
-# One rerun: on a loaded host (a full suite that took 1,509 s against ~1,100 s, 2026-11-27) rank 1's
-# straggler sleep read μ 0.29 against the bound of 0.2. A sleep's μ comes from the few nonzero
-# samples at its edges (Algorithm 1 drops the long zero run inside it), the same instability as the
-# 2 ms sleeps in the test below.
 @pytest.mark.flaky(reruns=1)
 def test_waiting_rank_is_not_blamed(job: Path) -> None:
     sets = {}
@@ -156,7 +183,13 @@ def test_waiting_rank_is_not_blamed(job: Path) -> None:
     straggle = next(p for p in ps1.patterns if "straggle" in p.key)
     assert straggle.category is Category.PYTHON
     assert straggle.critical_ns / 1e6 == pytest.approx(ITERS * SLEEP_MS, rel=0.5)
-    assert straggle.mu <= 0.2
+    # Idle: the ~1,000 CPU samples inside its sleeps read ~0. Its Algorithm-1 μ is no measure of that
+    # (docs/summarizer.md, "μ of a mostly idle function"): executions without a nonzero sample add nothing
+    # to μ, so one stray sample decides it. Under three busy loops beside the job, 1 of 22 executions
+    # held one nonzero sample (0.99, the last of its 47) and μ read 0.995; it read 0.29 and 0.40 in
+    # two full suites (2026-11-27); 0.0-0.003 otherwise.
+    values = samples_in(raw, samples, lambda name, parent: name.endswith("sleep>") and parent.endswith("straggle"))
+    assert len(values) >= 0.5 * ITERS * SLEEP_MS and float(values.mean()) <= 0.2, (len(values), values.mean())
 
 
 def test_without_the_rule_the_victim_would_be_blamed(job: Path) -> None:
@@ -201,10 +234,11 @@ def algorithm1_by_hand(values: list[float], c: int) -> tuple[int, float, float]:
 
 # One rerun (the job fixture is run again): in 1 of 3 quiet full suites on 2026-11-26 rank 0's
 # samples inside the 2 ms sleeps read 0.72 on average, where 0.0-0.07 is usual; the file passed 3 of
-# 3 runs alone right after. Not understood yet: a trace-to-sampler clock step under load is the
-# likeliest reading (the bound below exists to catch such a step).
+# 3 runs alone right after. A trace-to-sampler clock step was the likeliest reading; the job now
+# syncs the clocks at 16 points before and 16 after its steps and takes the best of each
+# (sync_points: the first point was ~0.1 ms late in every run looked at, the others within 10 µs).
 @pytest.mark.flaky(reruns=1)
-def test_busy_function_mu_near_one_sleeping_function_mu_near_zero(job: Path) -> None:
+def test_busy_function_mu_follows_its_cpu_share_and_sleeps_hold_idle_samples(job: Path) -> None:
     for rank in (0, 1):
         raw, samples = load_rank(job, rank)
         opts = SummarizeOptions()
@@ -213,27 +247,24 @@ def test_busy_function_mu_near_one_sleeping_function_mu_near_zero(job: Path) -> 
         sleepy = next(p for p in ps.patterns if "sleepy_fn" in p.key and p.key.endswith("sleep>"))
         assert busy.category is Category.PYTHON and busy.resource == "cpu"
         # The thread sleeps there: the samples inside the sleeps read ~0 on average. Algorithm 1's μ
-        # of the sleep itself is not ~0: it averages only the executions that hold a nonzero sample,
-        # and a 2 ms sleep holds at most one whole 1 ms sample, so the few with a stray nonzero one
-        # (wake-up work, the trace-to-sampler clock offset) make its μ. Measured over 8 runs of this
-        # job: 0.0, 0.026, 0.075, 0.159, 0.465, 0.516, 0.60, 0.64 (the bound was 0.3 and failed 3 times).
-        fr = window_frames(raw, opts)
-        sleeps = np.flatnonzero([fr.names[int(n)].endswith("sleep>") for n in fr.name_id])
-        seg = np.isin(fr.segments.owner, sleeps)
-        _, inside = samples_inside(fr.segments.owner[seg], fr.segments.start_ns[seg], fr.segments.end_ns[seg],
-                                   samples.get("cpu"))
-        assert len(inside) >= 10, (rank, len(inside))
-        # measured: rank 0 (only the 2 ms sleeps, ~28 samples) 0.066 in the run whose Algorithm-1 μ was
-        # 0.465, rank 1 (also 50 ms straggler sleeps) 0.0; busy_fn's samples 0.86-0.89. A trace-to-sampler
-        # clock error of a millisecond would put busy time into the sleeps and lift this well above 0.2.
-        assert float(np.mean(samples.get("cpu").value[inside])) <= 0.2, (rank, np.mean(samples.get("cpu").value[inside]))
+        # of the sleep itself is not ~0 and is not asserted: it averages only the executions that hold
+        # a nonzero sample, and a 2 ms sleep holds at most one whole 1 ms sample, so the few with a
+        # stray nonzero one make its μ (docs/summarizer.md, "μ of a mostly idle function"). Measured over
+        # 8 runs of this job: 0.0, 0.026, 0.075, 0.159, 0.465, 0.516, 0.60, 0.64; on the CI host of
+        # 2026-11-27 0.857, above busy_fn's 0.825.
+        naps = samples_in(raw, samples, lambda name, parent: name.endswith("sleep>") and parent.endswith("sleepy_fn"))
+        assert len(naps) >= 10, (rank, len(naps))
+        # measured: ~28-31 samples inside the 2 ms sleeps per rank, mean 0.0-0.066 (busy_fn's samples
+        # 0.86-0.89). A trace-to-sampler clock error of a millisecond would put busy time into the
+        # sleeps and lift this well above 0.2.
+        assert float(naps.mean()) <= 0.2, (rank, naps.mean())
         # μ ≈ busy_fn's true CPU share, counted as the sampler's source counts it (tests/cpuclock.py).
         # On a quiet host the share is ~0.97 and μ 0.86-0.89 (the sampler's staircase reads a little
         # low). A CI host with 10-20 % hypervisor steal and other jobs beside it gave μ 0.75: the
         # thread truly ran less there, so the bound follows the measured share, not a fixed 0.8.
         true_share = busy_true_share(job, rank, samples)
         assert true_share > 0.3, ("the machine is too loaded for this test to mean anything", true_share)
-        assert busy.mu >= 0.8 * true_share and busy.mu > sleepy.mu, (rank, busy.mu, sleepy.mu, true_share)
+        assert busy.mu >= 0.8 * true_share, (rank, busy.mu, sleepy.mu, true_share)
         # cross-check μ and σ of busy_fn (no children: self time = execution) with a by-hand Algorithm 1
         nid = [i for i, n in enumerate(raw.names) if n.endswith("busy_fn")][0]
         rows = np.flatnonzero(raw.col("name_id") == nid)
