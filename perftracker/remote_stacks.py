@@ -45,11 +45,12 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-# PyDLL, not CDLL: the call keeps the GIL. A CDLL call releases it, and in the training process's own
-# sampler thread every read then let the training thread run on and change the stack mid-walk (a
-# torn sample, dropped) and cost a wait of up to a switch interval to get the GIL back: on an idle
-# 2-core host the thread took ~500 samples/s instead of 1,000, with gaps of 17-30 ms that hid whole
-# 10 ms calls. A read takes microseconds; holding the GIL for it freezes the Python stack it reads.
+# PyDLL, not CDLL: the call keeps the GIL. A CDLL call releases it, so in the training process's own
+# sampler thread each of a sample's ~5 reads had to win the GIL back from a training thread running
+# Python (up to a switch interval each) and now and then let it change the stack mid-walk (a torn
+# sample, dropped). On an idle 2-core host that gave 716-815 samples per 1.5 s window and gaps of
+# 18-31 ms that hid whole 10 ms calls, against 1,268-1,290 and 7-9 ms with the GIL kept. A read
+# takes microseconds; holding the GIL for it also freezes the Python stack it reads.
 _libc = ctypes.PyDLL(None, use_errno=True)
 _readv = _libc.process_vm_readv
 _readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec), ctypes.c_ulong,

@@ -148,3 +148,37 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
     kinds = raw.col("kind")
     assert (kinds == EventKind.PYTHON).sum() == 0 and (kinds == EventKind.CPU_OP).sum() > 0
     assert "no Python stacks from the sampler process" in caplog.text
+
+
+def test_a_read_keeps_the_gil() -> None:
+    """The in-process sampler thread reads the training thread's stack with several reads per sample.
+    If a read released the GIL, each would have to win it back from a training thread running Python
+    (up to a switch interval each): on an idle 2-core host that halved the samples and left gaps of
+    18-31 ms, which hid whole 10 ms calls (docs/profile-window.md). A thread waiting for the GIL must
+    not run while this thread reads; with no forced switch (a switch interval of 1000 s) only a
+    released GIL lets it in."""
+    mem = remote_stacks.Memory(os.getpid())
+    buf = bytearray(b"x" * 64)
+    addr = id(buf)  # a readable address of this process
+    assert mem.read(addr, 16) is not None
+    go = threading.Event()
+    ran: list[int] = []
+
+    def waiter() -> None:
+        go.wait()  # wakes when set, then needs the GIL, which this thread holds
+        ran.append(1)
+
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        go.set()
+        for _ in range(2000):
+            mem.read(addr, 16)
+        during = list(ran)
+    finally:
+        sys.setswitchinterval(old)
+    t.join(5)
+    assert ran == [1]  # it did run, once this thread let the GIL go (the join)
+    assert during == [], "a stack read released the GIL"
