@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             if times is not None:
                 times.write(f"{it} {time.monotonic_ns()}\n")
             if not args.quiet and rank == 0 and (it + 1) % 50 == 0:
-                print(f"[rank 0] iteration {it + 1}/{args.iters} loss {loss.item():.4f}", flush=True)
+                _line(f"[rank 0] iteration {it + 1}/{args.iters} loss {loss.item():.4f}")
             it += 1
             if it >= args.iters:
                 break
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(rank, world, args.iters, elapsed)
     if injector.faults:
         ran = " ".join(f"{k}={v}" for k, v in sorted(injector.ran.items())) or "none"
-        print(f"[rank {rank}] faults ran: {ran}", flush=True)
+        _line(f"[rank {rank}] faults ran: {ran}")
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -49,6 +49,15 @@ def straggle() -> None:
     time.sleep(SLEEP_MS / 1000)
 
 
+def sync_points() -> None:
+    """SYNC_POINTS annotations named after CLOCK_MONOTONIC just before each enters. Several, because a
+    preemption between reading the clock and entering makes a point late; the reader
+    (tests/test_victims.py, sync_points) takes the earliest of each group."""
+    for _ in range(SYNC_POINTS):
+        with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
+            pass
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -87,16 +96,10 @@ def main() -> None:
     dist.barrier()
     busy_ns[:] = [0, 0, 0]
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        # several sync points: a preemption between reading the clock and entering the annotation
-        # makes one point late by a timeslice (ms on a loaded host); the reader takes the earliest
-        for _ in range(SYNC_POINTS):
-            with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
-                pass
+        sync_points()
         for _ in range(ITERS):
             step()
-        for _ in range(SYNC_POINTS):  # and at the end: the trace clock may drift from CLOCK_MONOTONIC
-            with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
-                pass
+        sync_points()  # and at the end: the trace clock may drift from CLOCK_MONOTONIC
     assert sampler.stdin is not None
     sampler.stdin.close()
     sampler.wait(timeout=30)
