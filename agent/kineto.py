@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover
 import numpy as np
 
 from perftracker.errors import TraceError
-from perftracker.rawdata import COLUMNS, EventKind, RawWindow, WindowMeta
+from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Synthetic suite for the iteration detector: detection delay and false triggers per mode.
 
-Every series is fed through the real ``perftracker.detector.Detector`` as hook events (one
+Every series is fed through the real ``perftracker.runtime.detector.Detector`` as hook events (one
 ``dataloader.next`` and one ``optimizer.step`` per iteration, fake clock), so sequence learning,
 boundaries and the slowdown rule all run exactly as in a training process.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perftracker.clock import FakeClock  # noqa: E402
 from perftracker.config import Config  # noqa: E402
-from perftracker.detector import DATALOADER, STEP, Detector, DetectorOptions  # noqa: E402
+from perftracker.runtime.detector import DATALOADER, STEP, Detector, DetectorOptions  # noqa: E402
 
 BASE_NS = 50_000_000
 SPIKE_EVERY = 500

@@ -2,7 +2,7 @@
 
     python bench/faults.py --scenario bench/scenarios/*.toml [--workers N] [--quick] [--single-host]
 
-For each scenario it starts an N-worker job of examples/train.py (gloo), one torchrun per emulated
+For each scenario it starts an N-worker job of perftracker/examples/train.py (gloo), one torchrun per emulated
 host (a network namespace on a bridge, rendezvous on the bridge addresses), a node agent per host
 and one localizer service in the root namespace. It injects the scenario's faults, lets
 perftracker work as a user would (the detector triggers, or `perftracker trigger` at the given

@@ -6,7 +6,7 @@ For each scenario (default: every bench/gpu_scenarios/*.toml) it injects the sce
 the trace set with the trace mutator (bench/tracefault: a dependency-respecting re-timing of the
 per-rank traces, the effect on the peers included), writes the mutated traces to a temporary
 directory, runs the same code path as `perftracker analyze DIR` on them
-(perftracker.commands.analyze.summarize_dir, then localize_summaries) and scores the report against the
+(perftracker.cli.analyze.summarize_dir, then localize_summaries) and scores the report against the
 scenario's [[expect]] / [[allow]] tables (bench/faultkit/scoring.py, as bench/faults.py does).
 A finding that names a rank which only waits for a culprit is a false positive.
 
@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 from bench.faultkit.scoring import Flag, Score, _matches, score  # noqa: E402
 from bench.tracefault.mutate import MutationResult, mutate_dir  # noqa: E402
 from bench.tracefault.scenario import GpuScenario, load_gpu_scenario  # noqa: E402
-from perftracker.commands.analyze import localize_summaries, summarize_dir  # noqa: E402
+from perftracker.cli.analyze import localize_summaries, summarize_dir  # noqa: E402
 from perftracker.model import Report  # noqa: E402
 
 log = logging.getLogger("bench.gpu_faults")

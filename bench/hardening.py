@@ -167,7 +167,7 @@ def item_slow_clients(tree: Path, tmp: Path) -> str:
 def item_sessions_1000(tree: Path, tmp: Path) -> str:
     (tmp / "s1000" / "store").mkdir(parents=True)
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
-            "from localizer.store import Store, SessionRecord; s = Store(sys.argv[2]); now = time.time_ns();"
+            "from perftracker.localizer.store.sqlite_store import Store, SessionRecord; s = Store(sys.argv[2]); now = time.time_ns();"
             "[s.insert_session(SessionRecord(seq=0, session=f's{i:05d}', job='j', kind='slowdown', reason='r',"
             " window_s=1.0, state='done', opened_ns=now, deadline_ns=now, expected=(0,))) for i in range(1002)]")
     subprocess.run([sys.executable, "-c", code, str(tree), str(tmp / "s1000" / "store" / "s.sqlite")], check=True,
@@ -313,9 +313,9 @@ _FULL = r"""
 import json, resource, signal, sys
 sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[2] + "/tests")
 from pathlib import Path
-from localizer.sessions import SessionManager
-from localizer.store import Store
-from localizer.validate import parse_registration
+from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.store.sqlite_store import Store
+from perftracker.localizer.service.validate import parse_registration
 from service_helpers import make_pattern_set, workers
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 path = Path(sys.argv[1]); store = Store(path); mgr = SessionManager(store)

@@ -54,7 +54,7 @@ def child(args: argparse.Namespace) -> None:
 
         handler = logging.StreamHandler(sys.stdout)  # the window's exit lines, for the trigger run
         handler.setFormatter(logging.Formatter(f"PTLOG rank {rank}: %(message)s"))
-        win_log = logging.getLogger("perftracker.window")
+        win_log = logging.getLogger("perftracker.runtime.window")
         win_log.setLevel(logging.INFO)
         win_log.addHandler(handler)
         import perftracker  # noqa: F401

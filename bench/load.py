@@ -4,7 +4,7 @@ Every agent registers its node's ``--ranks-per-agent`` workers, long-polls for t
 "profiles" for the window when the trigger arrives, and uploads its ranks' patterns (about what
 the summarizer emits for a small DDP model: python stacks sharing a frame table, kernels, a
 collective, a memcpy; one slow rank) in ONE request, in the columnar wire form
-(``perftracker.pattern_wire``; ``--format json``: one JSON request per rank, the old path). We
+(``perftracker.wire.patterns``; ``--format json``: one JSON request per rank, the old path). We
 count acknowledged ranks, then read the localizer's store directly (sqlite, after it stored the
 report) to check that every acknowledged rank's patterns are there.
 
@@ -53,9 +53,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
-from perftracker import pattern_wire  # noqa: E402
 from perftracker.model import Category, Pattern, PatternSet  # noqa: E402
-from perftracker.pattern_wire import COLUMNS_CONTENT_TYPE, HEADER  # noqa: E402
+from perftracker.wire import patterns as pattern_wire  # noqa: E402
+from perftracker.wire.patterns import COLUMNS_CONTENT_TYPE, HEADER  # noqa: E402
 
 TOKEN = "bench-load-token"
 PLACEHOLDER = b"@@SESSION@@"
@@ -125,7 +125,7 @@ class Agent:
         self.acked_at = 0.0
         self.acked: set[int] = set()
         self.error = ""
-        self.key = ""  # the agent key the localizer issued at registration (localizer.ownership)
+        self.key = ""  # the agent key the localizer issued at registration (perftracker.localizer.service.ownership)
 
     async def run(self, http: aiohttp.ClientSession, url: str, registered: asyncio.Event, counter: list[int],
                   window_s: float, bodies: list[tuple[bytes, str]], n_agents: int, seed: int) -> None:

@@ -2,7 +2,7 @@
 
     python bench/localize.py --workers 1000000
 
-Builds a simulated GPU job (localizer.synthetic) with injected anomalies: throttled GEMM on 0.5% of
+Builds a simulated GPU job (bench.synthetic) with injected anomalies: throttled GEMM on 0.5% of
 the workers, NVLink down on 6 hosts (48 workers, 3 of them with PCIe traffic), an injected sleep on
 one rank and random GC pauses on 2% of the workers. Pins itself to core 0. In one run, on the same
 arrays, it times ``localize_arrays`` (the entry point ``localize()`` itself calls after stacking
@@ -32,13 +32,10 @@ import sys
 import time
 
 import numpy as np
-from statsmodels.robust.scale import mad as statsmodels_mad
-
-from localizer import synthetic
-from localizer.arrays import PatternArrays
-from localizer.expect import OPEN_BOX
-from localizer.findings import FunctionVerdict, build_findings
-from localizer.localize import (
+from perftracker.localizer.diagnose.arrays import PatternArrays
+from perftracker.localizer.diagnose.expect import OPEN_BOX
+from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings
+from perftracker.localizer.diagnose.localize import (
     LocalizeOptions,
     analyze_function,
     localize,
@@ -47,7 +44,12 @@ from localizer.localize import (
     resolve_floors,
     sample_for,
 )
-from localizer.rule import GAUSSIAN_3_4  # statsmodels' constant, documented in rule.py
+from perftracker.localizer.diagnose.rule import (
+    GAUSSIAN_3_4,  # statsmodels' constant, documented in rule.py
+)
+from statsmodels.robust.scale import mad as statsmodels_mad
+
+from bench import synthetic
 
 BLOCK_ROWS = 100_000
 
@@ -72,7 +74,7 @@ def build_job(n: int, seed: int) -> PatternArrays:
 def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[FunctionVerdict]:
     """The definitions, computed the obvious way (full matrices in blocks, no shortcuts)."""
     expectations = resolve_expectations(opts, arr.gpu)
-    floors = resolve_floors(opts, arr.gpu)  # the profile's numbers (localizer/floors.py)
+    floors = resolve_floors(opts, arr.gpu)  # the profile's numbers (localizer/diagnose/floors.py)
     n = arr.n_workers
     small = n <= opts.small_job_max
     if small:  # the exact test over all workers

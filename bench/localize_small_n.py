@@ -3,7 +3,7 @@
     python bench/localize_small_n.py                 # N = 2, 3, 4, 8, 16, 32, 100; 1,000 jobs each
     python bench/localize_small_n.py --jobs 200 --sizes 8 16
 
-Clean jobs come from ``localizer.synthetic.simulate_job`` (its per-worker noise levels), seeded
+Clean jobs come from ``bench.synthetic.simulate_job`` (its per-worker noise levels), seeded
 0..jobs-1 per N, in three variants: ``online`` (μ and σ as sampled), ``offline`` (a trace without
 hardware samples: μ = σ = 0), and ``noisy`` (online with twice the per-worker variation of every
 kernel, copy and collective, a stress beyond the synthetic job's levels). A job is a false positive
@@ -15,7 +15,7 @@ Detection: one rank (seed mod N) of an otherwise clean online job is slowed with
 ``synthetic.inject_throttled_compute`` (its GEMM takes longer, the others wait for it in the
 AllReduce): ``β×1.3 μ×0.7`` (a throttled GPU) and ``β×1.15`` (15% slower at the same utilization).
 ``found`` is the share of jobs whose report names the slowed rank (by any test, including the wait
-evidence of ``localizer.waits``); ``alone`` the share that names it and no other rank; ``diff`` the
+evidence of ``perftracker.localizer.diagnose.waits``); ``alone`` the share that names it and no other rank; ``diff`` the
 share where a finding of the differential test names it. ``offline β×2`` is the same on offline jobs with the GEMM twice as long (β
 alone must differ by more than 1 / (1 − ε) = 1.67× to be ε-far).
 
@@ -32,12 +32,16 @@ import sys
 import time
 
 import numpy as np
+from perftracker.localizer.diagnose.arrays import PatternArrays
+from perftracker.localizer.diagnose.distances import (
+    differential_distance_blocks,
+    normalize_by_max,
+    sample_workers,
+)
+from perftracker.localizer.diagnose.localize import LocalizeOptions, localize_arrays
 from statsmodels.robust.scale import mad as statsmodels_mad
 
-from localizer import synthetic as sy
-from localizer.arrays import PatternArrays
-from localizer.distances import differential_distance_blocks, normalize_by_max, sample_workers
-from localizer.localize import LocalizeOptions, localize_arrays
+from bench import synthetic as sy
 
 OPTS = LocalizeOptions(created_ns=0)
 NOISY = tuple(dataclasses.replace(f, beta_cv=2 * f.beta_cv, mu_cv=2 * f.mu_cv, sigma_cv=2 * f.sigma_cv)

@@ -7,7 +7,7 @@ Trainer and Lightning jobs of tests/integrations/), so ``python bench/onset_boun
 the figures in docs/detection-bound.md. A run directory kept by ``bench/faults.py --keep`` works too.
 
 On each rank's real series it injects a multiplicative step (+10/20/40% by default) at many places
-and feeds the series to ``perftracker.slowdown.ChangepointRule`` (the detector's default rule, as the
+and feeds the series to ``perftracker.runtime.slowdown.ChangepointRule`` (the detector's default rule, as the
 Detector feeds it), and compares the delay with Lorden's lower bound for any change detector:
 delay >= ln(ARL0) / (delta^2 / 2) for a mean shift of delta noise sigmas (log iteration time, sigma
 from the interquartile range) at one false alarm per ARL0 = 10,000 iterations. Past the end of a
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perftracker.slowdown import ChangepointRule  # noqa: E402
+from perftracker.runtime.slowdown import ChangepointRule  # noqa: E402
 
 log = logging.getLogger("onset_bound")
 DATA = Path(__file__).resolve().parent / "data"

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from perftracker import hooks  # noqa: E402
 from perftracker.config import Config  # noqa: E402
-from perftracker.runtime import Runtime  # noqa: E402
+from perftracker.runtime import hooks  # noqa: E402
+from perftracker.runtime.runtime import Runtime  # noqa: E402
 
 
 class Loop:

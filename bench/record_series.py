@@ -3,7 +3,7 @@
 Runs any command with a ``sitecustomize`` that registers one global ``Optimizer.step`` post hook in
 every Python process of the job: each optimizer step appends ``"<step> <monotonic ns>"`` to
 ``OUT_DIR/rank<R>.times`` (R from ``RANK``, else ``LOCAL_RANK``, else 0; read at the first step,
-after the launcher or Lightning has set it). The same format ``examples/train.py --progress-dir``
+after the launcher or Lightning has set it). The same format ``perftracker/examples/train.py --progress-dir``
 writes. perftracker is disabled in the job (``PERFTRACKER_DISABLE=1``): the series is the job's own.
 
 Usage: python bench/record_series.py OUT_DIR -- python -m torch.distributed.run ... script.py ...

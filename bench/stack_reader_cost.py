@@ -58,8 +58,8 @@ def main() -> int:
     import torch
 
     from bench.datagen import Trainer
-    from perftracker import stacks as stacks_mod
     from perftracker.remote_stacks import calibrate
+    from perftracker.runtime import stack_sampler as stacks_mod
 
     torch.set_num_threads(1)
     tr = Trainer(argparse.Namespace(dim=512, depth=6, batch=64))

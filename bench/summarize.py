@@ -1,6 +1,6 @@
 """Summarizer benchmark.
 
-1. Events per second on one core for a 20 s window of the CPU example job: examples/train.py runs
+1. Events per second on one core for a 20 s window of the CPU example job: perftracker/examples/train.py runs
    in one process under torch.profiler (Python stacks, GC events) for --window-s seconds; the
    window is read into a RawWindow once, then ``summarize_window`` is timed on one pinned core.
 2. On the dlrm reference traces (8 real ranks; PERFTRACKER_DLRM_DIR, see docs/development.md): HolisticTraceAnalysis (``pip install
@@ -36,7 +36,7 @@ def log(msg: str) -> None:
 
 
 def record(out: str, window_s: float) -> None:
-    """Child mode: run examples/train.py under the profiler for window_s seconds, export, exit."""
+    """Child mode: run perftracker/examples/train.py under the profiler for window_s seconds, export, exit."""
     os.environ["PERFTRACKER_DISABLE"] = "1"
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -56,7 +56,7 @@ def record(out: str, window_s: float) -> None:
     register_optimizer_step_post_hook(after_step)
     prof.__enter__()
     state["t0"] = time.perf_counter()
-    sys.argv = ["examples/train.py", "--iters", "100000000", "--quiet"]
+    sys.argv = ["perftracker/examples/train.py", "--iters", "100000000", "--quiet"]
     runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
 
 
@@ -73,8 +73,8 @@ def pin_one_core() -> int:
 
 
 def ours_dlrm(files: list[Path]) -> int:
-    from agent.kineto import read_kineto_trace
-    from agent.summarize import summarize_window
+    from perftracker.agent.kineto import read_kineto_trace
+    from perftracker.agent.summarize.summarizer import summarize_window
 
     return max(len(summarize_window(read_kineto_trace(f)).to_bytes()) for f in files)
 
@@ -108,14 +108,14 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(REPO))
-    from agent.kineto import read_kineto_trace
-    from agent.summarize import summarize_window
+    from perftracker.agent.kineto import read_kineto_trace
+    from perftracker.agent.summarize.summarizer import summarize_window
 
     tmp = tempfile.mkdtemp(prefix="bench-summarize-")
     trace = args.trace
     if not trace:
         trace = os.path.join(tmp, "cpu_window.json")
-        log(f"recording a {args.window_s:.0f} s window of examples/train.py (Python stacks on) ...")
+        log(f"recording a {args.window_s:.0f} s window of perftracker/examples/train.py (Python stacks on) ...")
         t = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--record", trace, "--window-s", str(args.window_s)], check=True,
                        cwd=REPO, stdout=subprocess.DEVNULL)
@@ -127,7 +127,7 @@ def main() -> int:
     cpu = pin_one_core()
     log(f"pinned to cpu {cpu}")
 
-    from perftracker.rawdata import RawWindow
+    from perftracker.model.raw_window import RawWindow
 
     # The development host is shared and oversubscribed (load 8-16 on 2 cores), so the wall time of
     # a single-threaded run measures the neighbours as much as us: the figures are CPU seconds of

@@ -36,11 +36,11 @@ import datagen  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from perftracker import profiler as new_profiler  # noqa: E402
-from perftracker import rawbuild as new_rawbuild  # noqa: E402
-from perftracker import stacks as new_stacks  # noqa: E402
-from perftracker.rawdata import RawWindow, WindowMeta  # noqa: E402
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
+from perftracker.model.raw_window import RawWindow, WindowMeta  # noqa: E402
+from perftracker.runtime import profiler as new_profiler  # noqa: E402
+from perftracker.runtime import raw_window_build as new_rawbuild  # noqa: E402
+from perftracker.runtime import stack_sampler as new_stacks  # noqa: E402
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
 
 
 def note(msg: str) -> None:

@@ -23,10 +23,9 @@ COPY pyproject.toml README.md ./
 COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
-COPY examples ./examples
 # "agent": prometheus_client for --metrics-port (the example overlay passes it); "gpu": NVML.
 # tests/test_images.py runs every container command of k8s/ with only these extras importable.
-RUN pip install ".[agent,gpu]" && python -c "import perftracker, agent.summarize, prometheus_client, pynvml"
+RUN pip install ".[agent,gpu]" && python -c "import perftracker, perftracker.agent.summarize.summarizer, prometheus_client, pynvml"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /var/run/perftracker && chown 10001:10001 /var/run/perftracker

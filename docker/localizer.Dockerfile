@@ -1,5 +1,5 @@
 # perftracker localizer image: the HTTP service, its sqlite store on /data, the kubernetes
-# client (localizer/k8s.py) and the report viewer (`perftracker report`).
+# client (localizer/k8s/client.py) and the report viewer (`perftracker report`).
 #
 #   docker build -f docker/localizer.Dockerfile -t perftracker/localizer:0.1.0 .
 #
@@ -23,7 +23,7 @@ COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
 # tests/test_images.py runs the manifests' localizer command with only these extras importable.
-RUN pip install ".[localizer,k8s]" && python -c "import localizer.service, localizer.k8s, localizer.localize"
+RUN pip install ".[localizer,k8s]" && python -c "import perftracker.localizer.service.http_service, perftracker.localizer.k8s.client, perftracker.localizer.diagnose.localize"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /data && chown 10001:10001 /data

@@ -1,7 +1,8 @@
 """perftracker: `import perftracker` in a training script starts always-on slowdown/hang detection.
 
 On import, detection is activated from the environment (``Config.from_env``) unless
-``PERFTRACKER_DISABLE=1``, or unless this process is the ``perftracker`` command line itself. A bad
+``PERFTRACKER_DISABLE=1``, or unless this process is one of perftracker's own (its role, read by
+``perftracker.role.current_role``, is not ``training``). A bad
 ``PERFTRACKER_*`` value or any other activation error is logged and leaves training untouched.
 
 Public API: ``activate(config=None)``, ``deactivate()``, ``trigger(reason)``, ``status()``.
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Mapping
 
 from perftracker.config import Config
 from perftracker.errors import ConfigError, PerftrackerError
+from perftracker.role import TRAINING, current_role
 
 __all__ = ["Config", "PerftrackerError", "activate", "deactivate", "status", "trigger"]
 __version__ = "0.1.0"
@@ -26,21 +27,21 @@ log = logging.getLogger(__name__)
 
 def activate(config: Config | None = None):  # type: ignore[no-untyped-def]
     """Start detection in this process (idempotent with no config); returns the Runtime."""
-    from perftracker import runtime
+    from perftracker.runtime import runtime
 
     return runtime.activate(config)
 
 
 def deactivate() -> None:
     """Stop detection and leave torch exactly as it was before activation."""
-    from perftracker import runtime
+    from perftracker.runtime import runtime
 
     runtime.deactivate()
 
 
 def trigger(reason: str = "manual", detail: Mapping[str, object] | None = None) -> bool:
     """Ask for a profile window now. Returns False (and logs) if perftracker is not active."""
-    from perftracker import runtime
+    from perftracker.runtime import runtime
 
     rt = runtime.get_runtime()
     if rt is None:
@@ -51,7 +52,7 @@ def trigger(reason: str = "manual", detail: Mapping[str, object] | None = None) 
 
 def status() -> dict[str, object]:
     """Phase, learned sequence, iteration count, recent mean/min iteration time, triggers."""
-    from perftracker import runtime
+    from perftracker.runtime import runtime
 
     rt = runtime.get_runtime() or runtime.last_runtime()
     if rt is None:
@@ -60,26 +61,15 @@ def status() -> dict[str, object]:
     return rt.status()
 
 
-def _is_cli_process() -> bool:
-    argv = getattr(sys, "orig_argv", sys.argv)
-    if sys.argv and os.path.basename(sys.argv[0]) == "perftracker":
-        return True
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "-m":
-            # perftracker's own processes (CLI, agent, samplers, summarizer, localizer) never train
-            return argv[i + 1].split(".")[0] in ("perftracker", "agent", "localizer")
-    return False
-
-
 def _activate_from_env() -> None:
     if os.environ.get("PERFTRACKER_DISABLE", "").strip().lower() in ("1", "true", "yes", "on"):
         return
-    if _is_cli_process():
+    if current_role() != TRAINING:  # perftracker's own processes never train
         return
     try:
         config = Config.from_env()
         rt = activate(config)
-        from perftracker.channel import start_channel
+        from perftracker.runtime.channel import start_channel
 
         start_channel(rt, config)  # link to the node agent (autostarted if none); never raises
     except ConfigError as exc:  # a user's setting, not a bug: one line, no traceback

@@ -1,3 +1,3 @@
-from perftracker.cli import main
+from perftracker.cli.main import main
 
 raise SystemExit(main())

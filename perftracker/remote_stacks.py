@@ -11,7 +11,7 @@ Two halves:
   is a ``StackLayout``: the training thread's ``PyThreadState`` address and the offsets, sent to
   the sampler process as one JSON line. Built for CPython 3.11 (frame and code layouts change in
   each minor version); elsewhere it raises ``PerftrackerError`` and the window samples stacks in a
-  thread instead (perftracker/stacks.py).
+  thread instead (perftracker/runtime/stack_sampler.py).
 - ``RemoteStackReader`` runs in the sampler process: ``sample()`` reads the thread's stack,
   innermost first, as ``(frame address, RemoteCode)`` pairs: the same shape as the in-process
   sampler's ``(id(frame), code)``, so ``stacks.python_executions`` turns both into executions.
@@ -303,7 +303,7 @@ def save_samples(path: str, t_ns: list[int], samples: list[tuple[tuple[int, Remo
     """Write sampled stacks (``RemoteStackReader.sample`` results) as one npz file, atomically."""
     import numpy as np
 
-    from perftracker.rawdata import _save_npz_atomic
+    from perftracker.model.raw_window import _save_npz_atomic
 
     index: dict[int, int] = {}  # id(RemoteCode) -> row of the code table
     table: list[tuple[str, int, str]] = []

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from perftracker import wire
-from perftracker.rawdata import COLUMNS, EventKind, RawWindow, WindowMeta
-from perftracker.wire import MessageType
+from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ class AgentProc:
         self._log.close()
 
     def uplink(self):  # type: ignore[no-untyped-def]
-        from agent.uplink import Uplink
+        from perftracker.agent.daemon.localizer_client import Uplink
 
         loc = json.loads((self.runs / "localizer.json").read_text())
         return Uplink(loc["url"], (self.runs / "token").read_text().strip(), retries=1)

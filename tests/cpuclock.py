@@ -16,7 +16,11 @@ import os
 import threading
 import time
 
-from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
+from perftracker.agent.samplers.taskclock import (
+    TaskClockUnavailable,
+    open_task_clock,
+    read_task_clock,
+)
 
 TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 

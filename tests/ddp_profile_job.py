@@ -115,11 +115,11 @@ def main() -> None:
 
 def online_window(rank: int, step: Callable[[], None]) -> None:
     """perftracker's own online path: ProfileWindow (Kineto ops + stack sampler + GC) and the
-    agent.samplers process; copies its RawWindow and SampleSet files to OUT."""
+    perftracker.agent.samplers process; copies its RawWindow and SampleSet files to OUT."""
     import shutil
     import socket
 
-    from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+    from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 
     ident = SimpleNamespace(rank=rank, world_size=dist.get_world_size(), host=socket.gethostname(), pid=os.getpid(),
                             training_tid=threading.get_native_id(), job="summarizer-test", local_rank=rank)

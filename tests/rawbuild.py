@@ -6,7 +6,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from perftracker.rawdata import COLUMNS, EventKind, RawWindow, SampleSet, UtilSeries, WindowMeta
+from perftracker.model.raw_window import (
+    COLUMNS,
+    EventKind,
+    RawWindow,
+    SampleSet,
+    UtilSeries,
+    WindowMeta,
+)
 
 TRAIN_TID = 100
 

@@ -119,7 +119,7 @@ def hang_report() -> Report:
         RankState(
             r,
             "waiting",
-            "c10d allreduce (ProcessGroupGloo) from examples/train.py:97 in step",
+            "c10d allreduce (ProcessGroupGloo) from perftracker/examples/train.py:97 in step",
             signature="allreduce",
             idle_s=41.5,
             last_iteration=312,
@@ -129,7 +129,7 @@ def hang_report() -> Report:
     ]
     states.insert(
         2,
-        RankState(2, "culprit", "examples/train.py:74 in load_batch (time.sleep)", signature="user", idle_s=41.8,
+        RankState(2, "culprit", "perftracker/examples/train.py:74 in load_batch (time.sleep)", signature="user", idle_s=41.8,
                   last_iteration=311, detail="blocked in user code"),
     )
     states.insert(
@@ -146,7 +146,7 @@ def hang_report() -> Report:
         ranks_reported=tuple(r for r in range(WORLD) if r != 6),
         ranks_missing=(6,),
         hang_states=tuple(states),
-        summary="rank 2 is blocked in examples/train.py:74 load_batch (time.sleep) while 6 ranks wait in allreduce; rank 6 sent nothing (process stopped).",
+        summary="rank 2 is blocked in perftracker/examples/train.py:74 load_batch (time.sleep) while 6 ranks wait in allreduce; rank 6 sent nothing (process stopped).",
         profile="",
         iteration_ms={r: _series(r, False)[:40] for r in range(WORLD) if r != 6},
         status="complete",

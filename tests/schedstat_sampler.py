@@ -1,4 +1,4 @@
-"""A minimal procfs thread-CPU sampler for summarizer tests, independent of agent.samplers.
+"""A minimal procfs thread-CPU sampler for summarizer tests, independent of perftracker.agent.samplers.
 
 ``python -m tests.schedstat_sampler PID TID OUT [PERIOD_US]`` samples the thread every PERIOD_US
 on CLOCK_MONOTONIC until its stdin closes, then writes a SampleSet with one "cpu" series.
@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from perftracker.rawdata import SampleSet, UtilSeries
+from perftracker.model.raw_window import SampleSet, UtilSeries
 
 
 def reconstruct(t_ns: np.ndarray, run_ns: np.ndarray, running: np.ndarray) -> np.ndarray:

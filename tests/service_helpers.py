@@ -108,8 +108,8 @@ class ServiceThread:
         import asyncio
         import threading
 
-        from localizer.service import LocalizerService
-        from localizer.store import Store
+        from perftracker.localizer.service.http_service import LocalizerService
+        from perftracker.localizer.store.sqlite_store import Store
 
         self.store = Store(store_path)
         self.service = LocalizerService(self.store, token, options)  # type: ignore[arg-type]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from agent_helpers import AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir, wait_until
 
-from perftracker import wire
-from perftracker.wire import MessageType
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_agent_with_a_remote_localizer_and_token_file(run_dir: Path, tmp_path: P
     """The Kubernetes shape: `perftracker localizer` as its own service, the agent pointed at it."""
     import json
 
-    from agent.uplink import Uplink
+    from perftracker.agent.daemon.localizer_client import Uplink
 
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token-0123\n")
@@ -238,7 +238,7 @@ def test_agent_with_a_remote_localizer_and_token_file(run_dir: Path, tmp_path: P
     try:
         url = wait_until(lambda: ready.exists() and json.loads(ready.read_text())["url"], 30, what="localizer")
         env = env_for_tests(PERFTRACKER_LOCALIZER_URL=url, PERFTRACKER_TOKEN_FILE=str(token_file))
-        agent = subprocess.Popen([sys.executable, "-m", "agent", "--run-dir", str(run_dir), "--no-samplers",
+        agent = subprocess.Popen([sys.executable, "-m", "perftracker.agent", "--run-dir", str(run_dir), "--no-samplers",
                                   "--poll-timeout-s", "5"], env=env, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
         wait_until(lambda: os.path.exists(wire.socket_path(run_dir)), 30, what="agent socket")

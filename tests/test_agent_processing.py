@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import synthetic_window
+from perftracker.agent.daemon import helper_processes as processing
 
-from agent import processing
 from perftracker.model import Category
-from perftracker.rawdata import SampleSet
+from perftracker.model.raw_window import SampleSet
 
 
 def _raw(tmp_path: Path, name: str, compute_ms: float) -> Path:

@@ -91,7 +91,7 @@ def test_recursive_trace_handler_layout_and_single_trace_rank(dlrm_dir: Path, tm
 
 
 def test_rank_from_file_name_prefers_rank_and_worker() -> None:
-    from agent.kineto import rank_from_filename
+    from perftracker.agent.kineto import rank_from_filename
 
     assert rank_from_filename("node1_rank3.json") == 3
     assert rank_from_filename("host2_worker5.1694128201545.pt.trace.json.gz") == 5

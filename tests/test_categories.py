@@ -1,12 +1,12 @@
-"""The one category rule table (agent.categories), GPU and CPU-only columns."""
+"""The one category rule table (perftracker.agent.summarize.categories), GPU and CPU-only columns."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from perftracker.agent.summarize import categories as c
 
-from agent import categories as c
-from perftracker.rawdata import EventKind as K
+from perftracker.model.raw_window import EventKind as K
 
 CASES = [
     # kind, name, role on a GPU window, role on a CPU-only window

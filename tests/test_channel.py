@@ -1,7 +1,7 @@
 """The worker's agent channel over a real Unix socket: register, heartbeats, triggers, windows,
 agent loss and reconnection.
 
-The "agent" here is a small real socket server speaking perftracker.wire. The runtime and the
+The "agent" here is a small real socket server speaking perftracker.wire.frames. The runtime and the
 profile window are minimal stand-ins with the contract's attributes (the real ones are exercised by
 the torchrun tests in test_agent_e2e.py / test_reliability.py).
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from perftracker import wire
-from perftracker.channel import AgentChannel, ChannelOptions
 from perftracker.config import Config
-from perftracker.wire import MessageType
+from perftracker.runtime.channel import AgentChannel, ChannelOptions
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
 
 FAST = ChannelOptions(heartbeat_s=0.1, stats_s=0.2, backoff_min_s=0.05, backoff_max_s=0.2, ack_timeout_s=2.0)
 
@@ -209,7 +209,7 @@ def test_agent_loss_then_reconnect_delivers_queued_trigger(run_dir: Path, caplog
     ch = _channel(run_dir, rt)
     try:
         assert ch.wait_connected(3)
-        caplog.set_level(logging.WARNING, logger="perftracker.channel")
+        caplog.set_level(logging.WARNING, logger="perftracker.runtime.channel")
         agent.kill()
         deadline = time.monotonic() + 3
         while ch.connected and time.monotonic() < deadline:
@@ -248,7 +248,7 @@ def test_refused_registration_retries_and_never_blocks(run_dir: Path) -> None:
 
 
 def test_no_agent_and_no_autostart_is_quiet_and_cheap(run_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="perftracker.channel")
+    caplog.set_level(logging.WARNING, logger="perftracker.runtime.channel")
     rt = Runtime()
     ch = _channel(run_dir, rt)
     try:
@@ -311,7 +311,7 @@ def test_an_agent_notice_is_one_line_once_on_local_rank_0(run_dir: Path, local_r
     text = "perftracker: session s1: no report will come from 2 rank(s) on this node:\nrank 0 window failed"
     try:
         assert ch.wait_connected(5)
-        with caplog.at_level(logging.DEBUG, logger="perftracker.channel"):
+        with caplog.at_level(logging.DEBUG, logger="perftracker.runtime.channel"):
             for _ in range(3):  # the same failure again: still one line
                 agent.send_all(wire.make_message(MessageType.NOTICE, key="session-failed", text=text))
             agent.wait_for("heartbeat", len(agent.of("heartbeat")) + 3)  # the channel has read them

@@ -16,9 +16,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from perftracker.localizer.render.json import render as render_json
 from report_samples import slow_compute_report
 
-from localizer.render.json import render as render_json
 from tests.conftest import REPO
 
 ANSI = re.compile(r"\x1b\[([0-9;]*)m")
@@ -138,7 +138,7 @@ def test_colour_only_on_a_terminal_without_no_color_at_its_width(tmp_path: Path)
 
 
 def test_sessions_format_json_and_the_deprecated_json_flag(tmp_path: Path) -> None:
-    from localizer.store import SessionRecord, Store
+    from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 
     store_path = tmp_path / "localizer.sqlite"
     store = Store(store_path)
@@ -161,7 +161,7 @@ def test_sessions_format_json_and_the_deprecated_json_flag(tmp_path: Path) -> No
 def test_sessions_table_is_one_line_per_session_in_the_terminal_width(tmp_path: Path, columns: int) -> None:
     """Long reasons and job names are cut with an ellipsis, never folded over several lines; --limit
     counts sessions (0: all) and refuses a negative count."""
-    from localizer.store import SessionRecord, Store
+    from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 
     store_path = tmp_path / "localizer.sqlite"
     store = Store(store_path)

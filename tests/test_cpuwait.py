@@ -11,13 +11,13 @@ import time
 
 import numpy as np
 import pytest
+from perftracker.agent.samplers.base import WindowBounds
+from perftracker.agent.samplers.cpuwait import cpu_wait_series, wait_intervals
+from perftracker.agent.samplers.procfs import ProcfsSampler
+from perftracker.agent.summarize.summarizer import CPU_WAIT_KEY, SummarizeOptions, summarize_window
 
-from agent.samplers.base import WindowBounds
-from agent.samplers.cpuwait import cpu_wait_series, wait_intervals
-from agent.samplers.procfs import ProcfsSampler
-from agent.summarize import CPU_WAIT_KEY, SummarizeOptions, summarize_window
-from perftracker.rawdata import EventKind as K
-from perftracker.rawdata import SampleSet, UtilSeries
+from perftracker.model.raw_window import EventKind as K
+from perftracker.model.raw_window import SampleSet, UtilSeries
 from tests.rawbuild import TRAIN_TID as T
 from tests.rawbuild import by_key, raw_window
 

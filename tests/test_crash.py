@@ -19,8 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from agent.exits import (
+from perftracker.agent.daemon.worker_exits import (
     ExitStatus,
     MemoryCgroup,
     is_failure,
@@ -28,10 +27,11 @@ from agent.exits import (
     read_error_file,
     watch_exit,
 )
-from localizer.crash import localize_crash
-from localizer.hang import localize_hang
-from perftracker import crash
+from perftracker.localizer.diagnose.crash_diagnosis import localize_crash
+from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
+
 from perftracker.model import Frame, HangSnapshot
+from perftracker.runtime import exit_capture as crash
 
 T0 = 1_700_000_000_000_000_000
 
@@ -202,7 +202,7 @@ def test_blocked_live_ranks_are_a_hang_not_a_crash() -> None:
 
 
 def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> None:
-    from localizer.hang import SilentRank
+    from perftracker.localizer.diagnose.hang_diagnosis import SilentRank
 
     peer = "RuntimeError: Connection reset by peer"
     snaps = [_snap(r, end="exception", error=peer, failed_ns=T0 + r) for r in (0, 1, 3)]
@@ -234,7 +234,7 @@ def test_single_process_crash_gives_a_crash_report_and_a_normal_exit_none(tmp_pa
     crashed = _perftracker_run(tmp_path, "--iters", "100000", "--fault", "raise:at_iter=20")
     assert "(crash, crash: rank 0 RuntimeError: injected fault" in crashed, crashed
     assert "crash: rank 0 (a single-process job) failed with RuntimeError: injected fault: raise at iteration" \
-        in crashed and "examples/train.py:" in crashed and "in crash via main > forward" in crashed, crashed
+        in crashed and "perftracker/examples/train.py:" in crashed and "in crash via main > forward" in crashed, crashed
     assert "hang" not in crashed.split("done, complete:", 1)[-1], crashed
     (tmp_path / "normal").mkdir()
     normal = _perftracker_run(tmp_path / "normal", "--iters", "30")  # another runs dir: a fresh store
@@ -242,7 +242,7 @@ def test_single_process_crash_gives_a_crash_report_and_a_normal_exit_none(tmp_pa
 
 
 def test_run_keeps_a_failed_command_a_zombie_for_the_agent_and_reaps_a_clean_one_at_once() -> None:
-    from perftracker.commands.run import wait_keeping_failed_zombie
+    from perftracker.cli.run import wait_keeping_failed_zombie
 
     seen: list[ExitStatus | None] = []
     failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from perftracker.agent.summarize.critical_path import critical_ns
+from perftracker.agent.summarize.summarizer import summarize_window
+from perftracker.agent.summarize.timeline import nest, self_segments
+from perftracker.agent.summarize.victims import REDUCER_WAIT
 
-from agent.critical_path import critical_ns
-from agent.summarize import summarize_window
-from agent.timeline import nest, self_segments
-from agent.victims import REDUCER_WAIT
 from perftracker.model import Category
-from perftracker.rawdata import EventKind as K
+from perftracker.model.raw_window import EventKind as K
 from tests.rawbuild import TRAIN_TID as T
 from tests.rawbuild import by_key, raw_window
 
@@ -239,7 +239,7 @@ def test_reducer_wait_when_the_sampled_engine_frame_ends_before_the_last_copy() 
 def test_reducer_wait_splits_into_steady_part_and_late_peers() -> None:
     # 10 iterations: the wait after the last launch is 100 ns in 8 of them (the communication, or a
     # peer late every time) and 300 / 500 ns when some peer was late this once (host contention)
-    from agent.victims import LATE_PEERS_WAIT
+    from perftracker.agent.summarize.victims import LATE_PEERS_WAIT
 
     wrapper = "torch/autograd/graph.py(966): _engine_run_backward"
     waits = [100, 100, 300, 100, 100, 100, 500, 100, 100, 100]
@@ -254,7 +254,7 @@ def test_reducer_wait_splits_into_steady_part_and_late_peers() -> None:
     assert late.executions == 2 and late.critical_ns == 200 + 400
     assert steady.category is late.category is Category.COLLECTIVE
     # switched off: one function, as before
-    from agent.summarize import SummarizeOptions
+    from perftracker.agent.summarize.summarizer import SummarizeOptions
 
     off = by_key(summarize_window(raw_window(events, window=(0, 10_000)), None,
                                   SummarizeOptions(split_late_peers=False)))
@@ -262,8 +262,8 @@ def test_reducer_wait_splits_into_steady_part_and_late_peers() -> None:
 
 
 def test_late_peers_wait_is_never_unexpected_on_cpu() -> None:
-    from agent.victims import LATE_PEERS_WAIT
-    from localizer.expect import OPEN_BOX, load_expectations
+    from perftracker.agent.summarize.victims import LATE_PEERS_WAIT
+    from perftracker.localizer.diagnose.expect import OPEN_BOX, load_expectations
 
     exp = load_expectations(None, "cpu")
     assert exp.lookup(LATE_PEERS_WAIT, LATE_PEERS_WAIT, Category.COLLECTIVE)[0] == OPEN_BOX

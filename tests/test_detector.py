@@ -11,12 +11,12 @@ import pytest
 
 from perftracker.clock import FakeClock
 from perftracker.config import Config
-from perftracker.detector import DATALOADER as D
-from perftracker.detector import STEP as O
-from perftracker.detector import Detector, DetectorOptions
 from perftracker.errors import ConfigError
-from perftracker.slowdown import ChangepointRule, PaperOptions, PaperRule
-from perftracker.trigger_gate import ABSORBED, ADMIT, OVER_BUDGET, TriggerGate
+from perftracker.runtime.detector import DATALOADER as D
+from perftracker.runtime.detector import STEP as O
+from perftracker.runtime.detector import Detector, DetectorOptions
+from perftracker.runtime.slowdown import ChangepointRule, PaperOptions, PaperRule
+from perftracker.runtime.trigger_gate import ABSORBED, ADMIT, OVER_BUDGET, TriggerGate
 
 MS = 1_000_000
 
@@ -191,7 +191,7 @@ def _noisy(seed: int, n: int, sigma: float = 0.2) -> np.ndarray:
 def test_changepoint_catches_a_fault_that_slows_every_second_iteration() -> None:
     """A CPU quota (throttle period 100 ms) on one rank: every second iteration waits ~40 ms more.
     The CUSUM adds up the evidence; on the same noisy series without the fault nothing fires."""
-    from perftracker.slowdown import ChangepointOptions
+    from perftracker.runtime.slowdown import ChangepointOptions
 
     delays, delays_windows_only = [], []
     for seed in range(10):
@@ -422,7 +422,7 @@ def test_cusum_grid_ignores_bursts_of_two_spikes_and_catches_a_level() -> None:
     """The CUSUM grid (issue 19) on a quiet series (3% noise): bursts of two 2.5x iterations are not
     a level (winsorized, each adds at most 4.5 to a sum; a run must be 4 long and slow without its
     largest value); a sustained +80% is."""
-    from perftracker.slowdown import ChangepointOptions
+    from perftracker.runtime.slowdown import ChangepointOptions
 
     rng = np.random.default_rng(11)
     base = 30 * MS * np.exp(rng.normal(0, 0.03, 3000))

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from localizer.distances import (
+from perftracker.localizer.diagnose.distances import (
     differential_distance,
     differential_distance_blocks,
     distance_from_expectation,

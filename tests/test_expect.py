@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from perftracker.localizer.diagnose.expect import OPEN_BOX, load_expectations
 
-from localizer.expect import OPEN_BOX, load_expectations
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model import Category
 

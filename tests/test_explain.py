@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from localizer.expect import OPEN_BOX
-from localizer.explain import Consequence, describe_finding, describe_ranks, describe_report, pct
+from perftracker.localizer.diagnose.expect import OPEN_BOX
+from perftracker.localizer.diagnose.explain import (
+    Consequence,
+    describe_finding,
+    describe_ranks,
+    describe_report,
+    pct,
+)
+
 from perftracker.model import Box, Category, Triple
 
 PY_BOX = Box(Triple(0, 0, 0), Triple(0.01, 1, 1))
@@ -71,11 +78,11 @@ def test_report_summary() -> None:
 
 
 def test_python_frames_are_shortened_in_sentences() -> None:
-    from localizer.explain import frame_text
+    from perftracker.localizer.diagnose.explain import frame_text
 
     site = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
     assert frame_text(site) == "_engine_run_backward (torch/autograd/graph.py:966)"
-    assert frame_text("/work/main/examples/train.py(243): main") == "main (examples/train.py:243)"
+    assert frame_text("/work/main/examples/train.py(243): main") == "main (perftracker/examples/train.py:243)"
     assert frame_text("/usr/lib/python3.11/threading.py(10): run") == "run (threading.py:10)"
     assert frame_text("aten::mm") == "aten::mm"
 
@@ -89,7 +96,8 @@ def test_one_rank_summary_names_the_rank_and_says_nothing_was_compared() -> None
 
 
 def test_wait_clauses_and_the_no_finding_summary_shorten_python_frames() -> None:
-    from localizer.explain import waits_text
+    from perftracker.localizer.diagnose.explain import waits_text
+
     from perftracker.model import Wait
 
     c10d = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py(4191): all_gather"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from perftracker.agent.summarize.critical_path import critical_ns
 
-from agent.critical_path import critical_ns
-from perftracker.commands.export_trace import CRITICAL_PID, build_trace, critical_intervals
-from perftracker.rawdata import COLUMNS, EventKind, RawWindow, WindowMeta
+from perftracker.cli.export_trace import CRITICAL_PID, build_trace, critical_intervals
+from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
 REPO = Path(__file__).resolve().parents[1]
 TID = 4242
@@ -120,7 +120,7 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_real_gpu_kineto_window(dlrm_dir: Path, tmp_path: Path) -> None:
-    from agent.kineto import read_kineto_trace
+    from perftracker.agent.kineto import read_kineto_trace
 
     src = sorted(dlrm_dir.glob("worker3_*.json.gz"))[0]
     raw = read_kineto_trace(src, session="dlrm")
@@ -137,7 +137,7 @@ def test_real_gpu_kineto_window(dlrm_dir: Path, tmp_path: Path) -> None:
     cats = {e["args"]["category"] for e in crit}
     assert "compute" in cats and "collective" in cats  # GPU kernels and NCCL both hold the path at times
     # the compute share of the exported track matches the summarizer's compute beta
-    from agent.summarize import summarize_window
+    from perftracker.agent.summarize.summarizer import summarize_window
 
     ps = summarize_window(raw)
     compute_beta = sum(p.beta for p in ps.patterns if p.category.value == "compute")
@@ -155,8 +155,8 @@ def test_real_gpu_track_agrees_with_the_summarizers_roles(dlrm_dir: Path, worker
     shares the moment and the track shows one holder, hence the tolerance."""
     from collections import Counter
 
-    from agent.kineto import read_kineto_trace
-    from agent.summarize import SummarizeOptions, summarize_window
+    from perftracker.agent.kineto import read_kineto_trace
+    from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
 
     raw = read_kineto_trace(sorted(dlrm_dir.glob(f"worker{worker}_*.json.gz"))[0], session="dlrm")
     window_us = (raw.meta.window_end_ns - raw.meta.window_start_ns) / 1000
@@ -175,13 +175,13 @@ def test_real_gpu_track_agrees_with_the_summarizers_roles(dlrm_dir: Path, worker
 
 
 def test_real_online_window(tmp_path: Path) -> None:
-    """A window taken by perftracker.window in this process: Python functions and aten ops."""
+    """A window taken by perftracker.runtime.window in this process: Python functions and aten ops."""
     import threading
     import time
 
     import torch
 
-    from perftracker.window import ProfileWindow, WindowResult
+    from perftracker.runtime.window import ProfileWindow, WindowResult
 
     class Ident:
         rank, world_size, local_rank, host, job = 0, 1, 0, "test", "export"
@@ -219,7 +219,7 @@ def test_real_online_window(tmp_path: Path) -> None:
     assert any(n.startswith("compute: aten::") for n in names), names
     assert any(n.startswith("python:") and "spin" in n for n in names), names
     # the track agrees with the summarizer's beta of the same window
-    from agent.summarize import summarize_window
+    from perftracker.agent.summarize.summarizer import summarize_window
 
     raw = RawWindow.load(done[0].raw_path)
     window_us = (raw.meta.window_end_ns - raw.meta.window_start_ns) / 1000

@@ -1,6 +1,6 @@
 """The fault benchmark's --quick run (clean + slow-compute + slow-dataloader) as part of the suite.
 
-It runs the real harness: 4-worker torchrun jobs of examples/train.py, one network namespace per
+It runs the real harness: 4-worker torchrun jobs of perftracker/examples/train.py, one network namespace per
 worker where the machine allows it (single-host mode otherwise, which the harness announces), a
 node agent per host, a localizer, faults, triggers and scoring.
 """

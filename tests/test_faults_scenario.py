@@ -119,11 +119,11 @@ def test_clean_scenario_any_finding_is_false_positive() -> None:
 def test_hang_states_score_as_hang_findings() -> None:
     s = parse_scenario('name = "h"\nworkers = 4\n[[expect]]\nranks = [2]\ncategory = "hang"\nname = "forward"\n')
     hang = (
-        RankState(2, "culprit", "examples/train.py:88 in forward (time.sleep)"),
+        RankState(2, "culprit", "perftracker/examples/train.py:88 in forward (time.sleep)"),
         RankState(0, "waiting", "c10d allreduce"),
     )
     sc = score(s, _report(hang=hang))
     assert sc.tp == {(2, "hang")} and sc.fp == set() and sc.recall == 1.0
-    wrong = (RankState(1, "culprit", "examples/train.py:88 in forward"),)
+    wrong = (RankState(1, "culprit", "perftracker/examples/train.py:88 in forward"),)
     sc = score(s, _report(hang=wrong))
     assert sc.fp == {(1, "hang")} and sc.recall == 0.0

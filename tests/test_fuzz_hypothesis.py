@@ -28,12 +28,12 @@ import pytest
 from agent_helpers import AgentProc, WireWorker, cleanup, short_run_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from perftracker.agent.daemon.localizer_client import Uplink
+from perftracker.agent.daemon.workers import BadWorkerMessage, check_worker_message
 from service_helpers import TOKEN, ServiceThread, make_pattern_set, workers
 
-from agent.uplink import Uplink
-from agent.workers import BadWorkerMessage, check_worker_message
-from perftracker import wire
-from perftracker.wire import MessageType
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
 
 N = int(os.environ.get("PERFTRACKER_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=N, derandomize=True, deadline=None, database=None,

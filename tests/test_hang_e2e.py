@@ -1,5 +1,5 @@
 """Hang diagnosis end to end on real torchrun jobs (gloo, 2 ranks) with the embedded default:
-examples/train.py imports perftracker, which starts the node agent and its embedded localizer.
+perftracker/examples/train.py imports perftracker, which starts the node agent and its embedded localizer.
 
 hang in forward -> the report names the rank and the place; SIGSTOP -> "process stopped", and the
 report is resolved after SIGCONT; SIGKILL -> a crash report (issue 22) naming the dead rank, not the
@@ -99,7 +99,7 @@ class Job:
         return out
 
     def stored_hang_report(self, session: str) -> Report | None:
-        from localizer.store import Store
+        from perftracker.localizer.store.sqlite_store import Store
 
         store = Store(self.dir / "perftracker-runs" / "localizer.sqlite")
         try:
@@ -159,7 +159,7 @@ def test_rank_hanging_in_forward_is_named_with_its_place(job: Callable[..., Job]
     r = reports[0]  # type: ignore[index]
     assert _culprits(r) == {1: "culprit"}, r.summary
     where = {s.rank: s.where for s in r.hang_states}
-    assert "examples/train.py" in where[1] and "in hang_forever (time.sleep)" in where[1] and "forward" in where[1]
+    assert "perftracker/examples/train.py" in where[1] and "in hang_forever (time.sleep)" in where[1] and "forward" in where[1]
     assert where[0] == "c10d allreduce (DDP backward)"
     assert r.summary.startswith("hang: rank 1 stopped at ") and f"since iteration {AT_ITER}" in r.summary
     assert r.summary.endswith("; all other ranks wait in c10d allreduce (DDP backward)")
@@ -215,7 +215,7 @@ def test_all_rank_checkpoint_pause_raises_no_hang_report(job: Callable[..., Job]
     # recheck (every 5 s) could see the ranks move on, and the session stayed open past 90 s.
     j = job(["--checkpoint-every", "2000", "--checkpoint-pause-s", "9"],
             env={"PERFTRACKER_HANG_PAUSE_S": "20", "PERFTRACKER_BLOCKED_MIN_S": "3"})
-    from localizer.store import Store
+    from perftracker.localizer.store.sqlite_store import Store
 
     def pause_judged() -> list[object]:
         db = j.dir / "perftracker-runs" / "localizer.sqlite"

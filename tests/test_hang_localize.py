@@ -5,44 +5,50 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from localizer.hang import HangOptions, SilentRank, localize_hang, place
+from perftracker.localizer.diagnose.hang_diagnosis import (
+    HangOptions,
+    SilentRank,
+    localize_hang,
+    place,
+)
+
 from perftracker.model import Frame, HangSnapshot, Report
 
 T0 = 1_700_000_000_000_000_000
 
 # rank waiting for DDP's gradient allreduce (torch 2.13, gloo): no torch/distributed frame at all
 DDP_BACKWARD = (
-    Frame("examples/train.py", 120, "main"),
-    Frame("examples/train.py", 95, "train_step"),
+    Frame("perftracker/examples/train.py", 120, "main"),
+    Frame("perftracker/examples/train.py", 95, "train_step"),
     Frame("<lib>/torch/_tensor.py", 623, "backward"),
     Frame("<lib>/torch/autograd/__init__.py", 395, "backward"),
     Frame("<lib>/torch/autograd/graph.py", 979, "_engine_run_backward"),
 )
 ALLREDUCE = (
-    Frame("examples/train.py", 120, "main"),
-    Frame("examples/train.py", 101, "train_step"),
+    Frame("perftracker/examples/train.py", 120, "main"),
+    Frame("perftracker/examples/train.py", 101, "train_step"),
     Frame("<lib>/torch/distributed/c10d_logger.py", 83, "wrapper"),
     Frame("<lib>/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
 )
 BARRIER = (
-    Frame("examples/train.py", 120, "main"),
-    Frame("examples/train.py", 130, "save"),
+    Frame("perftracker/examples/train.py", 120, "main"),
+    Frame("perftracker/examples/train.py", 130, "save"),
     Frame("<lib>/torch/distributed/c10d_logger.py", 83, "wrapper"),
     Frame("<lib>/torch/distributed/distributed_c10d.py", 5356, "barrier"),
 )
 # a rank sleeping in its own forward, under DDP's forward
 FORWARD_SLEEP = (
-    Frame("examples/train.py", 120, "main"),
-    Frame("examples/train.py", 93, "train_step"),
+    Frame("perftracker/examples/train.py", 120, "main"),
+    Frame("perftracker/examples/train.py", 93, "train_step"),
     Frame("<lib>/torch/nn/modules/module.py", 1779, "_call_impl"),
     Frame("<lib>/torch/nn/parallel/distributed.py", 1700, "forward"),
     Frame("<lib>/torch/nn/parallel/distributed.py", 1520, "_run_ddp_forward"),
     Frame("<lib>/torch/nn/modules/module.py", 1779, "_call_impl"),
-    Frame("examples/train.py", 88, "forward"),
+    Frame("perftracker/examples/train.py", 88, "forward"),
 )
 CHECKPOINT = (
-    Frame("examples/train.py", 120, "main"),
-    Frame("examples/train.py", 140, "save_checkpoint"),
+    Frame("perftracker/examples/train.py", 120, "main"),
+    Frame("perftracker/examples/train.py", 140, "save_checkpoint"),
     Frame("<lib>/torch/serialization.py", 966, "save"),
 )
 
@@ -65,9 +71,9 @@ def test_rank_hanging_in_forward_is_named_with_place_and_call() -> None:
     assert report is not None and report.kind == "hang"
     assert culprits(report) == [2]
     states = {s.rank: s for s in report.hang_states}
-    assert states[2].where == "examples/train.py:88 in forward (time.sleep) via main > train_step"
+    assert states[2].where == "perftracker/examples/train.py:88 in forward (time.sleep) via main > train_step"
     assert {states[r].state for r in (0, 1, 3)} == {"waiting"}
-    assert report.summary == ("hang: rank 2 stopped at examples/train.py:88 in forward (time.sleep) via main > "
+    assert report.summary == ("hang: rank 2 stopped at perftracker/examples/train.py:88 in forward (time.sleep) via main > "
                               "train_step since iteration 301; all other ranks wait in c10d allreduce (DDP backward)")
     assert report.ranks_reported == (0, 1, 2, 3) and report.ranks_missing == ()
     assert Report.from_dict(report.to_dict()) == report
@@ -88,7 +94,7 @@ def test_waiting_is_recognised_from_the_stack_when_current_op_is_missing() -> No
 def test_a_running_backward_is_not_a_collective_wait() -> None:
     p = place(snap(0, DDP_BACKWARD, kernel="R"))
     assert not p.waiting
-    assert p.where.startswith("examples/train.py:95 in train_step")
+    assert p.where.startswith("perftracker/examples/train.py:95 in train_step")
 
 
 def test_every_rank_in_one_collective_is_a_network_hang_naming_no_rank() -> None:
@@ -145,7 +151,7 @@ def test_a_pause_that_outlasts_pause_s_becomes_a_hang_naming_no_rank() -> None:
     report = localize_hang(snaps, {}, range(4), HangOptions(pause_s=30.0), now_ns=T0 + 25 * 10**9)
     assert report is not None
     assert culprits(report) == []
-    assert report.summary.startswith("hang: all 4 ranks stopped at examples/train.py:140 in save_checkpoint "
+    assert report.summary.startswith("hang: all 4 ranks stopped at perftracker/examples/train.py:140 in save_checkpoint "
                                      "(torch.save) via main for 33 s")
     # below the pause at the same age: still nothing
     assert localize_hang(snaps, {}, range(4), HangOptions(pause_s=60.0), now_ns=T0 + 25 * 10**9) is None
@@ -173,7 +179,7 @@ def test_two_user_places_without_collectives_name_the_minority_after_the_pause()
     assert localize_hang(snaps, {}, range(4), HangOptions(pause_s=120.0)) is None
     report = localize_hang(snaps, {}, range(4), HangOptions(pause_s=60.0))
     assert report is not None and culprits(report) == [3]
-    assert "rank 3 stopped at examples/train.py:88 in forward (time.sleep)" in report.summary
+    assert "rank 3 stopped at perftracker/examples/train.py:88 in forward (time.sleep)" in report.summary
 
 
 def test_nothing_in_nothing_out() -> None:
@@ -181,7 +187,11 @@ def test_nothing_in_nothing_out() -> None:
 
 
 def test_liveness_words_and_resume() -> None:
-    from localizer.hang import job_resumed, never_answers, silent_detail
+    from perftracker.localizer.diagnose.hang_diagnosis import (
+        job_resumed,
+        never_answers,
+        silent_detail,
+    )
 
     assert silent_detail(False, "tracking") == "process dead"
     assert silent_detail(True, "stopped") == "process stopped"
@@ -212,7 +222,7 @@ def test_a_killed_rank_whose_peers_failed_in_the_collective_is_named() -> None:
 
 
 def test_ranks_that_died_after_another_are_not_culprits() -> None:
-    from localizer.hang import silent_detail
+    from perftracker.localizer.diagnose.hang_diagnosis import silent_detail
 
     silent = {1: silent_detail(False, "dead"), 0: silent_detail(False, "dead after rank 1")}
     assert silent[0] == "process dead after rank 1"
@@ -235,7 +245,7 @@ def test_a_snapshot_with_a_stack_beats_a_later_empty_one() -> None:
 
 
 def test_error_gist() -> None:
-    from localizer.hang import _short_error
+    from perftracker.localizer.diagnose.hang_diagnosis import _short_error
 
     assert _short_error("RuntimeError: [pair.cc:589] Connection closed by peer [127.0.0.1]:5512") == \
         "Connection closed by peer"

@@ -6,10 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.validate import Heartbeat, RankBeat, Registration, WorkerInfo
+from perftracker.localizer.store.sqlite_store import Store
 
-from localizer.sessions import SessionManager, SessionOptions
-from localizer.store import Store
-from localizer.validate import Heartbeat, RankBeat, Registration, WorkerInfo
 from perftracker.clock import FakeClock
 from perftracker.model import Frame, HangSnapshot
 

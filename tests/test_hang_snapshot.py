@@ -13,16 +13,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
 
-from localizer.hang import localize_hang
 from perftracker.clock import FakeClock
-from perftracker.hang import (
+from perftracker.model import Frame, HangSnapshot
+from perftracker.runtime.hang_capture import (
     callee_of,
     normalize_path,
     recognise_collective,
     take_snapshot,
 )
-from perftracker.model import Frame, HangSnapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,11 @@ def test_callee_of() -> None:
 def test_normalize_path() -> None:
     assert normalize_path("/usr/lib/python3/dist-packages/torch/autograd/graph.py") == "<lib>/torch/autograd/graph.py"
     assert normalize_path("/x/venv/lib/python3.11/site-packages/perftracker/hooks.py") == "<perftracker>/hooks.py"
-    assert normalize_path(str(REPO / "perftracker" / "hooks.py")) == "<perftracker>/hooks.py"
+    assert normalize_path(str(REPO / "perftracker" / "runtime" / "hooks.py")) == "<perftracker>/runtime/hooks.py"
+    # the demo job shipped in the package is user code, installed or not
+    assert normalize_path(str(REPO / "perftracker" / "examples" / "train.py")) == "perftracker/examples/train.py"
+    assert normalize_path("/v/lib/python3.11/site-packages/perftracker/examples/train.py") == \
+        "perftracker/examples/train.py"
     assert normalize_path(threading.__file__) == "<stdlib>/threading.py"
     assert normalize_path(os.path.join(os.getcwd(), "examples", "train.py")) == "examples/train.py"
     assert normalize_path("<frozen runpy>") == "<frozen runpy>"
@@ -130,7 +134,7 @@ WORKER = textwrap.dedent(
     from types import SimpleNamespace
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from perftracker.hang import take_snapshot
+    from perftracker.runtime.hang_capture import take_snapshot
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -213,8 +217,8 @@ def test_real_gloo_ddp_hang_snapshots(tmp_path: Path, free_port: int) -> None:
 def test_snapshot_with_the_real_runtime(clean_env: dict[str, str]) -> None:
     import torch
 
-    from perftracker import runtime as rtmod
     from perftracker.config import Config
+    from perftracker.runtime import runtime as rtmod
 
     rt = rtmod.activate(Config.from_env(autostart_agent=False))
     try:
@@ -250,7 +254,7 @@ def _outer_fail() -> None:
 
 
 def test_exit_snapshot_from_an_exception_traceback() -> None:
-    from perftracker.hang import exit_snapshot
+    from perftracker.runtime.hang_capture import exit_snapshot
 
     try:
         _outer_fail()
@@ -271,7 +275,7 @@ KILLED_PEER = textwrap.dedent(
     from types import SimpleNamespace
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from perftracker.hang import exit_snapshot
+    from perftracker.runtime.hang_capture import exit_snapshot
 
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
@@ -324,7 +328,7 @@ def test_real_gloo_survivor_of_a_killed_peer_fails_in_the_collective(tmp_path: P
 
 def test_snapshot_falls_back_to_the_exception_when_the_thread_has_no_frame(monkeypatch: pytest.MonkeyPatch) -> None:
     # after an unhandled exception the main thread has no Python frame (or only exit handlers)
-    monkeypatch.setattr("perftracker.hang._training_frame", lambda tid: (None, 0))
+    monkeypatch.setattr("perftracker.runtime.hang_capture._training_frame", lambda tid: (None, 0))
     try:
         _outer_fail()
     except RuntimeError as exc:

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir, wait_until
+from perftracker.agent.daemon.window_session import WindowOptions, WindowRunner, session_dir_name
+from perftracker.agent.daemon.workers import BadWorkerMessage, check_worker_message
 
-from agent.windows import WindowOptions, WindowRunner, session_dir_name
-from agent.workers import BadWorkerMessage, check_worker_message
-from perftracker import wire
 from perftracker.rundir import (
     RunDirError,
     UnsafeSocketError,
@@ -30,7 +29,8 @@ from perftracker.rundir import (
     ensure_private_dir,
     write_private,
 )
-from perftracker.wire import MessageType
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
 
 OTHER_UID = 10001
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
@@ -157,7 +157,7 @@ def test_worker_messages_are_checked_for_lengths_and_types() -> None:
 
 def test_session_ids_and_worker_paths_stay_inside_the_agents_directories(tmp_path: Path) -> None:
     assert session_dir_name("20260101-000000-abc123") == "20260101-000000-abc123"
-    from agent.processing import ProcessingError
+    from perftracker.agent.daemon.helper_processes import ProcessingError
 
     for bad in ("../x", "a/b", "..", ".", "", "x" * 300):
         with pytest.raises(ProcessingError):

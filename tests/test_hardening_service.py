@@ -21,16 +21,16 @@ import zlib
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.localizer_client import Uplink, UplinkError
+from perftracker.localizer.diagnose.columns import ColumnCache
+from perftracker.localizer.service.http_service import ServiceOptions
+from perftracker.localizer.service.sessions import OPEN, SessionManager, SessionOptions
+from perftracker.localizer.service.tokens import check_token, parse_job_tokens
+from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 from service_helpers import REPO, TOKEN, LocalizerProcess, ServiceThread, make_pattern_set, workers
 
-from agent.uplink import Uplink, UplinkError
-from localizer.columns import ColumnCache
-from localizer.service import ServiceOptions
-from localizer.sessions import OPEN, SessionManager, SessionOptions
-from localizer.store import SessionRecord, Store
-from localizer.tokens import check_token, parse_job_tokens
 from perftracker.errors import ConfigError
-from perftracker.pattern_wire import batch_from_sets
+from perftracker.wire.patterns import batch_from_sets
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -251,7 +251,7 @@ def test_kept_arrays_are_bounded_and_a_session_reads_the_rest_from_the_store(tmp
     assert cache.get("s1") is None
     store = Store(tmp_path / "s.sqlite")
     mgr = SessionManager(store, options=SessionOptions(max_cached_set_bytes=20_000))  # ~3 uploads' arrays
-    from localizer.validate import parse_registration
+    from perftracker.localizer.service.validate import parse_registration
 
     mgr.register(parse_registration({"job": "j", "agent_id": "a", "workers": workers(range(8), 8)}))
     s, _ = mgr.trigger("j", "t")
@@ -275,7 +275,7 @@ def test_an_upload_that_inflates_past_the_bound_gets_413(tmp_path: Path) -> None
 
 # ---------------------------------------------------------------- item 6: tokens
 def test_tokens_are_persisted_and_weak_ones_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perftracker.commands.localizer import resolve_or_create_token
+    from perftracker.cli.localizer import resolve_or_create_token
 
     monkeypatch.delenv("PERFTRACKER_TOKEN", raising=False)
     monkeypatch.delenv("PERFTRACKER_TOKEN_FILE", raising=False)
@@ -338,9 +338,9 @@ _DISK_FULL = r"""
 import json, resource, signal, sys
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from localizer.sessions import SessionManager
-from localizer.store import Store, StoreError
-from localizer.validate import parse_registration
+from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.store.sqlite_store import Store, StoreError
+from perftracker.localizer.service.validate import parse_registration
 from service_helpers import make_pattern_set, workers
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
@@ -377,9 +377,8 @@ def test_upload_counts_follow_the_store_when_commits_fail_on_a_full_disk(tmp_pat
 
 # ---------------------------------------------------------------- item 11: file modes
 def test_store_and_reports_are_private(tmp_path: Path) -> None:
+    from perftracker.localizer.service.localize_runner import LocalizeRunner
     from report_samples import slow_compute_report
-
-    from localizer.runner import LocalizeRunner
 
     store = Store(tmp_path / "new" / "s.sqlite")
     store.put_report(slow_compute_report())

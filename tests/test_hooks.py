@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 import perftracker
-from perftracker import hooks, runtime
 from perftracker.config import Config
+from perftracker.runtime import hooks, runtime
 
 
 def _torch_state() -> tuple[object, list[object], list[object]]:

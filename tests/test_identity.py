@@ -1,4 +1,4 @@
-"""The worker's identity (perftracker/identity.py): a guess at import, settled from the process group
+"""The worker's identity (perftracker/runtime/identity.py): a guess at import, settled from the process group
 (job id agreed through the default store) or from training alone; job ids the localizer accepts."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from localizer.validate import _NAME_RE
-from perftracker.identity import provisional_identity, sanitize_job, settle_identity
+from perftracker.localizer.service.validate import _NAME_RE
+
+from perftracker.runtime.identity import provisional_identity, sanitize_job, settle_identity
 
 
 def test_job_ids_are_sanitized_to_what_the_localizer_accepts() -> None:
@@ -35,7 +36,7 @@ SPAWN = textwrap.dedent("""\
     import json, os, sys
     import torch.distributed as dist
     import torch.multiprocessing as mp
-    from perftracker.identity import provisional_identity, settle_identity
+    from perftracker.runtime.identity import provisional_identity, settle_identity
 
     def worker(rank, port):
         # each rank's own guess differs (rank 1 even has another configured job id): the process

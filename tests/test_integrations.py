@@ -64,7 +64,7 @@ CASES = {
     "iterable_accum4": Case("iterable_accum.py", "torchrun", 2, 1, 60, 220, 1),
     "single_process": Case("single_process.py", "python", 1, 0, 100, 600, 1),
 }
-# the agent's log line for each detector trigger it forwards (agent/upstream.py)
+# the agent's log line for each detector trigger it forwards (agent/daemon/localizer_link.py)
 _TRIGGERED = re.compile(r"triggered: slowdown \{[^\n]*'iteration': (\d+)")
 
 

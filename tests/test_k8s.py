@@ -1,4 +1,4 @@
-"""localizer/k8s.py against API responses in the API server's JSON (tests/fixtures/k8s/), served
+"""localizer/k8s/client.py against API responses in the API server's JSON (tests/fixtures/k8s/), served
 over a real local HTTP socket to the real `kubernetes` client. Not verified on a cluster."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from report_samples import SLOW_RANK, hang_report, slow_compute_report
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s extra")
 
-from localizer.k8s import (  # noqa: E402
+from perftracker.localizer.k8s.client import (  # noqa: E402
     K8sError,
     K8sOptions,
     KubernetesClient,
@@ -87,7 +87,7 @@ def test_hang_events_name_culprit_and_silent_ranks(api: FakeApiServer) -> None:
     assert len(events) == 1
     assert events[0]["reason"] == "PerftrackerHang"
     assert events[0]["involvedObject"]["name"] == "train-1-h2w9r"
-    assert "rank 2 culprit: examples/train.py:74 in load_batch" in events[0]["message"]
+    assert "rank 2 culprit: perftracker/examples/train.py:74 in load_batch" in events[0]["message"]
 
 
 def test_event_failures_are_logged_not_raised(api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
@@ -144,7 +144,7 @@ def test_namespace_from_environment(tmp_path: Path) -> None:
 
 
 def test_from_environment_is_none_outside_a_cluster(caplog: pytest.LogCaptureFixture) -> None:
-    from localizer.k8s import from_environment
+    from perftracker.localizer.k8s.client import from_environment
 
     assert from_environment({}) is None
     # a pod without service-account credentials: logged, not raised

@@ -1,4 +1,4 @@
-"""agent.kineto on real traces (shared dlrm 8-rank GPU traces, a fresh torch.profiler export) and bad files."""
+"""perftracker.agent.kineto on real traces (shared dlrm 8-rank GPU traces, a fresh torch.profiler export) and bad files."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from perftracker.agent.kineto import read_kineto_trace
+from perftracker.agent.summarize.summarizer import summarize_window
 
-from agent.kineto import read_kineto_trace
-from agent.summarize import summarize_window
 from perftracker.errors import TraceError
 from perftracker.model import Category
-from perftracker.rawdata import EventKind, RawWindow
+from perftracker.model.raw_window import EventKind, RawWindow
 
 
 def dlrm_files(d: Path) -> list[Path]:
@@ -114,7 +114,7 @@ def test_rank_from_file_name_when_distributed_info_missing(dlrm_dir: Path, tmp_p
     del doc["distributedInfo"]
     f = tmp_path / "job_rank5.json"
     f.write_text(json.dumps(doc))
-    with caplog.at_level(logging.WARNING, logger="agent.kineto"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.agent.kineto"):
         raw = read_kineto_trace(f)
     assert raw.meta.rank == 5 and raw.meta.world_size == 0
     assert "file name" in caplog.text

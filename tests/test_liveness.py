@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from agent.liveness import ExitWatch, ProcState, probe, read_stat, start_ticks_of
+from perftracker.agent.daemon.liveness import ExitWatch, ProcState, probe, read_stat, start_ticks_of
 
 
 def _wait_state(pid: int, letter: str, timeout_s: float = 5.0) -> None:

@@ -7,11 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from perftracker.localizer.diagnose.arrays import PatternArrays
+from perftracker.localizer.diagnose.expect import parse_expectations
+from perftracker.localizer.diagnose.localize import LocalizeOptions, localize, localize_arrays
 
-from localizer import synthetic as sy
-from localizer.arrays import PatternArrays
-from localizer.expect import parse_expectations
-from localizer.localize import LocalizeOptions, localize, localize_arrays
+from bench import synthetic as sy
 from perftracker.errors import InputError
 from perftracker.model import Category, Pattern, PatternSet, Report
 
@@ -198,7 +198,7 @@ def test_a_unique_rank_must_also_be_materially_off_the_median_rank(monkeypatch: 
     frame = [(0.0090, 0.305, 0.346), (0.0102, 0.295, 0.348), (0.0108, 0.438, 0.307), (0.0091, 0.369, 0.392)]
     assert localize(_four_ranks(frame)).findings == ()
     with monkeypatch.context() as m:  # the same options without the materiality check: unique
-        m.setattr("localizer.localize.material_shift", lambda values, *_: np.ones(values.shape[1], dtype=bool))
+        m.setattr("perftracker.localizer.diagnose.localize.material_shift", lambda values, *_: np.ones(values.shape[1], dtype=bool))
         assert [f.ranks for f in localize(_four_ranks(frame)).findings] == [(2,)]
     # 2.5 points of the window more in the op (the β floor, 0.01 / ε) is material
     slower = [(0.034, 0.60, 0.05), (0.033, 0.61, 0.05), (0.060, 0.58, 0.06), (0.034, 0.60, 0.05)]
@@ -209,7 +209,7 @@ def test_a_unique_rank_must_also_be_materially_off_the_median_rank(monkeypatch: 
 
 
 def test_a_rank_that_waits_longer_for_late_peers_is_a_victim_not_a_finding() -> None:
-    from localizer.expect import load_expectations
+    from perftracker.localizer.diagnose.expect import load_expectations
 
     key = "ddp.reducer::wait, varying part (late peers, in autograd engine)"
 

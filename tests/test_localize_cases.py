@@ -11,12 +11,12 @@ import dataclasses
 
 import numpy as np
 import pytest
+from perftracker.localizer.diagnose.arrays import PatternArrays
+from perftracker.localizer.diagnose.distances import differential_distance_blocks, normalize_by_max
+from perftracker.localizer.diagnose.localize import LocalizeOptions, localize_arrays
 from statsmodels.robust.scale import mad
 
-from localizer import synthetic as sy
-from localizer.arrays import PatternArrays
-from localizer.distances import differential_distance_blocks, normalize_by_max
-from localizer.localize import LocalizeOptions, localize_arrays
+from bench import synthetic as sy
 from perftracker.model import Category
 
 OPTS = LocalizeOptions(created_ns=1)
@@ -175,7 +175,7 @@ def test_eight_real_ranks_two_that_hold_the_allreduce_far_less() -> None:
     f = sy.function_index(arr, "AllReduce")
     arr.values[:, 1:, :] = 0.0
     arr.values[f, 0] = beta
-    # ranks 4-5 are named, with the AllReduce the others wait for them in (localizer/waits.py folds
+    # ranks 4-5 are named, with the AllReduce the others wait for them in (localizer/diagnose/waits.py folds
     # the collective into the late ranks' finding)
     assert (4, 5) in _named_with(arr, "AllReduce")
     arr.values[f, 0, [4, 5]] = [0.075, 0.072]  # within the others' spread: nothing on the AllReduce

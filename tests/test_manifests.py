@@ -353,7 +353,7 @@ def _all_containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @needs_kubectl
 def test_container_commands_parse_with_the_real_cli() -> None:
-    from perftracker.cli import build_parser
+    from perftracker.cli.main import build_parser
 
     for path in ("k8s/overlays/example", "k8s/overlays/example-nsys"):
         for c in _all_containers(render(path)):
@@ -371,7 +371,7 @@ def test_environment_variables_are_ones_perftracker_reads() -> None:
     from perftracker.config import Config
 
     known = {"PERFTRACKER_" + f.name.upper() for f in dataclasses.fields(Config)}
-    known |= {"PERFTRACKER_K8S_NAMESPACE", "PERFTRACKER_TOKEN_FILE"}  # localizer/k8s.py, agent/uplink.py
+    known |= {"PERFTRACKER_K8S_NAMESPACE", "PERFTRACKER_TOKEN_FILE"}  # localizer/k8s/client.py, agent/daemon/localizer_client.py
     used = {e["name"] for c in _all_containers(render("k8s/overlays/example")) for e in c.get("env", [])}
     ours = {n for n in used if n.startswith("PERFTRACKER_")}
     assert ours and ours <= known, ours - known

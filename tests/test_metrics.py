@@ -13,9 +13,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.agent_metrics import Metrics, MetricsServer
+from perftracker.agent.daemon.localizer_client import Uplink
 
-from agent.metrics import Metrics, MetricsServer
-from agent.uplink import Uplink
 from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
 
 PROMTOOL = shutil.which("promtool")
@@ -120,7 +120,7 @@ def test_localizer_metrics_endpoint(tmp_path: Path) -> None:
             urllib.request.urlopen(loc.url + "/metrics", timeout=5)
         assert err.value.code == 401
         up = Uplink(loc.url, TOKEN)
-        up.register("job-m", "agent-0", "node0", workers(range(4), 4))
+        up.register("job-m", "perftracker.agent-0", "node0", workers(range(4), 4))
         session, _ = up.create_trigger("job-m", "metrics test", window_s=0.5)
         for r in range(4):
             up.upload_patterns(make_pattern_set("job-m", session, r, 4, slow=(r == 2), seed=3))
@@ -150,7 +150,7 @@ def test_localizer_metrics_endpoint(tmp_path: Path) -> None:
 
 def _exposed_names() -> set[str]:
     """Every sample name the agent and the localizer expose (all label sets populated)."""
-    from localizer.metrics import LocalizerMetrics
+    from perftracker.localizer.service.service_metrics import LocalizerMetrics
 
     m = Metrics()
     m.workers("j", 1)

@@ -1,5 +1,5 @@
-"""The columnar wire form (perftracker.pattern_wire), the session columns built from it
-(localizer.columns) and the store's group commit (acknowledged only after the commit)."""
+"""The columnar wire form (perftracker.wire.patterns), the session columns built from it
+(perftracker.localizer.diagnose.columns) and the store's group commit (acknowledged only after the commit)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import zlib
 
 import numpy as np
 import pytest
+from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+from perftracker.localizer.diagnose.columns import SessionColumns
+from perftracker.localizer.store.writer import GroupCommit
 
-from localizer.arrays import pattern_sets_to_arrays
-from localizer.columns import SessionColumns
-from localizer.writer import GroupCommit
 from perftracker.errors import InputError, SchemaError
 from perftracker.model import Category, Pattern, PatternSet
-from perftracker.pattern_wire import (
+from perftracker.wire.patterns import (
     ROW_BYTES,
     WireVersionError,
     batch_from_sets,

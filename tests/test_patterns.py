@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from perftracker.agent.summarize.patterns import critical_runs
+from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
 
-from agent.patterns import critical_runs
-from agent.summarize import SummarizeOptions, summarize_window
 from perftracker.model import PatternSet
-from perftracker.rawdata import EventKind as K
+from perftracker.model.raw_window import EventKind as K
 from tests.rawbuild import TRAIN_TID as T
 from tests.rawbuild import by_key, raw_window, samples
 
@@ -85,7 +85,7 @@ def test_category_resource_matching() -> None:
         (K.KERNEL, "ncclDevKernel_AllGather", 9, 60, 80, 0),
         (K.PYTHON, "loop", T, 80, 100),
     ], window=(0, 100))
-    from perftracker.rawdata import SampleSet
+    from perftracker.model.raw_window import SampleSet
 
     sets = {name: samples(name, 10, [v] * 10).get(name) for name, v in
             (("sm", 0.9), ("pcie", 0.3), ("nvlink", 0.7), ("nic", 0.1), ("cpu", 0.5))}
@@ -129,7 +129,7 @@ def test_command_line_entry_point(tmp_path) -> None:  # type: ignore[no-untyped-
     raw_path = raw.save(tmp_path / "w.npz")
     samples("cpu", 10, [1.0] * 10).save(tmp_path / "s.npz")
     out = tmp_path / "p.bin"
-    cmd = [sys.executable, "-m", "agent.summarize", str(raw_path), "--samples", str(tmp_path / "s.npz"),
+    cmd = [sys.executable, "-m", "perftracker.agent.summarize.summarizer", str(raw_path), "--samples", str(tmp_path / "s.npz"),
            "--out", str(out)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import REPO, AgentProc, cleanup, env_for_tests, short_run_dir, wait_until
 
-from perftracker import wire
+from perftracker.wire import frames as wire
 
 TRAIN = str(REPO / "examples" / "train.py")
 # Only the test's own triggers: this shared 2-core machine is too noisy for the detector's timing,
@@ -193,4 +193,4 @@ def test_disk_full_run_dir_fails_the_window_not_training(tmp_path: Path) -> None
         cleanup(mnt)
     out = log.read_text()
     assert out.count(f"window {session} failed") == 1, out[-3000:]  # logged once, by the window
-    assert "perftracker/channel.py" not in out, out[-3000:]
+    assert "perftracker/runtime/channel.py" not in out, out[-3000:]

@@ -17,8 +17,8 @@ import pytest
 
 from perftracker import remote_stacks
 from perftracker.errors import PerftrackerError
-from perftracker.rawdata import EventKind, RawWindow
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.model.raw_window import EventKind, RawWindow
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 from tests import test_window as tw
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="remote stacks are built for CPython 3.11")
@@ -115,7 +115,7 @@ def test_no_calibration_falls_back_to_the_thread(tmp_path: Path, monkeypatch: py
         raise PerftrackerError("remote stacks: not built for this interpreter")
 
     monkeypatch.setattr(remote_stacks, "calibrate", refuse)
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         raw, _ = _window(tmp_path, fallback=True)
     assert "sampling Python stacks in a thread instead" in caplog.text
     assert (raw.col("kind") == EventKind.PYTHON).sum() > 0  # the thread sampled them
@@ -126,7 +126,7 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """The sampler process dies mid-window: the window is still written (ops, GC), without Python
     rows, with a warning; nothing raises."""
-    monkeypatch.setattr("perftracker.window_writer.REMOTE_STACKS_WAIT_S", 1.0)
+    monkeypatch.setattr("perftracker.runtime.window_writer.REMOTE_STACKS_WAIT_S", 1.0)
     win = ProfileWindow(tw._Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
     done: list[WindowResult] = []
     assert win.arm("dead", 1.0, done.append)
@@ -140,7 +140,7 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
             killed.append(cur.sampler.proc.pid)
             cur.sampler.proc.kill()
 
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         tw._drive(win, done, body=body)
     res = done[0]
     assert killed and res.error == "" and res.raw_path is not None

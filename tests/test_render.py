@@ -9,11 +9,11 @@ from html.parser import HTMLParser
 
 import jsonschema
 import pytest
+from perftracker.localizer.render import html as html_render
+from perftracker.localizer.render import json as json_render
+from perftracker.localizer.render import text as text_render
 from report_samples import SLOW_RANK, clean_report, hang_report, slow_compute_report
 
-from localizer.render import html as html_render
-from localizer.render import json as json_render
-from localizer.render import text as text_render
 from perftracker.model import Report
 
 
@@ -217,19 +217,19 @@ def _real_reports() -> list[Report]:
     import time
 
     import numpy as np
+    from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
+    from perftracker.localizer.diagnose.localize import localize
 
-    from localizer.hang import localize_hang
-    from localizer.localize import localize
-    from localizer.synthetic import inject_throttled_compute, simulate_job, to_pattern_sets
+    from bench.synthetic import inject_throttled_compute, simulate_job, to_pattern_sets
     from perftracker.model import Frame, HangSnapshot
 
     slow = simulate_job(32, seed=3)
     inject_throttled_compute(slow, np.array([13]))
     clean = simulate_job(16, seed=4)
     now = time.time_ns()
-    wait = (Frame("examples/train.py", 97, "train_step"), Frame("<lib>/torch/autograd/graph.py", 823, "_engine_run_backward"))
+    wait = (Frame("perftracker/examples/train.py", 97, "train_step"), Frame("<lib>/torch/autograd/graph.py", 823, "_engine_run_backward"))
     snaps = [HangSnapshot("j", r, 4, "h", 100 + r, now, 311, 62.0, wait, kernel_state="S futex_do_wait") for r in (0, 1, 3)]
-    snaps.append(HangSnapshot("j", 2, 4, "h", 102, now, 311, 63.0, (Frame("examples/train.py", 74, "load_batch"),),
+    snaps.append(HangSnapshot("j", 2, 4, "h", 102, now, 311, 63.0, (Frame("perftracker/examples/train.py", 74, "load_batch"),),
                               current_op="time.sleep", kernel_state="S hrtimer_nanosleep"))
     hang = localize_hang(snaps, {}, [0, 1, 2, 3], now_ns=now)
     assert hang is not None
@@ -255,7 +255,7 @@ def test_real_localizer_output_validates_and_renders() -> None:
 
 
 def test_long_frame_paths_are_shortened_for_display_only() -> None:
-    from localizer.render import short_frame
+    from perftracker.localizer.render import short_frame
 
     long = "/usr/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
     assert short_frame(long) == "graph.py(966): _engine_run_backward"

@@ -7,10 +7,10 @@ import dataclasses
 import io
 
 import pytest
+from perftracker.localizer.diagnose.localize import LocalizeOptions, localize
+from perftracker.localizer.render import html, text
 
-from localizer.localize import LocalizeOptions, localize
-from localizer.render import html, text
-from perftracker.commands.analyze import summarize_dir
+from perftracker.cli.analyze import summarize_dir
 from perftracker.model import Report
 from tests.conftest import DLRM_DIR
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from perftracker.localizer.render.json import load_schema
+from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 from report_samples import clean_report, hang_report, slow_compute_report
 
-from localizer.render.json import load_schema
-from localizer.store import SessionRecord, Store
 from perftracker.model import Report
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from statsmodels.robust.scale import mad
-
-from localizer.rule import (
+from perftracker.localizer.diagnose.rule import (
     apply_rule,
     differential_threshold,
     median_of_counts,
@@ -14,6 +12,7 @@ from localizer.rule import (
     small_job_count,
     small_job_threshold,
 )
+from statsmodels.robust.scale import mad
 
 
 def test_threshold_is_median_plus_k_mad_when_counts_spread() -> None:
@@ -96,7 +95,7 @@ def test_two_ranks_flag_nothing_and_a_split_job_flags_nothing() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_numpy_mad_is_statsmodels_mad(seed: int) -> None:
     """The rule computes statsmodels' scaled MAD with numpy (the base install has no statsmodels)."""
-    from localizer.rule import scaled_mad
+    from perftracker.localizer.diagnose.rule import scaled_mad
 
     rng = np.random.default_rng(seed)
     for n in (1, 2, 7, 100):

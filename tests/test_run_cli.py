@@ -1,8 +1,8 @@
-"""The embedded default end to end with real torchrun (gloo) jobs of examples/train.py:
+"""The embedded default end to end with real torchrun (gloo) jobs of perftracker/examples/train.py:
 
-- `perftracker run --nproc-per-node 2 -- examples/train.py` starts an agent + embedded localizer,
+- `perftracker run --nproc-per-node 2 -- perftracker/examples/train.py` starts an agent + embedded localizer,
   a trigger profiles both workers, and the report lands under ./perftracker-runs/;
-- a plain `torchrun ... examples/train.py` (which does `import perftracker`) with nothing configured
+- a plain `torchrun ... perftracker/examples/train.py` (which does `import perftracker`) with nothing configured
   autostarts exactly one node agent and also produces a report.
 """
 
@@ -31,7 +31,7 @@ def _iteration(progress: Path, rank: int) -> int:
 
 
 def _uplink(runs: Path):  # type: ignore[no-untyped-def]
-    from agent.uplink import Uplink
+    from perftracker.agent.daemon.localizer_client import Uplink
 
     info = json.loads((runs / "localizer.json").read_text())
     return Uplink(info["url"], (runs / "token").read_text().strip(), retries=1)
@@ -54,7 +54,7 @@ def _trigger_and_wait(runs: Path, job: str, window_s: float, timeout_s: float = 
 @pytest.mark.timeout(180)
 def test_perftracker_run_profiles_every_worker(tmp_path: Path) -> None:
     progress = tmp_path / "progress"
-    progress.mkdir()  # examples/train.py does not create it
+    progress.mkdir()  # perftracker/examples/train.py does not create it
     env = env_for_tests(PERFTRACKER_JOB_ID="runjob")
     proc = subprocess.Popen(
         [sys.executable, "-m", "perftracker", "run", "--window-s", "2", "--nproc-per-node", "2", "--",
@@ -81,7 +81,7 @@ def test_perftracker_run_profiles_every_worker(tmp_path: Path) -> None:
 def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_port: int) -> None:
     run_dir = short_run_dir("auto")
     progress = tmp_path / "progress"
-    progress.mkdir()  # examples/train.py does not create it
+    progress.mkdir()  # perftracker/examples/train.py does not create it
     # nothing configured but a private run dir (so parallel tests do not share /tmp/perftracker-<uid>);
     # autostart is the default, set explicitly because the suite's environment turns it off (conftest.py)
     env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1")
@@ -138,7 +138,7 @@ def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> N
 
 
 def test_progress_in_a_log_is_a_line_per_change_not_per_second(capsys: pytest.CaptureFixture[str]) -> None:
-    from perftracker.commands.trigger import Progress
+    from perftracker.cli.trigger import Progress
 
     p = Progress()
     assert not p.tty  # pytest captures stderr: not a terminal

@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import perftracker
-from perftracker import runtime
 from perftracker.clock import FakeClock
 from perftracker.config import Config
-from perftracker.runtime import Runtime, identity_from_env
-from perftracker.sinks import LoggingSink, TriggerSink
+from perftracker.runtime import runtime
+from perftracker.runtime.runtime import Runtime, identity_from_env
+from perftracker.runtime.sinks import LoggingSink, TriggerSink
 
 MS = 1_000_000
 
@@ -216,13 +216,13 @@ def test_default_job_id_carries_the_rendezvous_port() -> None:
 
 
 def test_perftrackers_own_processes_do_not_activate() -> None:
-    """`python -m agent.samplers` and friends import perftracker but never train: no detection, no agent."""
+    """`python -m perftracker.agent.samplers` and friends import perftracker but never train: no detection, no agent."""
     import subprocess
     import sys
 
-    code = "import perftracker.runtime as r; print(r.get_runtime() is None)"
+    code = "import perftracker.runtime.runtime as r; print(r.get_runtime() is None)"
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PERFTRACKER_")}
-    for module in ("agent.samplers", "localizer", "perftracker"):
+    for module in ("perftracker.agent.samplers", "localizer", "perftracker"):
         argv = [sys.executable, "-c", f"import sys; sys.orig_argv[:] = ['python', '-m', '{module}']; {code}"]
         out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert out.stdout.strip() == "True", (module, out.stderr[-500:])

@@ -14,21 +14,25 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-from agent.samplers import SamplerOptions, WindowBounds, build_samplers, sample_window
-from agent.samplers.base import rate_series
-from agent.samplers.nsys import NsysSampler, read_gpu_metrics
-from agent.samplers.nvml import NvmlSampler
-from agent.samplers.procfs import (
+from perftracker.agent.samplers import SamplerOptions, WindowBounds, build_samplers, sample_window
+from perftracker.agent.samplers.base import rate_series
+from perftracker.agent.samplers.nsys import NsysSampler, read_gpu_metrics
+from perftracker.agent.samplers.nvml import NvmlSampler
+from perftracker.agent.samplers.procfs import (
     ProcfsOptions,
     cpu_utilization,
     exact_cpu_utilization,
     parse_net_dev,
     parse_proc_io,
 )
-from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
+from perftracker.agent.samplers.taskclock import (
+    TaskClockUnavailable,
+    open_task_clock,
+    read_task_clock,
+)
+
 from perftracker.errors import ConfigError, TraceError
-from perftracker.rawdata import SampleSet, UtilSeries
+from perftracker.model.raw_window import SampleSet, UtilSeries
 from tests.cpuclock import steal_ticks_per_cpu, steal_upper_bound_ns
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -125,7 +129,7 @@ def test_sampler_process_on_a_real_thread(tmp_path: Path) -> None:
         far = time.monotonic_ns() + 3600 * 10**9
         out = tmp_path / "s.npz"
         env = {**os.environ, "PYTHONPATH": str(REPO), "PERFTRACKER_DISABLE": "1"}  # a helper, not a worker
-        p = subprocess.Popen([sys.executable, "-m", "agent.samplers", "--pid", str(child.pid), "--tid", str(child.pid),
+        p = subprocess.Popen([sys.executable, "-m", "perftracker.agent.samplers", "--pid", str(child.pid), "--tid", str(child.pid),
                               "--start-ns", str(far), "--end-ns", str(far), "--out", str(out), "--samplers", "procfs",
                               "--control-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert p.stdout is not None and p.stdin is not None
@@ -166,7 +170,7 @@ def test_control_stdin_moves_end_and_eof_stops(tmp_path: Path) -> None:
     out = tmp_path / "s.npz"
     now = time.monotonic_ns()
     env = {**os.environ, "PYTHONPATH": str(REPO), "PERFTRACKER_DISABLE": "1"}  # a helper, not a worker
-    p = subprocess.Popen([sys.executable, "-m", "agent.samplers", "--pid", str(os.getpid()), "--tid", str(os.getpid()),
+    p = subprocess.Popen([sys.executable, "-m", "perftracker.agent.samplers", "--pid", str(os.getpid()), "--tid", str(os.getpid()),
                           "--start-ns", str(now), "--end-ns", str(now + 60 * 10**9), "--out", str(out),
                           "--samplers", "procfs", "--control-stdin"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -179,7 +183,7 @@ def test_control_stdin_moves_end_and_eof_stops(tmp_path: Path) -> None:
     cpu = SampleSet.load(out).get("cpu")
     assert cpu is not None and cpu.t_ns[-1] <= end + 50_000_000
 
-    p = subprocess.Popen([sys.executable, "-m", "agent.samplers", "--pid", str(os.getpid()), "--tid", str(os.getpid()),
+    p = subprocess.Popen([sys.executable, "-m", "perftracker.agent.samplers", "--pid", str(os.getpid()), "--tid", str(os.getpid()),
                           "--start-ns", str(now), "--end-ns", str(now + 60 * 10**9), "--out", str(out),
                           "--samplers", "procfs", "--control-stdin"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
@@ -349,7 +353,7 @@ def _run_side_by_side(tmp_path: Path, variants: dict[str, tuple[list[str], objec
         far = time.monotonic_ns() + 3600 * 10**9
         for name, (args, preexec) in variants.items():
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "agent.samplers", "--pid", str(child.pid), "--tid", str(tid), "--start-ns", str(far),
+                [sys.executable, "-m", "perftracker.agent.samplers", "--pid", str(child.pid), "--tid", str(tid), "--start-ns", str(far),
                  "--end-ns", str(far), "--out", str(tmp_path / f"{name}.npz"), "--samplers", "procfs", "--control-stdin", *args],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                 preexec_fn=preexec)  # type: ignore[arg-type]

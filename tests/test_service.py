@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.localizer_client import TriggerNotice, Uplink, UplinkError
 
-from agent.uplink import TriggerNotice, Uplink, UplinkError
-from perftracker.pattern_wire import COLUMNS_CONTENT_TYPE, encode_sets
+from perftracker.wire.patterns import COLUMNS_CONTENT_TYPE, encode_sets
 from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
 
-HAVE_LOCALIZE = importlib.util.find_spec("localizer.localize") is not None
+HAVE_LOCALIZE = importlib.util.find_spec("perftracker.localizer.diagnose.localize") is not None
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_trigger_long_poll_upload_and_report(localizer: LocalizerProcess) -> Non
         assert report is not None and report.session == session and report.status == "complete"
         assert set(report.ranks_reported) == {0, 1, 2, 3}
     else:
-        assert s["state"] == "failed" and "localizer.localize" in s["error"]
+        assert s["state"] == "failed" and "perftracker.localizer.diagnose.localize" in s["error"]
         with pytest.raises(UplinkError) as e:
             up.get_report(session)
         assert e.value.status == 409
@@ -188,9 +188,9 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    from localizer.embedded import discover, start_embedded
-    from localizer.service import ServiceOptions
-    from localizer.sessions import SessionOptions
+    from perftracker.localizer.service.embedded import discover, start_embedded
+    from perftracker.localizer.service.http_service import ServiceOptions
+    from perftracker.localizer.service.sessions import SessionOptions
 
     runs = tmp_path / "perftracker-runs"
     opts = ServiceOptions(sessions=SessionOptions(default_window_s=0.2, collect_grace_s=0.3))
@@ -199,7 +199,7 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
         assert (runs / "token").stat().st_mode & 0o777 == 0o600
         assert discover(runs) == (emb.url, emb.token)
         # another process on the same runs dir attaches instead of starting a second one
-        out = subprocess.run([sys.executable, "-c", "from localizer.embedded import start_embedded as s; "
+        out = subprocess.run([sys.executable, "-c", "from perftracker.localizer.service.embedded import start_embedded as s; "
                               f"h = s({str(runs)!r}); print(h.url, h.owned)"],
                              capture_output=True, text=True, timeout=60,
                              env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
@@ -273,7 +273,7 @@ def test_concurrent_uploads_are_all_acknowledged_and_stored(localizer: Localizer
 
 def test_a_localizer_that_does_not_read_the_columnar_version_gets_json_rank_by_rank(
         localizer: LocalizerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    from perftracker import pattern_wire
+    from perftracker.wire import patterns as pattern_wire
 
     up = Uplink(localizer.url, TOKEN)
     up.register("job-v", "agent-0", "node0", workers(range(2), 2))

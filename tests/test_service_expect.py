@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.localizer_client import Uplink
+from perftracker.localizer.service.embedded import discover, start_embedded
+from perftracker.localizer.service.http_service import ServiceOptions
+from perftracker.localizer.service.sessions import SessionOptions
+from perftracker.localizer.service.validate import validate_expect_file
 
-from agent.uplink import Uplink
-from localizer.embedded import discover, start_embedded
-from localizer.service import ServiceOptions
-from localizer.sessions import SessionOptions
-from localizer.validate import validate_expect_file
 from perftracker.errors import ConfigError
 from tests.service_helpers import REPO, TOKEN, LocalizerProcess, make_pattern_set, workers
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.uplink import Uplink
+from perftracker.agent.daemon.localizer_client import Uplink
+
 from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
 
 N_REQUESTS = 1000

@@ -20,11 +20,12 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s extra")
 
-from agent.uplink import Uplink  # noqa: E402
-from localizer.k8s import K8sOptions, KubernetesClient  # noqa: E402
-from localizer.service import LocalizerService, ServiceOptions  # noqa: E402
-from localizer.sessions import SessionOptions  # noqa: E402
-from localizer.store import Store  # noqa: E402
+from perftracker.agent.daemon.localizer_client import Uplink  # noqa: E402
+from perftracker.localizer.k8s.client import K8sOptions, KubernetesClient  # noqa: E402
+from perftracker.localizer.service.http_service import LocalizerService, ServiceOptions  # noqa: E402
+from perftracker.localizer.service.sessions import SessionOptions  # noqa: E402
+from perftracker.localizer.store.sqlite_store import Store  # noqa: E402
+
 from perftracker.model import Category, Pattern  # noqa: E402
 from tests.k8s_fake import FakeApiServer  # noqa: E402
 from tests.service_helpers import TOKEN, make_pattern_set, workers  # noqa: E402

@@ -6,16 +6,22 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.validate import (
+    Heartbeat,
+    RankBeat,
+    Registration,
+    RequestError,
+    WorkerInfo,
+)
+from perftracker.localizer.store.sqlite_store import Store
 
-from localizer.sessions import SessionManager, SessionOptions
-from localizer.store import Store
-from localizer.validate import Heartbeat, RankBeat, Registration, RequestError, WorkerInfo
 from perftracker.clock import FakeClock
 from perftracker.model import Frame, HangSnapshot
 from tests.service_helpers import make_pattern_set
 
-HAVE_LOCALIZE = importlib.util.find_spec("localizer.localize") is not None
-HAVE_HANG = importlib.util.find_spec("localizer.hang") is not None
+HAVE_LOCALIZE = importlib.util.find_spec("perftracker.localizer.diagnose.localize") is not None
+HAVE_HANG = importlib.util.find_spec("perftracker.localizer.diagnose.hang_diagnosis") is not None
 T0 = 1_700_000_000 * 10**9
 
 
@@ -118,7 +124,7 @@ def test_complete_session_is_due_and_closes_once(mgr: SessionManager) -> None:
         assert report is not None and report.status == "complete" and report.ranks_missing == ()
         assert set(report.ranks_reported) == {0, 1} and report.trigger_reason == "x"
     else:
-        assert end.state == "failed" and "localizer.localize" in end.error
+        assert end.state == "failed" and "perftracker.localizer.diagnose.localize" in end.error
 
 
 def test_deadline_gives_partial_report_naming_missing_ranks(mgr: SessionManager) -> None:
@@ -258,4 +264,4 @@ def test_hang_session_reaches_the_hang_seam_with_liveness(mgr: SessionManager) -
         assert states[1].detail == "process dead" and states[2].state == "silent"
         assert "no heartbeat" in states[2].detail
     else:
-        assert end.state == "failed" and "localizer.hang" in end.error
+        assert end.state == "failed" and "perftracker.localizer.diagnose.hang_diagnosis" in end.error

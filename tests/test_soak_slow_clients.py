@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import psutil
+from perftracker.agent.daemon.localizer_client import Uplink
 from service_helpers import TOKEN, LocalizerProcess, workers
-
-from agent.uplink import Uplink
 
 SOAK_S = float(os.environ.get("PERFTRACKER_SOAK_S", "8"))
 CAP = 128

@@ -6,8 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
-from localizer.store import (
+from perftracker.localizer.store.sqlite_store import (
     STORE_SCHEMA_VERSION,
     HeartbeatRecord,
     SessionRecord,
@@ -15,6 +14,7 @@ from localizer.store import (
     StoreError,
     WorkerRecord,
 )
+
 from perftracker.errors import SchemaError
 from perftracker.model import Frame, HangSnapshot, Report
 from tests.service_helpers import make_pattern_set

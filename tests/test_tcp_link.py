@@ -7,13 +7,13 @@ import os
 
 import numpy as np
 import pytest
+from perftracker.agent.samplers.tcp import MIN_SEGMENTS, parse_snmp_tcp, window_retrans_share
+from perftracker.agent.summarize.summarizer import LINK_KEY, summarize_window
+from perftracker.localizer.diagnose.localize import localize
 
-from agent.samplers.tcp import MIN_SEGMENTS, parse_snmp_tcp, window_retrans_share
-from agent.summarize import LINK_KEY, summarize_window
-from localizer.localize import localize
 from perftracker.model import Category, Pattern, PatternSet
-from perftracker.rawdata import EventKind as K
-from perftracker.rawdata import SampleSet, UtilSeries
+from perftracker.model.raw_window import EventKind as K
+from perftracker.model.raw_window import SampleSet, UtilSeries
 from tests.rawbuild import TRAIN_TID as T
 from tests.rawbuild import by_key, raw_window
 
@@ -82,7 +82,7 @@ def test_the_host_that_retransmits_is_named_and_healthy_links_are_quiet() -> Non
     # the renderers label its μ as what it is
     import io
 
-    from localizer.render import write
+    from perftracker.localizer.render import write
 
     for fmt in ("text", "html"):
         buf = io.StringIO()
@@ -101,8 +101,8 @@ def test_the_sampler_reports_the_share_over_a_real_window() -> None:
     import threading
     import time
 
-    from agent.samplers.base import WindowBounds
-    from agent.samplers.procfs import ProcfsSampler
+    from perftracker.agent.samplers.base import WindowBounds
+    from perftracker.agent.samplers.procfs import ProcfsSampler
 
     srv = socket.create_server(("127.0.0.1", 0))
     cli = socket.create_connection(srv.getsockname())

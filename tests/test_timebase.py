@@ -1,7 +1,7 @@
 """One time base: profiler events and procfs samples line up on CLOCK_MONOTONIC.
 
 A loop alternates a pure-Python busy function with a Python function that sleeps. The window
-profiles it and the real sampler process (``python -m agent.samplers``) samples the training
+profiles it and the real sampler process (``python -m perftracker.agent.samplers``) samples the training
 thread (perf task-clock where permitted, else schedstat; tests/test_samplers.py checks both
 sources against the thread's own clocks). Inside each busy execution (found in the window's rows,
 from the stack sampler and from a Kineto ``record_function`` annotation) the sampled CPU
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from perftracker.rawdata import EventKind, RawWindow, SampleSet
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.model.raw_window import EventKind, RawWindow, SampleSet
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 from tests.cpuclock import ThreadCpuClock
 
 BUSY_MS = 40

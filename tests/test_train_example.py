@@ -1,4 +1,4 @@
-"""examples/train.py as users run it: real torchrun (gloo) workers, real DataLoader, perftracker imported."""
+"""perftracker/examples/train.py as users run it: real torchrun (gloo) workers, real DataLoader, perftracker imported."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.localizer_client import Uplink, UplinkError, resolve_token
 
-from agent.uplink import Uplink, UplinkError, resolve_token
 from tests.service_helpers import TOKEN, LocalizerProcess, make_pattern_set, workers
 
 

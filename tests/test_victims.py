@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from perftracker.agent.kineto import read_kineto_trace
+from perftracker.agent.summarize.patterns import samples_inside
+from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window, window_frames
+from perftracker.agent.summarize.victims import REDUCER_WAIT, reducer_wait_intervals
 
-from agent.kineto import read_kineto_trace
-from agent.patterns import samples_inside
-from agent.summarize import SummarizeOptions, summarize_window, window_frames
-from agent.victims import REDUCER_WAIT, reducer_wait_intervals
 from perftracker.model import Category, PatternSet
-from perftracker.rawdata import RawWindow, SampleSet, UtilSeries
+from perftracker.model.raw_window import RawWindow, SampleSet, UtilSeries
 from tests.conftest import REPO
 
 SLEEP_MS = 50
@@ -61,7 +61,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def online_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same job through perftracker's online window (ProfileWindow + agent.samplers)."""
+    """The same job through perftracker's online window (ProfileWindow + perftracker.agent.samplers)."""
     import socket
 
     out = tmp_path_factory.mktemp("ddp-online")

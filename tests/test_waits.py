@@ -1,6 +1,6 @@
 """Waits are consequences: a peer that waits for a late rank is named inside the late rank's finding.
 
-Pattern-level cases built the way a synchronous job behaves (localizer.synthetic): the slowed rank
+Pattern-level cases built the way a synchronous job behaves (bench.synthetic): the slowed rank
 holds its own function longer, and every other member of the collective waits for it there.
 """
 
@@ -12,12 +12,22 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from perftracker.localizer.diagnose.arrays import (
+    FunctionInfo,
+    PatternArrays,
+    pattern_sets_to_arrays,
+)
+from perftracker.localizer.diagnose.host_bound import HOST_KEY
+from perftracker.localizer.diagnose.localize import LocalizeOptions, localize, localize_arrays
+from perftracker.localizer.diagnose.waits import (
+    LateGroup,
+    WaitOptions,
+    late_groups,
+    late_workers,
+    suspect_late_groups,
+)
 
-from localizer import synthetic as sy
-from localizer.arrays import FunctionInfo, PatternArrays, pattern_sets_to_arrays
-from localizer.host import HOST_KEY
-from localizer.localize import LocalizeOptions, localize, localize_arrays
-from localizer.waits import LateGroup, WaitOptions, late_groups, late_workers, suspect_late_groups
+from bench import synthetic as sy
 from perftracker.model import Category, PatternSet, Report
 
 OPTS = LocalizeOptions(created_ns=1)
@@ -249,12 +259,13 @@ def test_a_culprit_measured_against_its_peers_comes_before_a_job_wide_finding() 
 def test_tier_needs_peer_evidence() -> None:
     """A specific finding judged only against its expected range sorts with the job-wide ones by
     impact; one with the differential test, the wait evidence or waiters goes first."""
-    from localizer.findings import _Draft, _tier
+    from perftracker.localizer.diagnose.findings import _Draft, _tier
 
     def draft(tests: tuple[str, ...], kind: str = "specific") -> _Draft:
         info = FunctionInfo("k", "k", Category.PYTHON)
-        from localizer.expect import OPEN_BOX
-        from localizer.findings import FunctionVerdict
+        from perftracker.localizer.diagnose.expect import OPEN_BOX
+        from perftracker.localizer.diagnose.findings import FunctionVerdict
+
         from perftracker.model import Triple
         v = FunctionVerdict(info, OPEN_BOX, "", 0.01, None, None, None)
         return _Draft(0, v, np.array([0]), tests, Triple(0.2, 0, 0), Triple(0.01, 0, 0), kind, (0, 0), [])
@@ -376,7 +387,7 @@ def test_real_dlrm_waits_go_to_the_ranks_that_arrive_last_not_to_a_late_starter(
     the recorded step late, before their traces start, so the others wait for them in the first
     all-to-all with nothing in those ranks' own traces to say why; rank 7's one finding (1.3% of the
     window on an annotation) must not take that 31% wait and the headline."""
-    from perftracker.commands.analyze import summarize_dir
+    from perftracker.cli.analyze import summarize_dir
     from tests.conftest import DLRM_DIR
 
     if not DLRM_DIR.is_dir():

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from perftracker import window_local
-from perftracker.rawdata import EventKind, RawWindow
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.model.raw_window import EventKind, RawWindow
+from perftracker.runtime import window_local
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 
 
 class _Ident:
@@ -98,7 +98,7 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
     win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(stack_reader=reader))
     done: list[WindowResult] = []
     assert win.arm("s1", 1.5, done.append)
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         assert not win.arm("s2", 1.0, done.append)  # armed, not started: still refused
     assert "ignored" in caplog.text and "s2" in caplog.text
     seen_active = False
@@ -207,7 +207,7 @@ def test_profiler_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptu
     done: list[WindowResult] = []
     with torch.profiler.profile() as other_prof:  # another profiler is already active
         assert win.arm("busy", 0.5, done.append)
-        with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+        with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
             iterations = 0
             for i in range(5):
                 outer()
@@ -259,8 +259,8 @@ _TRACER_SCRIPT = """
 import sys, time
 import numpy as np
 import torch
-from perftracker.rawdata import EventKind, RawWindow
-from perftracker.window import ProfileWindow, WindowOptions
+from perftracker.model.raw_window import EventKind, RawWindow
+from perftracker.runtime.window import ProfileWindow, WindowOptions
 sys.path.insert(0, sys.argv[2])
 from test_window import _Ident, outer
 
@@ -303,8 +303,8 @@ def test_tracer_mode_runs_and_gives_python_rows(tmp_path: Path) -> None:
 
 def test_runtime_boundaries_drive_the_window(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """Hooked to the real Runtime: DataLoader + optimizer.step boundaries open and close it."""
-    from perftracker import runtime as rt_mod
     from perftracker.config import Config
+    from perftracker.runtime import runtime as rt_mod
 
     rt = rt_mod.activate(Config.from_env(autostart_agent=False))
     try:
@@ -349,9 +349,9 @@ def _train_until_local_window(rt: Any, out_dir: Path) -> WindowResult:
 
 
 def test_local_window_sink_spawns_sampler(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    from perftracker import runtime as rt_mod
     from perftracker.config import Config
-    from perftracker.rawdata import SampleSet
+    from perftracker.model.raw_window import SampleSet
+    from perftracker.runtime import runtime as rt_mod
 
     rt = rt_mod.activate(Config.from_env(autostart_agent=False))
     try:
@@ -366,9 +366,9 @@ def test_local_window_sink_spawns_sampler(tmp_path: Path, clean_env: dict[str, s
 @pytest.mark.parametrize("stacks", ["sample", "remote", "off"])
 def test_window_stacks_setting_reaches_the_window(tmp_path: Path, clean_env: dict[str, str], stacks: str) -> None:
     """PERFTRACKER_WINDOW_STACKS=off: the window records no Python frames (no sampler thread)."""
-    from perftracker import runtime as rt_mod
     from perftracker.config import Config
-    from perftracker.rawdata import EventKind
+    from perftracker.model.raw_window import EventKind
+    from perftracker.runtime import runtime as rt_mod
 
     rt = rt_mod.activate(Config.from_env({"PERFTRACKER_WINDOW_STACKS": stacks}, autostart_agent=False))
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from perftracker.rawbuild import build_raw_window, nest_parents
-from perftracker.rawdata import EventKind, WindowMeta
-from perftracker.stacks import frame_name, python_executions
+from perftracker.model.raw_window import EventKind, WindowMeta
+from perftracker.runtime.raw_window_build import build_raw_window, nest_parents
+from perftracker.runtime.stack_sampler import frame_name, python_executions
 
 
 def _stack_walk(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.ndarray:

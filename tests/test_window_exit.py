@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from perftracker.clock import FakeClock
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 
 SCRIPT = textwrap.dedent("""\
     import logging, sys, time
@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""\
     import torch
     import perftracker
     from perftracker.config import Config
-    from perftracker.window import ProfileWindow, WindowOptions
+    from perftracker.runtime.window import ProfileWindow, WindowOptions
 
     mode, out_dir = sys.argv[1], sys.argv[2]
     rt = perftracker.activate(Config.from_env(autostart_agent=False))
@@ -75,7 +75,7 @@ SCRIPT = textwrap.dedent("""\
 
 def _children_of(pid: int) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"])
-            if "agent.samplers" in " ".join(p.info["cmdline"] or ()) and str(pid) in (p.info["cmdline"] or ())]
+            if "perftracker.agent.samplers" in " ".join(p.info["cmdline"] or ()) and str(pid) in (p.info["cmdline"] or ())]
 
 
 @pytest.mark.parametrize("mode", ["running", "writing", "too-slow"])
@@ -94,7 +94,7 @@ def test_script_ending_mid_window_hands_it_over_within_the_delay(mode: str, tmp_
     assert f"STATE {want}" in lines, out[-4000:]
     done = [ln.split() for ln in lines if ln.startswith("DONE")]
     assert len(done) == 1, out[-4000:]  # one result, whatever happened
-    discarded = [ln for ln in lines if ln.startswith("LOG perftracker.window") and "discarded" in ln]
+    discarded = [ln for ln in lines if ln.startswith("LOG perftracker.runtime.window") and "discarded" in ln]
     end_ns = int(next(ln for ln in lines if ln.startswith("END")).split()[1])
     if mode == "too-slow":  # cancelled at the delay: discarded, logged once, exit not held up
         assert len(discarded) == 1 and "while it was written" in discarded[0], out[-4000:]
@@ -117,9 +117,9 @@ TORCHRUN_JOB = textwrap.dedent("""\
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     import perftracker
-    from perftracker import window_local
+    from perftracker.runtime import window_local
     from perftracker.config import Config
-    from perftracker.window_local import LocalWindowSink
+    from perftracker.runtime.window_local import LocalWindowSink
 
     dist.init_process_group("gloo")
     rt = perftracker.activate(Config.from_env(autostart_agent=False))
@@ -207,8 +207,8 @@ def _stack_sampler_threads() -> list[threading.Thread]:
 
 
 def test_deactivate_stops_an_open_window(tmp_path: Path, clean_env: dict[str, str]) -> None:
-    from perftracker import runtime as rt_mod
     from perftracker.config import Config
+    from perftracker.runtime import runtime as rt_mod
 
     switch = sys.getswitchinterval()
     clock = FakeClock(time.monotonic_ns())
@@ -283,7 +283,7 @@ def test_shutdown_waits_for_a_stuck_writer_at_most_writer_wait_s(tmp_path: Path,
     _end(win, clock, 1.0)
     assert reached.wait(30)
     t0 = time.monotonic()
-    with caplog.at_level("WARNING", logger="perftracker.window"):
+    with caplog.at_level("WARNING", logger="perftracker.runtime.window"):
         win.shutdown("process exiting", writer_wait_s=win.options.exit_wait_s)
     waited_s = time.monotonic() - t0
     assert 0.25 <= waited_s < 10.0, waited_s  # (the upper bound is generous: 2 loaded cores)

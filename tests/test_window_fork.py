@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from perftracker import rawbuild
-from perftracker.rawdata import EventKind, RawWindow
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.model.raw_window import EventKind, RawWindow
+from perftracker.runtime import raw_window_build as rawbuild
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 from tests.test_window import _drive, _Ident
 
 
@@ -73,7 +73,7 @@ def test_child_writes_the_window(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         _, res, pids = _run(tmp_path, gate=look)
     assert sched[-1] == (os.SCHED_IDLE, 19)
     _complete(res)
@@ -85,7 +85,7 @@ def test_child_writes_the_window(tmp_path: Path, caplog: pytest.LogCaptureFixtur
 @pytest.mark.parametrize("how", ["killed", "hangs"])
 def test_a_killed_or_hung_child_loses_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str) -> None:
     sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         _, res, pids = _run(tmp_path, gate=lambda win, pid: os.kill(pid, sig), child_timeout_s=1.0)
     _complete(res)  # written by the training process's thread from the result it kept
     assert _gone(pids[0])
@@ -103,8 +103,8 @@ def test_a_child_whose_conversion_fails_loses_nothing(tmp_path: Path, caplog: py
             raise MemoryError("the child ran out of memory")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("perftracker.window_writer.build_raw_window", only_the_parent)
-    with caplog.at_level(logging.WARNING, logger="perftracker.window"):
+    monkeypatch.setattr("perftracker.runtime.window_writer.build_raw_window", only_the_parent)
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
         _, res, _ = _run(tmp_path)
     _complete(res)
     assert "the child ran out of memory" in caplog.text

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perftracker.rawdata import EventKind, RawWindow, SampleSet
+from perftracker.model.raw_window import EventKind, RawWindow, SampleSet
 
 JOB = textwrap.dedent("""\
     import os, sys, time
@@ -18,7 +18,7 @@ JOB = textwrap.dedent("""\
     from torch.nn.parallel import DistributedDataParallel as DDP
     import perftracker
     from perftracker.config import Config
-    from perftracker.window_local import LocalWindowSink
+    from perftracker.runtime.window_local import LocalWindowSink
 
     out_dir = sys.argv[1]
     dist.init_process_group("gloo")

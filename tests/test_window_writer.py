@@ -7,7 +7,7 @@ C++ code at finalization is ended by pthread_exit on its way back to the GIL, wh
 process. The abort that once failed CI ("terminate called without an active
 exception", SIGABRT, a 2-rank torchrun job) turned out to be torch's own: with torch 2.13 a gloo DDP
 process that exits within 0.5 s of ``_disable_profiler()`` aborts in about 1 run in 3 even when
-start and stop run on the main thread and no other thread exists (perftracker/profiler.py).
+start and stop run on the main thread and no other thread exists (perftracker/runtime/profiler.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from perftracker.window import ProfileWindow, WindowOptions, WindowResult
-from perftracker.window_writer import _Active
+from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window_writer import _Active
 
 
 class _Ident:
@@ -107,8 +107,8 @@ def test_exit_hook_waits_for_a_writer_that_already_delivered(tmp_path: Path) -> 
 
 def test_exit_waits_until_two_seconds_after_the_last_profiler_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     # torch 2.13 aborts (SIGABRT) about 1 in 3 gloo DDP processes that exit within 0.5 s of
-    # _disable_profiler() (reproduced without any perftracker thread); see perftracker/profiler.py
-    from perftracker import profiler, window_exit
+    # _disable_profiler() (reproduced without any perftracker thread); see perftracker/runtime/profiler.py
+    from perftracker.runtime import profiler, window_exit
 
     monkeypatch.setattr(profiler, "_last_stop_s", time.monotonic() - 1.5)
     t0 = time.monotonic()
@@ -122,7 +122,7 @@ def test_exit_waits_until_two_seconds_after_the_last_profiler_stop(monkeypatch: 
 
 
 def test_a_real_stop_records_its_time() -> None:
-    from perftracker import profiler
+    from perftracker.runtime import profiler
 
     cap = profiler.KinetoCapture(cuda=False)
     cap.start()

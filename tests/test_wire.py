@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from perftracker import wire
-from perftracker.wire import ConnectionClosed, FrameDecoder, MessageType, WireError
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import ConnectionClosed, FrameDecoder, MessageType, WireError
 
 
 def _register(**over: object) -> dict:

@@ -1,12 +1,12 @@
 """Hardware samplers: procfs (always), nvml and nsys (GPU, not verified on hardware here).
 
 ``sample_window`` runs the chosen samplers, each in its own thread, over one profile window and
-returns a ``SampleSet``. ``python -m agent.samplers`` wraps it as the sampler process.
+returns a ``SampleSet``. ``python -m perftracker.agent.samplers`` wraps it as the sampler process.
 
 GPU counters: only one tool may hold CUPTI or the GPU profiling counters at a time. The nsys
 sampler takes a node-wide lock per GPU (``gpu_lock_dir``), yields to a running DCGM host engine,
 and when nsys cannot get the counters the NVML sampler (which reads the driver's own utilization
-counters, not the profiling counters) runs instead. See ``agent.samplers.nsys``.
+counters, not the profiling counters) runs instead. See ``perftracker.agent.samplers.nsys``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.samplers.base import Sampler, WindowBounds
-from agent.samplers.procfs import ProcfsOptions, ProcfsSampler
-from perftracker.rawdata import SampleSet, UtilSeries
+from perftracker.agent.samplers.base import Sampler, WindowBounds
+from perftracker.agent.samplers.procfs import ProcfsOptions, ProcfsSampler
+
+from perftracker.model.raw_window import SampleSet, UtilSeries
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
         elif name in ("gpu", "nsys", "nvml"):
             if options.gpu_index < 0:
                 continue
-            from agent.samplers.nsys import NsysSampler
-            from agent.samplers.nvml import NvmlSampler
+            from perftracker.agent.samplers.nsys import NsysSampler
+            from perftracker.agent.samplers.nvml import NvmlSampler
 
             nvml = NvmlSampler(options.gpu_index)
             nvml_ok = nvml.unavailable_reason() is None

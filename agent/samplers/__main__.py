@@ -1,4 +1,4 @@
-"""The sampler process: ``python -m agent.samplers --pid P --tid T --start-ns S --end-ns E --out FILE``.
+"""The sampler process: ``python -m perftracker.agent.samplers --pid P --tid T --start-ns S --end-ns E --out FILE``.
 
 Writes a ``SampleSet`` file. With ``--control-stdin`` it prints ``ready`` once it is sampling and
 reads lines from stdin: ``start NS`` / ``end NS`` move the window bounds, ``stop`` or end of input
@@ -17,16 +17,17 @@ import sys
 import threading
 import time
 
-from agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
-from agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
-from agent.samplers.pystacks import PyStackThread
+from perftracker.agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
+from perftracker.agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
+from perftracker.agent.samplers.pystacks import PyStackThread
+
 from perftracker.remote_stacks import StackLayout
 
-log = logging.getLogger("agent.samplers")
+log = logging.getLogger("perftracker.agent.samplers")
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m agent.samplers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m perftracker.agent.samplers", description=__doc__.splitlines()[0])
     p.add_argument("--pid", type=int, required=True)
     p.add_argument("--tid", type=int, required=True, help="OS thread id of the training thread")
     p.add_argument("--start-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")

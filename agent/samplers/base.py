@@ -1,6 +1,6 @@
 """The Sampler seam: what every hardware sampler provides, and the window bounds they share.
 
-A sampler runs in the sampler process (``python -m agent.samplers``), in its own thread, from
+A sampler runs in the sampler process (``python -m perftracker.agent.samplers``), in its own thread, from
 ``bounds.start_ns`` until ``bounds.end_ns`` (both CLOCK_MONOTONIC ns, the window's time base). The
 bounds can move while it runs: the worker learns the real end of its window only at the first
 iteration boundary after ``window_s``, and tells the sampler process over stdin.
@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from perftracker.rawdata import UtilSeries
+from perftracker.model.raw_window import UtilSeries
 
 # Samples are kept this far beyond the window on both sides, so that an execution that touches
 # the window's edge still has samples around it.

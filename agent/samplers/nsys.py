@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+from perftracker.agent.samplers.base import Sampler, WindowBounds
 
-from agent.samplers.base import Sampler, WindowBounds
 from perftracker.errors import TraceError
-from perftracker.rawdata import UtilSeries
+from perftracker.model.raw_window import UtilSeries
 
 log = logging.getLogger(__name__)
 

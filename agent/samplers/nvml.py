@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from perftracker.agent.samplers.base import WindowBounds, rate_series
 
-from agent.samplers.base import WindowBounds, rate_series
-from perftracker.rawdata import UtilSeries
+from perftracker.model.raw_window import UtilSeries
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
   from one of two sources (``ProcfsOptions.cpu_source``; the one used is logged once per process
   and recorded as ``UtilSeries.source``):
   - ``perf`` (the default where the kernel permits it): the thread's ``PERF_COUNT_SW_TASK_CLOCK``
-    counter (``agent.samplers.taskclock``). A read brings it up to date, so each 1 ms difference
+    counter (``perftracker.agent.samplers.taskclock``). A read brings it up to date, so each 1 ms difference
     is the thread's exact on-CPU time in that interval. Needs CAP_PERFMON (or root) or
     ``perf_event_paranoid`` <= 1.
   - ``schedstat`` (fallback when ``perf_event_open`` is refused, or ``cpu_source="schedstat"``):
@@ -19,7 +19,7 @@
   reading that took longer than ``max_read_us`` (the sampler was preempted) is dropped, and the
   next interval covers the gap.
 - ``cpu_wait``: the share of each interval the training thread was runnable without a core
-  (schedstat ``run_delay``, read every tick beside the run time; ``agent.samplers.cpuwait``).
+  (schedstat ``run_delay``, read every tick beside the run time; ``perftracker.agent.samplers.cpuwait``).
 - ``nic``: bytes per interface from ``/proc/<pid>/net/dev`` (the target's network namespace), each
   interface normalized by its link speed from ``/sys/class/net/<if>/speed`` when known, else by
   ``nic_peak_bps`` (bits/s, default 10 Gbit/s; loopback and virtual devices have no speed).
@@ -28,7 +28,7 @@
 - ``disk``: ``read_bytes + write_bytes`` from ``/proc/<pid>/io`` (bytes that reached the storage
   layer), normalized by ``disk_peak_bps`` (bytes/s, default 1 GB/s).
 - ``tcp_retrans``: the share of TCP segments the namespace retransmitted over the window, one
-  sample (``agent.samplers.tcp``, from ``/proc/<pid>/net/snmp``).
+  sample (``perftracker.agent.samplers.tcp``, from ``/proc/<pid>/net/snmp``).
 NIC, disk and TCP counters are read every ``slow_every`` ticks (10 ms by default).
 """
 
@@ -42,15 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from perftracker.agent.samplers.base import WindowBounds, rate_series
+from perftracker.agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
+from perftracker.agent.samplers.cpuwait import cpu_wait_series
+from perftracker.agent.samplers.taskclock import (
+    TaskClockUnavailable,
+    open_task_clock,
+    read_task_clock,
+)
+from perftracker.agent.samplers.tcp import RESOURCE as TCP_RESOURCE
+from perftracker.agent.samplers.tcp import parse_snmp_tcp, window_retrans_share
 
-from agent.samplers.base import WindowBounds, rate_series
-from agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
-from agent.samplers.cpuwait import cpu_wait_series
-from agent.samplers.taskclock import TaskClockUnavailable, open_task_clock, read_task_clock
-from agent.samplers.tcp import RESOURCE as TCP_RESOURCE
-from agent.samplers.tcp import parse_snmp_tcp, window_retrans_share
 from perftracker.errors import ConfigError
-from perftracker.rawdata import UtilSeries
+from perftracker.model.raw_window import UtilSeries
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +189,7 @@ class CpuCounter:
     def read(self) -> tuple[int, int]:
         """(cumulative run ns, cumulative run_delay ns). The run time comes from the perf counter
         when it is open, else from schedstat's first field; the wait for a core always from
-        schedstat's second (``agent.samplers.cpuwait``), which also fails once the thread is gone
+        schedstat's second (``perftracker.agent.samplers.cpuwait``), which also fails once the thread is gone
         (OSError/ValueError/IndexError), as the perf counter outlives its thread."""
         fields = _read(self._sched_fd).split()
         if self._perf_fd is not None:

@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 
-from agent.samplers.base import WindowBounds
+from perftracker.agent.samplers.base import WindowBounds
+
 from perftracker.remote_stacks import RemoteCode, RemoteStackReader, StackLayout, save_samples
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perftracker.rawdata import UtilSeries
+from perftracker.model.raw_window import UtilSeries
 
 RESOURCE = "tcp_retrans"
 MIN_SEGMENTS = 1000

@@ -2,7 +2,7 @@
 
 Each injector is a context manager (or has an undo) so that the harness removes every cgroup,
 qdisc and process it made, even on failure or Ctrl-C. In-script faults (sleep, busy_python, copy,
-gc_stall, hang) are passed to examples/train.py as --fault arguments instead.
+gc_stall, hang) are passed to perftracker/examples/train.py as --fault arguments instead.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 WHERE = ("dataloader", "forward", "backward", "optimizer")
 CATEGORIES = ("compute", "memory", "collective", "python", "hang", "crash")
 TRIGGERS = ("detector", "cli", "none")
-# faults the training script applies itself (examples/train.py --fault); the rest the harness applies
+# faults the training script applies itself (perftracker/examples/train.py --fault); the rest the harness applies
 IN_SCRIPT = ("sleep", "compute", "busy_python", "copy", "gc_stall", "hang", "raise", "exit", "oom")
 # faults the harness applies (out of process); "oom" is both: the harness sets the memory cgroup limit
 # on that rank at its first iteration, the script allocates from at_iter on until the OOM killer ends it
@@ -82,7 +82,7 @@ class Fault:
     params: dict[str, Any] = field(default_factory=dict)
 
     def script_arg(self) -> str:
-        """The examples/train.py --fault value for in-script faults."""
+        """The perftracker/examples/train.py --fault value for in-script faults."""
         kv = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
         return f"{self.kind}:{kv}" if kv else self.kind
 

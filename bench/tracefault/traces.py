@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.kineto import load_trace_json, resolve_rank
+from perftracker.agent.kineto import load_trace_json, resolve_rank
+
 from perftracker.errors import InputError, TraceError
 
 log = logging.getLogger(__name__)

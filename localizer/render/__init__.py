@@ -33,5 +33,5 @@ def write(report: Report, fmt: str, file: TextIO, **options: object) -> None:
     """Render ``report`` in format ``fmt`` ("text", "json" or "html") to ``file``."""
     if fmt not in FORMATS:
         raise PerftrackerError(f"unknown report format {fmt!r} (choose from {', '.join(FORMATS)})")
-    module = importlib.import_module(f"localizer.render.{fmt}")
+    module = importlib.import_module(f"perftracker.localizer.render.{fmt}")
     module.render(report, file, **options)

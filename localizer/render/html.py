@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TextIO
 
-from localizer.render import mu_names, short_frame
-from localizer.render.facts import has_samples, impact_text, step_times_text
+from perftracker.localizer.render import mu_names, short_frame
+from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
+
 from perftracker.model import Finding, RankState, Report, compress_ranks
 
 ABNORMAL = "#d62728"

@@ -19,6 +19,6 @@ def render(report: Report, file: TextIO) -> None:
 
 def load_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) that every rendered report validates against."""
-    text = resources.files("localizer.render").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    text = resources.files("perftracker.localizer.render").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema

@@ -11,14 +11,14 @@ import time
 from collections.abc import Iterable
 from typing import TextIO
 
+from perftracker.localizer.render import mu_names, short_frame
+from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
 from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from localizer.render import mu_names, short_frame
-from localizer.render.facts import has_samples, impact_text, step_times_text
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
 
 _STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "failed": "red", "waiting": "yellow",

@@ -1,0 +1,193 @@
+"""The agent's localizer-facing side: job registration, heartbeats, triggers, hang snapshots, the long poll.
+
+The localizer client is duck-typed (perftracker.agent.daemon.localizer_client.Uplink: blocking calls, each run here in a daemon
+thread of its own), so the embedded default can point it at an in-process localizer without this
+package importing ``localizer``. Every call failure is logged (once per kind) and retried by the
+loop that made it; nothing here raises into the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+from perftracker.agent.daemon.agent_metrics import Metrics
+from perftracker.agent.daemon.workers import SILENT_AFTER_S, Worker, liveness, select_job
+
+from perftracker.errors import PerftrackerError
+from perftracker.model import HangSnapshot
+from perftracker.warnonce import WarnOnce
+
+if TYPE_CHECKING:
+    from perftracker.agent.daemon.daemon import AgentOptions
+
+log = logging.getLogger(__name__)
+
+Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+
+
+class Upstream:
+    """Talks to the localizer for one agent.
+
+    ``workers`` is the daemon's live registry (read only here); ``spawn(coro, name)`` runs a task the
+    daemon tracks; ``on_notice(job, notice)`` receives each session notice the long poll returns.
+    """
+
+    def __init__(self, options: AgentOptions, agent_id: str, uplink: Any, metrics: Metrics,
+                 workers: Mapping[tuple[str, int], Worker], spawn: Spawn,
+                 on_notice: Callable[[str, Any], None]) -> None:
+        self.options = options
+        self.agent_id = agent_id
+        self.uplink = uplink
+        self.metrics = metrics
+        self.workers = workers
+        self.spawn = spawn
+        self.on_notice = on_notice
+        self.warn_once = WarnOnce(log)
+        self._register_pending: dict[str, asyncio.TimerHandle] = {}
+        self._registered: dict[str, frozenset[int]] = {}
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``uplink.<method>(*args, **kwargs)``, awaited without blocking the loop."""
+        fn = getattr(self.uplink, method)
+        if asyncio.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        # A daemon thread per blocking call (not the default executor): a long poll in flight must
+        # not hold up the agent's exit.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(ok: bool, value: Any) -> None:
+            if not fut.done():
+                (fut.set_result if ok else fut.set_exception)(value)
+
+        def work() -> None:
+            try:
+                res, ok = fn(*args, **kwargs), True
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
+                res, ok = exc, False
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, ok, res)
+
+        threading.Thread(target=work, name=f"uplink-{method}", daemon=True).start()
+        return await fut
+
+    # ------------------------------------------------------------------ registration and heartbeats
+    def schedule_register(self, job: str) -> None:
+        """Register ``job``'s workers after a short debounce (workers connecting together: one call)."""
+        loop = asyncio.get_running_loop()
+        handle = self._register_pending.pop(job, None)
+        if handle is not None:
+            handle.cancel()
+        self._register_pending[job] = loop.call_later(
+            self.options.register_debounce_s, lambda: self.spawn(self.register_job(job), f"register-{job}"))
+
+    async def register_job(self, job: str) -> None:
+        self._register_pending.pop(job, None)
+        workers = select_job(self.workers.values(), job, connected=False)
+        ranks = frozenset(w.rank for w in workers)
+        try:
+            await self.call("register", job, self.agent_id, self.options.host, [w.info() for w in workers])
+            self._registered[job] = ranks
+            self.warn_once.clear("register")
+        except PerftrackerError as exc:
+            self._registered.pop(job, None)
+            self.warn_once("register", "cannot register job %s with the localizer: %s (will retry)", job, exc)
+
+    async def heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.heartbeat_s)
+            for job in sorted({w.job for w in self.workers.values()}):
+                workers = select_job(self.workers.values(), job, connected=False)
+                if self._registered.get(job) != frozenset(w.rank for w in workers):
+                    if job not in self._register_pending:
+                        await self.register_job(job)
+                    continue
+                ranks = []
+                for w in workers:
+                    quiet_s = time.monotonic() - w.last_seen
+                    alive, phase = True, w.phase
+                    if not w.connected or quiet_s >= SILENT_AFTER_S:
+                        # silent: say why in the phase ("stopped", "dead", ...), see perftracker.localizer.diagnose.hang_diagnosis
+                        alive, state = liveness(w.pid, w.start_ticks)
+                        phase = state if state in ("stopped", "disk_wait", "dead") else "silent"
+                        if not alive and (w.phase == "exited" or w.phase.startswith("dead")):
+                            phase = w.phase  # "exited" by itself, or "dead after rank N" (AgentDaemon._on_disconnect)
+                    age = w.last_event_age_s + quiet_s  # idle_s was measured when last seen
+                    ranks.append({"rank": w.rank, "iteration": max(-1, w.iteration), "phase": phase,
+                                  "last_event_age_s": round(max(0.0, age), 3), "alive": alive,
+                                  "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
+                    if w.work_session and alive:
+                        ranks[-1]["working_on"] = w.work_session
+                try:
+                    await self.call("heartbeat", job, self.agent_id, ranks)
+                    self.warn_once.clear("heartbeat")
+                except PerftrackerError as exc:
+                    self.warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
+
+    # ------------------------------------------------------------------ triggers and snapshots
+    async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
+        log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
+        try:
+            session, joined = await self.call("create_trigger", w.job, describe_trigger(w.rank, reason, detail),
+                                              window_s)
+            log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
+        except PerftrackerError as exc:
+            self.warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
+
+    async def upload_snapshot(self, w: Worker, snapshot: dict[str, Any]) -> None:
+        if w.rank not in self._registered.get(w.job, frozenset()):
+            # a worker that crashes right after it registered (a setup error): its job's registration
+            # is still in its debounce, and the localizer refuses snapshots of unregistered ranks
+            handle = self._register_pending.pop(w.job, None)
+            if handle is not None:
+                handle.cancel()
+            await self.register_job(w.job)
+        try:
+            snap = HangSnapshot.from_dict(snapshot)
+            await self.call("upload_hang_snapshot", snap)
+            self.metrics.upload("hang_snapshot", ok=True)
+            log.info("uploaded a hang snapshot of rank %d (job %s)", w.rank, w.job)
+        except PerftrackerError as exc:
+            self.metrics.upload("hang_snapshot", ok=False)
+            log.warning("hang snapshot of rank %d not uploaded: %s", w.rank, exc)
+
+    # ------------------------------------------------------------------ sessions
+    async def poll_loop(self, job: str) -> None:
+        """Long-poll the localizer for ``job``'s sessions; hand each new one to ``on_notice``."""
+        after: str | None = None
+        delay = 0.5
+        while True:
+            if not select_job(self.workers.values(), job, connected=False):
+                await asyncio.sleep(1)
+                continue
+            try:
+                notice = await self.call("poll_trigger", job, after, self.options.poll_timeout_s)
+                delay = 0.5
+                self.warn_once.clear("poll")
+            except PerftrackerError as exc:
+                self.warn_once("poll", "long poll to the localizer failed: %s (retrying)", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            if notice is None:
+                continue
+            after = notice.session
+            self.on_notice(job, notice)
+
+
+def describe_trigger(rank: int, reason: str, detail: dict[str, Any]) -> str:
+    """The trigger reason the report shows, e.g. "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)"."""
+    text = f"rank {rank}: {reason}"
+    it = detail.get("iteration")
+    if isinstance(it, int) and not isinstance(it, bool):
+        text += f" at iteration {it}"
+    ratio, base = detail.get("ratio"), detail.get("baseline_ms")
+    if isinstance(ratio, (int, float)) and isinstance(base, (int, float)) and ratio > 0 and base > 0:
+        text += f" ({100 * (ratio - 1):+.0f}% over {base:.1f} ms)"
+    return text

@@ -1,0 +1,149 @@
+"""The agent's view of the training processes on its node: one Worker per connected rank.
+
+A Worker is what the agent knows of one rank from its Unix-socket messages (identity, last
+heartbeat, iteration statistics); ``liveness`` asks procfs whether its process still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
+FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
+
+
+@dataclass
+class Worker:
+    job: str
+    rank: int
+    world_size: int
+    local_rank: int
+    pid: int
+    training_tid: int
+    host: str
+    start_ticks: int = 0
+    writer: asyncio.StreamWriter | None = None
+    iteration: int = -1
+    phase: str = ""
+    last_event_age_s: float = 0.0
+    iteration_ms: float = 0.0
+    min_ms: float = 0.0
+    work_session: str = ""  # the session whose window this agent is still profiling/summarizing/uploading
+    last_seen: float = field(default_factory=time.monotonic)
+    cgroup: Any = None  # perftracker.agent.daemon.worker_exits.MemoryCgroup: its memory cgroup and OOM kill count when last read
+    error_file: str = ""  # TORCHELASTIC_ERROR_FILE from its environment
+    crash_sent: bool = False  # it sent its own crash snapshot (an uncaught exception)
+
+    @property
+    def connected(self) -> bool:
+        return self.writer is not None
+
+    def info(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size, "pid": self.pid,
+                "tid": self.training_tid, "host": self.host}
+
+
+def liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
+    """(alive, procfs state word) of a worker process; (True, "unknown") when procfs cannot tell."""
+    try:
+        from perftracker.agent.daemon.liveness import ProcState, probe
+
+        info = probe(pid, start_ticks)
+        return info.state is not ProcState.DEAD, info.state.value
+    except Exception:  # noqa: BLE001 - liveness is best effort
+        return True, "unknown"
+
+
+def select_job(workers: Iterable[Worker], job: str, connected: bool = True) -> list[Worker]:
+    """The workers of ``job`` by rank (only the connected ones unless ``connected`` is False)."""
+    return sorted((w for w in workers if w.job == job and (w.connected or not connected)), key=lambda w: w.rank)
+
+
+# ---------------------------------------------------------------- worker messages
+# The wire (perftracker.wire.frames) checks that the required fields exist with the right JSON types. The
+# agent checks more before it stores or forwards anything: lengths, ranges and the optional fields,
+# so that one odd worker can neither crash its connection handler nor make the localizer refuse
+# the node's whole heartbeat.
+NAME_RE = re.compile(r"^[A-Za-z0-9_.:@+=/-]{1,200}$")  # the localizer's job-name rule
+SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}$")
+MAX_PHASE_CHARS = 64
+MAX_TEXT_CHARS = 200
+MAX_ERROR_CHARS = 2000
+MAX_PATH_CHARS = 4096
+MAX_RANK = 10_000_000
+MAX_RECENT = 10_000
+
+
+class BadWorkerMessage(ValueError):
+    """A worker message the agent will not act on (the message names the field)."""
+
+
+def _text(msg: dict[str, Any], key: str, limit: int, *, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if not isinstance(v, str):
+        raise BadWorkerMessage(f"{key}: expected a string")
+    if len(v) > limit:
+        raise BadWorkerMessage(f"{key}: {len(v)} characters, more than {limit}")
+    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in v):
+        raise BadWorkerMessage(f"{key}: control characters or lone surrogates")
+
+
+def _integer(msg: dict[str, Any], key: str, lo: int, hi: int, *, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise BadWorkerMessage(f"{key}: expected an integer in [{lo}, {hi}], got {v!r:.40}")
+
+
+def _number(msg: dict[str, Any], key: str, hi: float = 1e12, *, optional: bool = True) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
+        raise BadWorkerMessage(f"{key}: expected a finite number in [0, {hi:g}], got {v!r:.40}")
+
+
+def check_worker_message(msg: dict[str, Any]) -> None:
+    """Raise BadWorkerMessage unless a (wire-valid) worker message is within the agent's limits."""
+    kind = msg.get("type")
+    if kind == "register":
+        if not isinstance(msg.get("job"), str) or not NAME_RE.match(msg["job"]):
+            raise BadWorkerMessage(f"job: {str(msg.get('job'))[:80]!r} is not a valid job name")
+        _integer(msg, "world_size", 1, MAX_RANK)
+        _integer(msg, "rank", 0, msg["world_size"] - 1)
+        _integer(msg, "local_rank", -1, 1_000_000)
+        _integer(msg, "pid", 1, 2**31 - 1)
+        _integer(msg, "training_tid", 0, 2**31 - 1)
+        _text(msg, "host", 253)
+    elif kind == "heartbeat":
+        _integer(msg, "iteration", -1, 2**62)
+        _text(msg, "phase", MAX_PHASE_CHARS)
+        _number(msg, "idle_s")
+    elif kind == "iter_stats":
+        _integer(msg, "iteration", -1, 2**62)
+        recent = msg.get("recent_ms")
+        if not isinstance(recent, list) or len(recent) > MAX_RECENT:
+            raise BadWorkerMessage(f"recent_ms: expected a list of at most {MAX_RECENT} numbers")
+        for key in ("mean_ms", "min_ms"):
+            _number(msg, key)
+    elif kind == "trigger":
+        _text(msg, "reason", MAX_TEXT_CHARS)
+        _number(msg, "window_s", 600.0)
+    elif kind == "window_done":
+        session = msg.get("session")
+        if not isinstance(session, str) or not SESSION_RE.match(session):
+            raise BadWorkerMessage(f"session: {str(session)[:80]!r} is not a valid session id")
+        _text(msg, "raw_path", MAX_PATH_CHARS)
+        _text(msg, "samples_path", MAX_PATH_CHARS, optional=True)
+        _text(msg, "error", MAX_ERROR_CHARS)
+        _integer(msg, "start_ns", 0, 2**63 - 1)
+        _integer(msg, "end_ns", 0, 2**63 - 1)

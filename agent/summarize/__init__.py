@@ -1,0 +1,1 @@
+"""The summarizer (pure numpy): a raw window -> critical path -> (beta, mu, sigma) patterns per function."""

@@ -1,0 +1,1 @@
+"""Diagnosis (pure numpy): expected ranges, distances, the rule, waits, findings and their sentences."""

@@ -1,0 +1,444 @@
+"""From per-function rule outcomes to grouped, labelled and explained findings.
+
+**[decision] Kinds.** A finding on more than half of the workers is *common*. One on at least 3
+workers whose β varies from worker to worker by more than half its median (interquartile range ≥
+0.5 × median), i.e. no single group pattern, is *random* (the paper's garbage-collection case) and is
+summarized as a spread, not rank by rank. Anything else is *specific*.
+
+**[decision] Split.** When the expectation test fires on most workers of a function and the
+differential test singles out other workers of it, the function gets two findings: the common one
+and the specific one.
+
+**[decision] Waiting is a consequence.** In a synchronous job, workers slowed by f make every other
+worker wait in a collective g, so the slow workers are unique on g too, because they hold g *less*.
+A differential-only finding whose workers hold the critical path less than the median worker
+(observed β ≤ 0.9 × median β), and whose workers are at least half covered by another finding in
+which they hold more, is folded into that finding's sentence instead of standing alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.distances import exact_median
+from perftracker.localizer.diagnose.explain import (
+    Consequence,
+    also_clause,
+    describe_finding,
+    describe_ranks,
+    describe_report,
+)
+from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
+from perftracker.localizer.diagnose.rule import Threshold
+from perftracker.localizer.diagnose.waits import (
+    LateGroup,
+    WaitOptions,
+    cause_of_lateness,
+    late_groups,
+    loo_threshold,
+    material_wait,
+    suspect_late_groups,
+    wait_families,
+)
+
+from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
+from perftracker.model.schema import rounded
+
+if TYPE_CHECKING:
+    from perftracker.localizer.diagnose.localize import LocalizeOptions
+
+_RANDOM_MIN_WORKERS = 3
+_RANDOM_IQR_OVER_MEDIAN = 0.5
+_LESS = 0.9
+_FEW_RANKS = 8  # a culprit of at most this many ranks absorbs findings on some of its ranks
+_MORE = 1.1
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionVerdict:
+    """The rule's outcome for one function. Masks are None when no worker has β > β_min."""
+
+    info: FunctionInfo
+    box: Box
+    hint: str
+    median_beta: float
+    by_expectation: np.ndarray | None
+    by_differential: np.ndarray | None
+    threshold: Threshold | None
+    waits_for_peers: bool = False  # the function is time spent waiting for late peers (expect.py)
+
+
+@dataclass(eq=False)
+class _Draft:
+    f: int
+    verdict: FunctionVerdict
+    idx: np.ndarray  # worker columns, sorted
+    tests: tuple[str, ...]
+    observed: Triple
+    median: Triple
+    kind: str
+    spread: tuple[float, float]
+    consequences: list[Consequence]
+    folded: bool = False
+    waits: dict[str, Wait] | None = None  # collective label -> the peers that wait for these ranks there
+    parts: tuple[tuple[str, float], ...] = ()
+    also: list[_Draft] | None = None  # other findings on exactly these ranks (one culprit, several symptoms)
+
+
+def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: LocalizeOptions
+                   ) -> tuple[list[Finding], str, list[TopFunction]]:
+    """(findings sorted by impact, the report summary, the top critical-path functions)."""
+    n = arr.n_workers
+    common_fraction = opts.common_fraction
+    drafts: list[_Draft] = []
+    medians: dict[int, Triple] = {}
+    for f, v in enumerate(verdicts):
+        if v.by_expectation is None or v.by_differential is None:
+            continue
+        by_exp, by_diff = v.by_expectation, v.by_differential
+        if not (by_exp.any() or by_diff.any()):
+            continue
+        values = arr.values[f]
+        median = _median_triple(arr, verdicts, f, medians)
+        exp_idx = np.flatnonzero(by_exp)
+        diff_only = by_diff & ~by_exp
+        if exp_idx.size > common_fraction * n and diff_only.any():
+            groups = [(exp_idx, ("expectation",)), (np.flatnonzero(diff_only), ("differential",))]
+        else:
+            idx = np.flatnonzero(by_exp | by_diff)
+            tests = tuple(t for t, m in (("expectation", by_exp), ("differential", by_diff)) if m[idx].any())
+            groups = [(idx, tests)]
+        for idx, tests in groups:
+            drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
+    _fold_consequences(drafts, arr)
+    _fold_waits(drafts, arr, verdicts, opts.waits)
+    for d in drafts:
+        if d.verdict.info.key == HOST_KEY:
+            d.parts = top_host_functions(arr, d.idx)
+    kept = _merge_same_ranks([d for d in drafts if not d.folded])
+    material = opts.waits.wait_min
+    kept.sort(key=lambda d: (_tier(d, material), -_impact(d), d.verdict.info.key, int(d.idx[0])))
+    max_points = opts.max_points
+    findings = [_finding(d, arr, max_points) for d in kept]
+    top = top_functions(arr, verdicts, opts.top_functions, medians)
+    summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
+                              [(t.label, t.median.beta) for t in top], int(arr.ranks[0]) if n == 1 else None)
+    return findings, summary, top
+
+
+def _draft(f: int, v: FunctionVerdict, values: np.ndarray, idx: np.ndarray, tests: tuple[str, ...],
+           median: Triple, n: int, common_fraction: float) -> _Draft:
+    sub = values[:, idx]
+    observed = Triple(*(float(x) for x in np.median(sub, axis=1)))
+    beta = sub[0]
+    q10, q25, q75, q90 = (float(x) for x in np.quantile(beta, [0.1, 0.25, 0.75, 0.9]))
+    if idx.size > common_fraction * n:
+        kind = "common"
+    elif idx.size >= _RANDOM_MIN_WORKERS and (q75 - q25) >= _RANDOM_IQR_OVER_MEDIAN * observed.beta:
+        kind = "random"
+    else:
+        kind = "specific"
+    return _Draft(f, v, idx, tests, observed, median, kind, (q10, q90), [])
+
+
+def _fold_consequences(drafts: list[_Draft], arr: PatternArrays) -> None:
+    for b in drafts:
+        if b.tests != ("differential",) or b.kind == "common" or b.median.beta <= 0:
+            continue
+        if b.observed.beta > _LESS * b.median.beta:
+            continue
+        for a in drafts:
+            if a is b or a.folded or a.observed.beta < _MORE * a.median.beta:
+                continue
+            if np.intersect1d(a.idx, b.idx, assume_unique=True).size * 2 >= b.idx.size:
+                if b.verdict.info.key != LINK_KEY:  # the link pattern's β is only the collectives' time
+                    a.consequences.append(Consequence(b.verdict.info.label, b.observed.beta / b.median.beta))
+                b.folded = True
+                break
+
+
+def _is_wait(info: FunctionInfo) -> bool:
+    return info.category is Category.COLLECTIVE and info.key != LINK_KEY
+
+
+def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
+                opts: WaitOptions) -> None:
+    """Waits are consequences (docs/design.md section 6): find the late workers of each collective, give
+    their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
+    when they have none), and fold every collective finding of the waiting workers into it."""
+    beta = arr.values[:, 0, :]
+    waits = sorted((f for f, v in enumerate(verdicts) if _is_wait(v.info)), key=lambda f: verdicts[f].waits_for_peers)
+    families = wait_families([v.info.label for v in verdicts], waits)
+    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
+    groups = late_groups(beta, families, arr.stage, opts)
+    groups += _flagged_early_exits(drafts, beta, families, groups, opts)
+    suspects = _suspects(drafts)
+    groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts)
+    groups.sort(key=lambda g: -g.wait_share)
+    _drop_split_early_exits(drafts, families, groups)
+    waiting = np.zeros(arr.n_workers, dtype=bool)
+    for lg in groups:
+        waiting[lg.waiting] = True
+    culprits = [d for d in drafts if not d.folded and d.kind != "common" and d.observed.beta >= d.median.beta
+                and d.verdict.info.key != LINK_KEY
+                and not (_is_wait(d.verdict.info) and 2 * int(waiting[d.idx].sum()) >= d.idx.size)]
+    owners: list[tuple[np.ndarray, _Draft]] = []
+    for lg in groups:
+        label = verdicts[lg.f].info.label
+        owner = _owner(culprits, lg.late)
+        if owner is None:
+            cause = cause_of_lateness(beta, causes, lg.late, lg.waiting, arr.worker_window_s, opts)
+            f = lg.f if cause is None else cause[0]
+            waiting = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
+            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",), waiting, arr.n_workers, 1.0)
+            owner.kind = "specific"  # compared with the ranks that wait for it, never "random"
+            drafts.append(owner)
+            culprits.append(owner)
+        _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
+        owners.append((lg.waiting, owner))
+    links = [d for d in drafts if not d.folded and d.verdict.info.key == LINK_KEY]
+    family_of = {f: fam for fam in families for f in fam}
+    for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
+        if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
+            continue
+        if links:  # one host's bad link slows every collective through it: the link is the cause
+            excess = _own_impact(v)
+            ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, links[0].idx)]).tolist())
+            if ranks and excess > 0:
+                _add_wait(links[0], Wait(v.verdict.info.label, ranks, excess))
+            v.folded = True
+            continue
+        # judged on the whole wait family: a waiter may hold one part of a split wait longer than
+        # the late rank and the whole wait no longer than its fellow waiters
+        family = family_of.get(v.f, [v.f])
+        whole = beta[family].sum(axis=0)
+        median_g, held = float(np.median(whole)), float(np.median(whole[v.idx]))
+        for c in [o for w, o in owners if 2 * np.intersect1d(w, v.idx).size >= v.idx.size] + \
+                sorted(culprits, key=lambda d: -_impact(d)):
+            if c is v:
+                continue
+            if np.intersect1d(c.idx, v.idx).size * 2 > v.idx.size:
+                if v.observed.beta < v.median.beta and v.median.beta > 0:  # the culprit's own early exit
+                    c.consequences.append(Consequence(v.verdict.info.label, v.observed.beta / v.median.beta))
+                    v.folded = True
+                    break
+                continue
+            late_share = float(np.median(whole[c.idx]))
+            if late_share <= median_g and late_share + 0.5 * opts.wait_min <= held:
+                ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, c.idx)]).tolist())
+                _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
+                v.folded = True
+                break
+    _drop_split_long_waits(drafts, beta, families, opts)
+
+
+def _suspects(drafts: Sequence[_Draft]) -> list[tuple[np.ndarray, float]]:
+    """The ranks of each specific finding on one of their own functions (not a wait), with what
+    their findings cost them: the share of the window those functions hold over the median rank,
+    summed over the findings on exactly these ranks."""
+    cost: dict[tuple[int, ...], float] = {}
+    for d in drafts:
+        if (not d.folded and d.kind == "specific" and d.observed.beta >= d.median.beta
+                and d.verdict.info.key != LINK_KEY and not _is_wait(d.verdict.info)):
+            key = tuple(np.sort(d.idx).tolist())
+            cost[key] = cost.get(key, 0.0) + d.observed.beta - d.median.beta
+    return [(np.array(k, dtype=np.int64), c) for k, c in cost.items()]
+
+
+def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: list[list[int]],
+                         known: Sequence[LateGroup], opts: WaitOptions) -> list[LateGroup]:
+    """Late groups from collective findings whose ranks hold the collective materially *less* than
+    the others (the differential test singled them out: they arrive last), where the wait evidence
+    itself was not clear enough (a noisy group). Judged, like the wait evidence, on the whole wait
+    family (a rank that holds one part of the DDP reducer's wait less may hold the other part more).
+    The others' excess must be a material wait. Such a finding may already be folded into its ranks'
+    own finding as a consequence; its waits still count."""
+    family_of = {f: fam for fam in families for f in fam}
+    covered = {(g.f, int(r)) for g in known for r in g.late}
+    out = []
+    for v in drafts:
+        info = v.verdict.info
+        if not _is_wait(info) or v.kind == "common" or v.tests != ("differential",):
+            continue
+        family = family_of.get(v.f, [v.f])
+        head = family[0]
+        if all((head, int(r)) in covered for r in v.idx):
+            continue
+        b = beta[family].sum(axis=0)
+        others = np.setdiff1d(np.flatnonzero(b > 0), v.idx)
+        if others.size == 0:
+            continue
+        share = float(np.median(b[others]) - np.median(b[v.idx]))
+        if material_wait(share, float(np.median(b[others])), opts):
+            out.append(LateGroup(head, np.sort(v.idx), others, share))
+            covered.update((head, int(r)) for r in v.idx)
+    return out
+
+
+def _drop_split_early_exits(drafts: Sequence[_Draft], families: list[list[int]], groups: Sequence[LateGroup]) -> None:
+    """A finding that some ranks hold one *part* of a split wait (the DDP reducer's steady and varying
+    parts) less, where those ranks are not late for the wait as a whole, says only how a peer's
+    delay split between the parts on them: no finding."""
+    family_of = {f: fam for fam in families for f in fam}
+    late = {(g.f, int(r)) for g in groups for r in g.late}
+    for v in drafts:
+        if v.folded or not _is_wait(v.verdict.info) or v.observed.beta >= v.median.beta:
+            continue
+        family = family_of.get(v.f, [v.f])
+        if len(family) > 1 and not any((family[0], int(r)) in late for r in v.idx):
+            v.folded = True
+
+
+def _drop_split_long_waits(drafts: Sequence[_Draft], beta: np.ndarray, families: list[list[int]],
+                           opts: WaitOptions) -> None:
+    """The mirror of ``_drop_split_early_exits``: a finding that some ranks hold one *part* of a split
+    wait longer, left over after the waits were folded into their culprits, stands only when those
+    ranks wait longer for the wait as a whole too: above the other ranks' median by more than the
+    δ a late rank must lie below it (``late_workers``). Otherwise it says only how the ranks'
+    waiting split between the parts (on a loaded 2-core host rank 0 of a clean job held the
+    reducer's steady part 0.26 of the window against 0.13-0.16, and the whole wait 0.58 against
+    0.45-0.56)."""
+    family_of = {f: fam for fam in families for f in fam}
+    for v in drafts:
+        if v.folded or not _is_wait(v.verdict.info) or v.observed.beta <= v.median.beta or "waits" in v.tests:
+            continue
+        family = family_of.get(v.f, [v.f])
+        if len(family) < 2:
+            continue
+        whole = beta[family].sum(axis=0)
+        runs = np.flatnonzero(whole > 0)
+        others = np.setdiff1d(runs, v.idx)
+        if others.size < 2:
+            continue
+        delta, med = loo_threshold(np.r_[whole[others], np.median(whole[v.idx])], opts)
+        if float(np.median(whole[v.idx])) <= float(med[-1] + delta[-1]):
+            v.folded = True
+
+
+def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:
+    """The culprit finding that covers at least half of the late workers (the costliest such)."""
+    covering = [d for d in culprits if np.intersect1d(d.idx, late).size * 2 >= late.size]
+    return max(covering, key=_impact, default=None)
+
+
+def _add_wait(d: _Draft, w: Wait) -> None:
+    w = Wait(w.function, w.ranks, rounded(w.share))
+    if d.waits is None:
+        d.waits = {}
+    old = d.waits.get(w.function)
+    if old is None or w.share > old.share:
+        d.waits[w.function] = w if old is None else Wait(w.function, tuple(sorted(set(old.ranks) | set(w.ranks))),
+                                                         w.share)
+
+
+def _tier(d: _Draft, material: float) -> int:
+    """0 for a material cause on some ranks measured against the job's own other ranks (the
+    differential test, the wait evidence, or peers that wait for it), 1 for the rest. A finding
+    judged only against a configured expected range, job-wide or not, says how the job runs, not
+    why some ranks hold the others back; a rank-specific cause that costs the step at least
+    ``material`` of the window is named first, and every finding carries its impact."""
+    peers = "differential" in d.tests or "waits" in d.tests or bool(d.waits)
+    return 0 if d.kind != "common" and peers and _impact(d) >= material else 1
+
+
+def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:
+    """Rank-specific findings on the same ranks, or on some of the few (≤ 8) ranks of a costlier
+    finding, are one culprit with several symptoms (a slow copy and the host op that waits for it):
+    the costliest keeps the others as "also" clauses, and their waits."""
+    specific = sorted((d for d in kept if d.kind != "common"), key=lambda d: -_impact(d))
+    for i, d in enumerate(specific):
+        for primary in specific[:i]:
+            if primary.folded or not np.isin(d.idx, primary.idx).all():
+                continue
+            if d.idx.size < primary.idx.size and primary.idx.size > _FEW_RANKS:
+                continue  # a part of a large group (3 of 48 hosts) is a finding of its own
+            primary.also = (primary.also or []) + [d]
+            for w in (d.waits or {}).values():
+                _add_wait(primary, w)
+            d.folded = True
+            break
+    return [d for d in kept if not d.folded]
+
+
+def _own_impact(d: _Draft) -> float:
+    over_box = d.observed.beta - d.verdict.box.hi.beta if "expectation" in d.tests else 0.0
+    return max(over_box, abs(d.observed.beta - d.median.beta), 0.0)
+
+
+def _impact(d: _Draft) -> float:
+    """The finding's cost to the step, as a share of the window: its own excess on the critical path
+    (above the expected range, or off the median worker) plus the waits it induces in its peers."""
+    induced = sum(w.share for w in d.waits.values()) if d.waits else 0.0
+    return _own_impact(d) + induced + 1e-3 * d.observed.beta
+
+
+def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
+    info = d.verdict.info
+    ranks = np.sort(arr.ranks[d.idx])
+    waits = tuple(sorted(d.waits.values(), key=lambda w: -w.share)) if d.waits else ()
+    sentence = describe_finding(
+        label=info.label, key=info.key, category=info.category, resource=info.resource, kind=d.kind,
+        ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
+        expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
+        consequences=d.consequences, waits=waits, parts=d.parts)
+    for o in d.also or ():
+        on = "" if o.idx.size == d.idx.size else f" on {describe_ranks(np.sort(arr.ranks[o.idx]).tolist(), arr.n_workers)}"
+        sentence += f"; also{on} " + also_clause(o.verdict.info.label, o.verdict.info.key, o.verdict.info.category,
+                                                 o.observed, o.median, arr.gpu)
+    impact = rounded(_impact(d))
+    return Finding(
+        key=info.key, label=info.label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
+        tests=d.tests, observed=d.observed, median=d.median, expected=d.verdict.box, sentence=sentence,
+        points=_points(arr, d.f, d.idx, max_points), impact=impact, impact_s=rounded(impact * float(arr.window_s)),
+        waits=waits, parts=d.parts)
+
+
+def _points(arr: PatternArrays, f: int, idx: np.ndarray, max_points: int) -> tuple[tuple[int, float, float], ...]:
+    """(rank, β, μ) of the abnormal workers and of evenly spaced others, at most max_points in all."""
+    n = arr.n_workers
+    take_flagged = _spaced(idx, max_points // 2 if idx.size < n else max_points)
+    if idx.size < n:
+        mask = np.ones(n, dtype=bool)
+        mask[idx] = False
+        others = np.flatnonzero(mask)
+    else:
+        others = idx[:0]
+    take_others = _spaced(others, max_points - take_flagged.size)
+    cols = np.concatenate([take_flagged, take_others])
+    v = arr.values[f]
+    return tuple((int(arr.ranks[c]), round(float(v[0, c]), 6), round(float(v[1, c]), 6)) for c in cols)
+
+
+def _spaced(idx: np.ndarray, k: int) -> np.ndarray:
+    if k <= 0:
+        return idx[:0]
+    if idx.size <= k:
+        return idx
+    return idx[np.linspace(0, idx.size - 1, k).astype(np.int64)]
+
+
+def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: int,
+                   cache: dict[int, Triple]) -> Triple:
+    """The median worker's pattern of function f (β's median is already in the verdict)."""
+    if f not in cache:
+        v = arr.values[f]
+        cache[f] = Triple(verdicts[f].median_beta, exact_median(v[1]), exact_median(v[2]))
+    return cache[f]
+
+
+def top_functions(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
+                  cache: dict[int, Triple] | None = None) -> list[TopFunction]:
+    """The n functions with the largest median β (shown when nothing is abnormal). The link-health
+    pattern (``LINK_KEY``) is left out: its β is the collectives' time, not its own."""
+    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.key != LINK_KEY]
+    order = sorted(funcs, key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
+    cache = {} if cache is None else cache
+    out = []
+    for f in order:
+        info = verdicts[f].info
+        out.append(TopFunction(info.key, info.label, info.category, _median_triple(arr, verdicts, f, cache)))
+    return out

@@ -1,0 +1,1 @@
+"""The localizer service: HTTP API, sessions, the localize thread, the embedded localizer."""

@@ -1,0 +1,126 @@
+"""Hang snapshots of a session (a mixin of ``perftracker.localizer.service.sessions.SessionManager``).
+
+A snapshot attaches to its session, or to the job's open session, or opens a hang session; a
+rank's report of a hang that is already reported opens none, nor does a failure snapshot (a
+survivor that failed late) after the job's crash session closed (issue 22). A stored hang report becomes
+"resolved" once the job's heartbeats show it moved on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from perftracker.localizer.service.session_reports import HANG
+from perftracker.localizer.store.records import SessionRecord
+
+from perftracker.model import HangSnapshot
+
+log = logging.getLogger(__name__)
+
+
+class HangSessions:
+    """Hang-snapshot methods of the SessionManager."""
+
+    store: Any
+    clock: Any
+    options: Any
+    _lock: threading.RLock
+    _paused: set[str]
+    _unresolved_hangs: dict[str, str]
+    _crashes: dict[str, tuple[str, int]]  # job -> (session, ns) of its crash session (issue 22)
+    _outstanding: dict[str, tuple[tuple[int, ...], set[int]]]
+
+    def _open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
+        raise NotImplementedError
+
+    def _uploaded_of(self, session: str) -> set[int]:
+        raise NotImplementedError
+
+    def view(self, session: str) -> SessionRecord:
+        raise NotImplementedError
+
+    def trigger(self, job: str, reason: str, window_s: float | None = None,
+                kind: str = "slowdown") -> tuple[SessionRecord, bool]:
+        raise NotImplementedError
+
+    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
+        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
+        now = self.clock.now_ns()
+        with self._lock:
+            if snap.session:
+                s = self._open_session_for(snap.session, snap.job, [snap.rank])
+            else:
+                seen = self._reported_hang_of(snap)
+                if seen is not None:  # this rank's stop is in a stored hang report already
+                    log.info("hang snapshot of rank %d (job %s, iteration %d) belongs to reported hang session "
+                             "%s; no new session", snap.rank, snap.job, snap.last_iteration, seen)
+                    return self.view(seen)
+                crash = self._crashes.get(snap.job)
+                if (snap.end or snap.error) and crash is not None \
+                        and now - crash[1] < self.options.crash_follow_s * 1e9:
+                    prev = self.store.get_session(crash[0], with_uploaded=False)
+                    if prev is not None and prev.state != "open":  # (an open one is joined below)
+                        log.info("failure snapshot of rank %d (job %s) came after crash session %s closed; "
+                                 "no new session", snap.rank, snap.job, crash[0])
+                        return self.view(crash[0])
+                reason = (f"crash: rank {snap.rank} {(snap.error or snap.end)[:80]}" if snap.end or snap.error
+                          else f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s")
+                s, _ = self.trigger(snap.job, reason, kind=HANG)
+                self._open_session_for(s.session, snap.job, [snap.rank])
+            if s.kind != HANG:  # asked for by a slowdown session's id: converted explicitly, and said so
+                log.info("slowdown session %s converted to a hang session: rank %d sent a hang snapshot for it",
+                         s.session, snap.rank)
+                deadline = min(s.deadline_ns, now + int(self.options.hang_collect_s * 1e9))
+                self.store.update_session(s.session, kind=HANG, deadline_ns=deadline)
+            if snap.end or snap.error:  # later failures of the job's ranks belong to this crash (issue 22)
+                first = self._crashes.get(snap.job)
+                if first is None or (first[0] != s.session
+                                     and now - first[1] >= self.options.crash_follow_s * 1e9):
+                    self._crashes[snap.job] = (s.session, now)
+            uploaded = self._uploaded_of(s.session)
+            self.store.put_hang_snapshot(snap, s.session, now)
+            self._paused.discard(s.session)
+            self.store.on_commit(lambda: self._count_snapshot(s.session, snap.rank))
+            return dataclasses.replace(self.view(s.session), uploaded=tuple(sorted({*uploaded, snap.rank})))
+
+    def _count_snapshot(self, session: str, rank: int) -> None:
+        with self._lock:
+            self._uploaded_of(session).add(rank)
+            memo = self._outstanding.get(session)
+            if memo is not None:
+                memo[1].discard(rank)
+
+    def _reported_hang_of(self, snap: HangSnapshot) -> str | None:
+        """The unresolved hang session whose report already has this rank stopped at this iteration.
+
+        Every rank's detector reports the same hang, a few hundred ms apart; when the session the
+        first one opened is complete and reported before a slower rank's own report arrives, that
+        report is the same hang, not a new one (seen in the fault bench: two hang sessions)."""
+        for session, job in self._unresolved_hangs.items():
+            if job != snap.job:
+                continue
+            if any(h.rank == snap.rank and h.last_iteration == snap.last_iteration
+                   for h in self.store.hang_snapshots(session)):
+                return session
+        return None
+
+    def _resolve_hangs(self, job: str) -> None:
+        """Recovery: a stored hang report of this job becomes "resolved" once the job moves on."""
+        from perftracker.localizer.diagnose.hang_diagnosis import (
+            job_resumed,  # lazy: owned by the hangs stage
+        )
+
+        beats = [(h.rank, h.iteration, h.received_ns) for h in self.store.heartbeats(job)]
+        for session in [k for k, j in self._unresolved_hangs.items() if j == job]:
+            report = self.store.get_report(session)
+            if report is None or not job_resumed(self.store.hang_snapshots(session), beats):
+                continue
+            top = max(it for _, it, _ in beats)
+            self.store.put_report(dataclasses.replace(
+                report, status="resolved", summary=f"{report.summary} (resolved: the job resumed, iteration {top})"))
+            del self._unresolved_hangs[session]
+            log.info("hang session %s resolved: job %s resumed", session, job)

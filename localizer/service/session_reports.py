@@ -1,0 +1,97 @@
+"""The reports that close a session, built from its stored uploads (the CPU-heavy step).
+
+``build_slowdown_report`` runs the localizer over the session's uploads, held as arrays
+(``perftracker.localizer.diagnose.columns``: no Python object per pattern); ``build_hang_report``
+hands its hang snapshots and the ranks' liveness (from heartbeats) to ``perftracker.localizer.diagnose.hang_diagnosis``. Both
+stages are imported lazily (numpy/statsmodels). The session state machine is perftracker.localizer.service.sessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from perftracker.localizer.diagnose.columns import SessionColumns
+from perftracker.localizer.store.sqlite_store import HeartbeatRecord, SessionRecord
+
+from perftracker.model import HangSnapshot, Report
+
+SLOWDOWN, HANG, CRASH = "slowdown", "hang", "crash"
+PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see SessionManager.finish)
+
+
+def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
+                          localize_options: object | None = None) -> Report:
+    """Localize a slowdown session's uploads (held as arrays); ranks without one are ``ranks_missing``."""
+    arr = columns.to_arrays() if columns is not None else None
+    if arr is None or arr.n_workers == 0:
+        return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
+                      trigger_reason=s.reason, window_s=s.window_s, ranks_reported=(),
+                      ranks_missing=tuple(s.expected), status="partial",
+                      summary="no worker uploaded patterns before the deadline")
+    from perftracker.localizer.diagnose.localize import (
+        localize_arrays,  # lazy: the numpy/statsmodels stage
+    )
+
+    got = set(arr.ranks.tolist())
+    missing = tuple(r for r in s.expected if r not in got)
+    report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
+    return dataclasses.replace(
+        report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
+        ranks_missing=missing, status="partial" if missing else report.status)
+
+
+def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
+                 now_ns: int) -> dict[int, Any]:
+    """Expected ranks without a snapshot, each with what its latest heartbeat says."""
+    from perftracker.localizer.diagnose.hang_diagnosis import (  # lazy: owned by the hangs stage
+        SilentRank,
+        silent_detail,
+    )
+
+    beats = {h.rank: h for h in heartbeats}
+    out: dict[int, Any] = {}
+    for r in expected:
+        if r in got:
+            continue
+        h = beats.get(r)
+        if h is None:
+            out[r] = SilentRank(r, "no heartbeat from its agent")
+            continue
+        age_s = max(0.0, (now_ns - h.received_ns) / 1e9)
+        detail = silent_detail(h.alive, h.phase)
+        out[r] = SilentRank(r, detail, silent_s=h.last_event_age_s + age_s, last_iteration=h.iteration)
+    return out
+
+
+def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
+                      heartbeats: Sequence[HeartbeatRecord], now_ns: int,
+                      options: object | None = None) -> Report:
+    """The hang seam: snapshots + liveness -> a Report of kind "crash" when a snapshot reports a
+    failure (perftracker.localizer.diagnose.crash_diagnosis.localize_crash), else of kind "hang" (perftracker.localizer.diagnose.hang_diagnosis.localize_hang)."""
+    from perftracker.localizer.diagnose.crash_diagnosis import localize_crash
+    from perftracker.localizer.diagnose.hang_diagnosis import (  # lazy: hangs stage
+        HangOptions,
+        job_resumed,
+        localize_hang,
+    )
+
+    got = {snap.rank for snap in snapshots}
+    silent = silent_ranks(s.expected, got, heartbeats, now_ns)
+    crash = localize_crash(list(snapshots), silent, list(s.expected), now_ns=now_ns)
+    if crash is not None:
+        return dataclasses.replace(crash, job=s.job, session=s.session, trigger_reason=s.reason)
+    if options is None:
+        options = HangOptions.from_env()
+    report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)
+    if report is None:
+        # every rank pauses in user code (a checkpoint save, an evaluation): not a hang (yet).
+        # "pause" re-opens the session for a later look; "resumed" closes it with no report.
+        resumed = job_resumed(snapshots, [(h.rank, h.iteration, h.received_ns) for h in heartbeats])
+        return Report(job=s.job, session=s.session, kind=HANG, created_ns=time.time_ns(),
+                      trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
+                      ranks_missing=tuple(sorted(silent)), status=RESUMED if resumed else PAUSE,
+                      summary="the snapshots show no hang: the ranks were pausing, not blocked")
+    return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)

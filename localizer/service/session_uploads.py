@@ -1,0 +1,182 @@
+"""Pattern uploads of a session: checked, committed (before the ack), counted and kept columnar.
+
+A mixin of ``perftracker.localizer.service.sessions.SessionManager``. An upload is a ``PatternBatch`` (one node's
+ranks, parsed once on arrival: ``perftracker.wire.patterns``). It is checked against its session
+(404/409/422), persisted in the writer's transaction, then, once committed, counted and appended
+to the session's columns (``perftracker.localizer.diagnose.columns``). Localizing a slowdown session reads those arrays,
+or, when the bounded cache let them go or the process restarted, the stored columnar bodies.
+
+Every per-upload step is O(ranks of the upload), not O(ranks of the job): the expected ranks are a
+set cached with the session row, and the ranks still outstanding shrink as uploads commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from perftracker.localizer.diagnose.columns import ColumnCache, SessionColumns, columns_of
+from perftracker.localizer.service.validate import RequestError
+from perftracker.localizer.store.records import SessionRecord
+
+from perftracker.errors import InputError
+from perftracker.model import PatternSet, Report
+from perftracker.wire.patterns import PatternBatch, batch_from_sets, encode_batch
+
+log = logging.getLogger(__name__)
+
+OPEN = "open"
+
+
+class PatternUploads:
+    """Upload handling of the SessionManager (see the module docstring)."""
+
+    store: Any
+    clock: Any
+    options: Any
+    cache: ColumnCache
+    _lock: threading.RLock
+    _uploaded: dict[str, set[int]]
+    _outstanding: dict[str, tuple[tuple[int, ...], set[int]]]
+
+    def _uploaded_of(self, session: str) -> set[int]:
+        raise NotImplementedError
+
+    def dead_ranks(self, s: SessionRecord) -> set[int]:
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- checks
+    def _open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
+        s = self.store.get_session(session, with_uploaded=False)
+        if s is None:
+            raise RequestError(f"unknown session {session!r}", status=404)
+        if s.job != job:
+            raise RequestError(f"session {session!r} belongs to job {s.job!r}, not {job!r}", status=422)
+        if s.state != OPEN:
+            raise RequestError(f"session {session!r} is already {s.state}; uploads are closed", status=409)
+        unknown = [r for r in ranks if r not in s.expected_set]
+        if unknown:
+            registered = {w.rank for w in self.store.workers(job)}
+            bad = [r for r in unknown if r not in registered]
+            if bad:
+                raise RequestError(f"rank {bad[0]} is not registered for job {job!r} "
+                                   f"(register the agent first)", status=422)
+        return s
+
+    def check_batch(self, batch: PatternBatch) -> SessionRecord:
+        """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
+        with self._lock:
+            s = self._open_session_for(batch.session, batch.job, batch.ranks)
+        cols = self.cache.get(batch.session)
+        if cols is not None:
+            try:
+                cols.check(batch)
+            except InputError as exc:
+                raise RequestError(str(exc), status=422) from None
+        return s
+
+    def check_patterns(self, ps: PatternSet) -> SessionRecord:
+        with self._lock:
+            return self._open_session_for(ps.session, ps.job, [ps.rank])
+
+    # ---------------------------------------------------------------- commit
+    def commit_batches(self, items: Sequence[tuple[PatternBatch, bytes]]) -> None:
+        """Persist checked uploads in one transaction, then count them and keep their arrays.
+        Safe to call from the writer thread; counted only once on disk, never before."""
+        if not items:
+            return
+        with self._lock, self.store.transaction():
+            for batch, _ in items:  # again, inside the transaction: the session may have closed meanwhile
+                s = self._open_session_for(batch.session, batch.job, batch.ranks)
+                if not self.cache.knows(batch.session) and self._uploaded_of(batch.session):
+                    self.cache.spill(batch.session)  # earlier uploads this process did not see
+                extra = set(batch.ranks) - s.expected_set
+                if extra:  # an unregistered-at-open rank that uploads is expected
+                    self.store.update_session(batch.session, expected=sorted({*s.expected, *extra}))
+            self.store.put_batches(items, self.clock.now_ns())
+            self.store.on_commit(lambda: self._count_uploads([b for b, _ in items]))
+
+    def commit_patterns(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
+        """``commit_batches`` for PatternSets (each its own batch)."""
+        batches = [batch_from_sets([ps]) for ps, _ in items]
+        self.commit_batches([(b, encode_batch(b)) for b in batches])
+
+    def _count_uploads(self, batches: Sequence[PatternBatch]) -> None:
+        with self._lock:
+            for b in batches:
+                got = self._uploaded_of(b.session)
+                got.update(b.ranks)
+                memo = self._outstanding.get(b.session)
+                if memo is not None:
+                    memo[1].difference_update(b.ranks)
+        for b in batches:
+            try:
+                self.cache.add(b)
+            except InputError as exc:  # checked before the commit; a race with another upload
+                log.warning("session %s: %s; it is read from the store when localized", b.session, exc)
+                self.cache.spill(b.session)
+
+    def accept_patterns(self, ps: PatternSet, body: bytes | None = None) -> SessionRecord:
+        """Validate against the session and persist. Returns the session after the upload."""
+        with self._lock:
+            self.check_patterns(ps)
+            self.commit_patterns([(ps, body)])
+            return self.view(ps.session)  # type: ignore[attr-defined, no-any-return]
+
+    # ---------------------------------------------------------------- progress
+    def outstanding(self, s: SessionRecord) -> set[int]:
+        """Expected ranks of ``s`` with nothing uploaded (kept up to date as uploads commit)."""
+        with self._lock:
+            memo = self._outstanding.get(s.session)
+            if memo is None or memo[0] is not s.expected:
+                memo = self._outstanding[s.session] = (s.expected, set(s.expected_set - self._uploaded_of(s.session)))
+            return memo[1]
+
+    def upload_counts(self, session: str) -> tuple[SessionRecord, int]:
+        """(the session, how many ranks uploaded) without sorting them (the upload's answer)."""
+        s = self.store.get_session(session, with_uploaded=False)
+        if s is None:
+            raise RequestError(f"unknown session {session!r}", status=404)
+        with self._lock:
+            return s, len(self._uploaded_of(session))
+
+    def complete_now(self, session: str) -> bool:
+        """Whether the session is open and complete (after an upload committed)."""
+        s = self.store.get_session(session, with_uploaded=False)
+        return s is not None and s.state == OPEN and self.is_complete(s)
+
+    def is_complete(self, s: SessionRecord) -> bool:
+        """Every expected rank uploaded or is known not to answer (and at least one uploaded)."""
+        if not s.expected:
+            return False
+        with self._lock:
+            uploaded = self._uploaded_of(s.session)
+            outstanding = self.outstanding(s)
+            if not outstanding:
+                return bool(uploaded)
+            dead = self.dead_ranks(s)
+            if not dead or len(outstanding) > len(dead):
+                return False
+            if s.kind == "hang" and not outstanding - dead:
+                return True  # every rank answered or cannot answer (e.g. all dead after a kill)
+            return bool(uploaded) and not outstanding - dead
+
+    # ---------------------------------------------------------------- localizing
+    def session_columns(self, s: SessionRecord) -> SessionColumns | None:
+        """The session's uploads as columns: from memory, or read back from the store's columnar
+        bodies when memory does not hold all of them. None when nothing was uploaded."""
+        stored = set(self.store.pattern_ranks(s.session))
+        if not stored:
+            return None
+        cols = self.cache.get(s.session)
+        if cols is not None and cols.ranks() == stored:
+            return cols
+        log.info("session %s: reading %d rank(s) of patterns back from the store", s.session, len(stored))
+        return columns_of(s.job, s.session, self.store.pattern_batches(s.session))
+
+    def build_slowdown(self, s: SessionRecord, localize_options: object | None = None) -> Report:
+        from perftracker.localizer.service.session_reports import build_slowdown_report
+
+        return build_slowdown_report(s, self.session_columns(s), localize_options)

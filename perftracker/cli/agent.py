@@ -1,0 +1,184 @@
+"""`perftracker agent`: run the node agent (sidecar), optionally with an embedded localizer.
+
+With ``--embedded-localizer`` (what autostart and ``perftracker run`` use) the agent process also runs
+the embedded localizer (perftracker.localizer.service.embedded: store, reports, token and localizer.json under
+``./perftracker-runs/``; exactly one per runs dir, later agents attach to it) and points its uplink
+at it. Only one agent runs per run dir (``<run_dir>/agent.lock``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+from perftracker.config import Config
+from perftracker.errors import ConfigError
+
+HELP = "run the node agent (sidecar)"
+DESCRIPTION = """Run the node agent: training processes connect to <run-dir>/agent.sock; the agent
+profiles them when the localizer opens a session, summarizes each window in a low-priority process,
+and uploads the patterns. Without --localizer-url it needs --embedded-localizer."""
+
+log = logging.getLogger(__name__)
+DEFAULT_RUNS_DIR = "perftracker-runs"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    cfg = Config.from_env()
+    p.add_argument("--run-dir", default=cfg.run_dir, help="directory of agent.sock and raw windows (default %(default)s)")
+    p.add_argument("--localizer-url", default=cfg.localizer_url or None, help="the localizer service, e.g. http://host:8765")
+    p.add_argument("--token", default=None, help="bearer token (prefer PERFTRACKER_TOKEN or --token-file)")
+    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument("--embedded-localizer", action="store_true", help="run a localizer inside this process")
+    p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR,
+                   help="embedded localizer: store and reports directory (default %(default)s)")
+    p.add_argument("--window-s", type=float, default=cfg.window_s, help="embedded localizer: default window (default %(default)s)")
+    p.add_argument("--collect-grace-s", type=float, default=45.0,
+                   help="embedded localizer: wait window + this for uploads (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="metrics address (default %(default)s)")
+    p.add_argument("--agent-id", default="", help="agent id (default <host>-<pid>)")
+    p.add_argument("--idle-exit-s", type=float, default=0.0, help="exit after this long with no worker (0: never)")
+    p.add_argument("--poll-timeout-s", type=float, default=20.0, help="long-poll duration (default %(default)s)")
+    p.add_argument("--no-samplers", action="store_true", help="do not run the hardware samplers")
+    p.add_argument("--keep-files", action="store_true", help="keep raw windows and pattern files after upload")
+    p.add_argument("--socket-group", default=os.environ.get("PERFTRACKER_SOCKET_GROUP") or None,
+                   help="let workers of this group (name or gid) use the socket: for an agent running as another "
+                        "user than the trainer, e.g. root for nsys (docs/security.md)")
+    p.add_argument("--ca-file", default=os.environ.get("PERFTRACKER_CA_FILE") or None,
+                   help="CA certificate(s) to verify an https:// localizer with (docs/security.md)")
+
+
+def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float) -> Any:
+    """Start (or attach to) the embedded localizer serving ``runs_dir``; returns its handle."""
+    from perftracker.localizer.service.embedded import start_embedded
+    from perftracker.localizer.service.http_service import ServiceOptions
+    from perftracker.localizer.service.sessions import SessionOptions
+
+    options = ServiceOptions(sessions=SessionOptions(default_window_s=window_s, collect_grace_s=collect_grace_s))
+    return start_embedded(runs_dir, options=options)
+
+
+AGENT_ERROR = "agent.error"  # one line for the training log: why this agent could not run (autostart reads it)
+EXIT_MISSING_DEPENDENCY = 3
+
+
+def check_localizer_imports() -> None:
+    """Import what localizing needs now, in the agent: a missing package must stop the agent at
+    start with one clear line, not fail every report later (ImportError)."""
+    import importlib
+
+    for name in ("perftracker.localizer.diagnose.localize", "perftracker.localizer.diagnose.hang_diagnosis"):
+        importlib.import_module(name)
+
+
+def missing_dependency(run_dir: str, exc: ImportError) -> int:
+    """Log and leave ``<run_dir>/agent.error`` (for the worker that started us); the exit code."""
+    module = getattr(exc, "name", None) or str(exc)
+    line = (f"perftracker: no report will come: the node agent cannot run its localizer without the Python "
+            f"package {module!r}; install it (pip install {module.split('.')[0]}) or reinstall perftracker "
+            "with its default dependencies")
+    log.error("%s", line)
+    with contextlib.suppress(OSError):
+        path = os.path.join(run_dir, AGENT_ERROR)
+        with open(path + ".tmp", "w") as f:
+            f.write(line + "\n")
+        os.replace(path + ".tmp", path)
+    return EXIT_MISSING_DEPENDENCY
+
+
+def _embedded_idle(uplink: Any) -> bool:
+    """True when the localizer has no open or localizing session (so an idle agent may exit)."""
+    try:
+        return not any(s.get("state") in ("open", "localizing") for s in uplink.list_sessions())
+    except Exception:  # noqa: BLE001 - an unreachable localizer has nothing to wait for
+        return True
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from perftracker.agent.daemon.daemon import AgentDaemon, AgentOptions
+    from perftracker.agent.daemon.localizer_client import Uplink, resolve_token
+    from perftracker.agent.daemon.window_session import WindowOptions
+    from perftracker.runtime.autostart import acquire_agent_lock
+
+    lock_fd = acquire_agent_lock(args.run_dir)
+    if lock_fd is None:
+        log.warning("another agent already runs for %s; exiting", args.run_dir)
+        return 0
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(args.run_dir, AGENT_ERROR))  # an earlier agent's failure is not ours
+    embedded = None
+    try:
+        if args.embedded_localizer:
+            try:
+                embedded = await asyncio.to_thread(start_embedded_localizer, args.runs_dir, args.window_s,
+                                                   args.collect_grace_s)
+                await asyncio.to_thread(check_localizer_imports)
+            except ImportError as exc:
+                return missing_dependency(args.run_dir, exc)
+            url, token = embedded.url, embedded.token
+            log.warning("perftracker agent: embedded localizer at %s, reports under %s", url, embedded.runs_dir)
+        else:
+            if not args.localizer_url:
+                raise ConfigError("no localizer: give --localizer-url (or PERFTRACKER_LOCALIZER_URL), "
+                                  "or --embedded-localizer")
+            url = args.localizer_url
+            token = resolve_token(args.token, args.token_file)
+            if not token:
+                raise ConfigError("no bearer token: give --token-file, PERFTRACKER_TOKEN or --token")
+        uplink = Uplink(url, token, ca_file=None if embedded else args.ca_file)
+        options = AgentOptions(socket_gid=_group_id(args.socket_group),
+            run_dir=args.run_dir, agent_id=args.agent_id, host=socket.gethostname(), poll_timeout_s=args.poll_timeout_s,
+            idle_exit_s=args.idle_exit_s, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
+            window=WindowOptions(samplers=not args.no_samplers, keep_files=args.keep_files),
+        )
+        daemon = AgentDaemon(options, uplink, idle_check=(lambda: _embedded_idle(uplink)) if embedded else None)
+        await daemon.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, daemon.request_stop)
+        try:
+            await daemon.wait_stopped()
+        finally:
+            await daemon.stop()
+    finally:
+        if embedded is not None:
+            # bounded: the service may still hold an agent's long poll; sqlite (WAL) is crash-safe anyway
+            await asyncio.to_thread(embedded.stop, 3.0)
+        os.close(lock_fd)
+    return 0
+
+
+def _group_id(group: str | None) -> int | None:
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"--socket-group {group}: no such group") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    root = logging.getLogger()
+    if root.level > logging.INFO:  # a daemon: its log (agent.log, a container's stdout) is where people look
+        root.setLevel(logging.INFO)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise ConfigError(f"--metrics-port {args.metrics_port}: not a TCP port")
+    if args.metrics_port is not None:
+        from perftracker.agent.daemon.agent_metrics import available
+
+        if not available():
+            raise ConfigError("--metrics-port needs prometheus_client: pip install 'perftracker[agent]'")
+    return asyncio.run(serve(args))

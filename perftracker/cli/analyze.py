@@ -1,0 +1,230 @@
+"""`perftracker analyze PATH`: summarize per-rank Kineto trace files offline, then localize.
+
+Each rank's file is summarized in its own process (``perftracker.agent.summarize.summarizer.summarize_window`` on
+``perftracker.agent.kineto.read_kineto_trace``); progress goes to stderr. A file that cannot be read or is no
+Kineto trace is skipped with a one-line warning, and its rank (when its name says it) is listed in
+the report's ``ranks_missing``; ``--strict`` makes it an error. The PatternSets go through the same
+localizer as online sessions, and the report is rendered as text, JSON or HTML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+from perftracker.cli import output
+from perftracker.errors import InputError, PerftrackerError
+from perftracker.model import PatternSet
+
+if TYPE_CHECKING:
+    from perftracker.model import Report
+
+HELP = "summarize and localize per-rank Kineto trace files offline"
+DESCRIPTION = """\
+Summarize per-rank Kineto trace files (.json or .json.gz, as torch.profiler exports them) into
+behavior patterns, one process per rank, and run the localizer over all ranks.
+
+PATH is a directory or one trace file. In a directory, every *.pt.trace.json[.gz] below it (the
+layout torch.profiler.tensorboard_trace_handler writes, subdirectories included) and every
+*.json[.gz] directly in it is read. A file that is unreadable or no Kineto trace is skipped with a
+warning and its rank listed as missing; --strict fails instead.
+
+Ranks come from each trace's distributedInfo; without it (or with --rank-from-filename) from the
+file name: rank3 or worker3 (rank_3, worker-3, ...) before any other number, so node1_rank3 is
+rank 3. A single trace without either takes --rank. Offline there are no hardware samples, so
+patterns carry β only (μ = σ = 0), and the localizer judges β.
+
+examples:
+  perftracker analyze traces/
+  perftracker analyze traces/ --format html -o report.html
+  perftracker analyze traces/ --patterns --format json
+  perftracker analyze my_trace.json --rank 0
+"""
+
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", metavar="PATH", help="directory of per-rank Kineto trace files, or one trace file")
+    parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    parser.add_argument("--expect", metavar="FILE", help="expected ranges (TOML) instead of the built-in profile")
+    parser.add_argument("--rank-from-filename", action="store_true",
+                        help="take each rank from its file name even when the trace has distributedInfo")
+    parser.add_argument("--rank", type=int, default=None, metavar="R",
+                        help="the rank of a single trace file (when it has no distributedInfo)")
+    parser.add_argument("--strict", action="store_true",
+                        help="fail on any unreadable or unrelated file instead of skipping it")
+    parser.add_argument("--patterns", action="store_true", help="print the per-rank patterns instead of a report")
+    parser.add_argument("-j", "--jobs", type=int, default=0, help="parallel processes (default: one per core)")
+
+
+def trace_files(path: Path) -> list[Path]:
+    """The trace files of ``path``: itself when a file; else every *.pt.trace.json[.gz] below it
+    and every *.json[.gz] directly in it."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise InputError(f"{path}: no such file or directory")
+    found = {p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))}
+    found.update(p for p in path.rglob("*.pt.trace.json*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    files = sorted(found)
+    if not files:
+        raise InputError(f"{path}: no Kineto trace files (*.pt.trace.json[.gz] in any subdirectory, "
+                         "*.json[.gz] in it)")
+    return files
+
+
+def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None) -> tuple[bytes, str]:
+    """One rank, in a worker process: the PatternSet's compact bytes and where its rank came from."""
+    from perftracker.agent.kineto import load_trace_json, resolve_rank, window_from_trace
+    from perftracker.agent.summarize.summarizer import summarize_window
+
+    doc = load_trace_json(path)
+    who = resolve_rank(doc, path, rank, prefer_filename)
+    raw = window_from_trace(doc, Path(path), who, job=job, session="offline")
+    return summarize_window(raw).to_bytes(), who.source
+
+
+@dataclass
+class Summaries:
+    """What ``summarize_dir`` read: the ranks' PatternSets, sorted by rank, and the files it skipped
+    (path, one-line reason, the rank its name gives or None)."""
+
+    sets: list[PatternSet]
+    skipped: list[tuple[Path, str, int | None]] = field(default_factory=list)
+
+    @property
+    def ranks_skipped(self) -> list[int]:
+        return sorted({r for _, _, r in self.skipped if r is not None} - {ps.rank for ps in self.sets})
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text if isinstance(exc, PerftrackerError) else f"{type(exc).__name__}: {text}"
+
+
+def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
+                  progress: Callable[[str], None] | None = None, rank: int | None = None,
+                  strict: bool = False, warn: Callable[[str], None] | None = None) -> Summaries:
+    """All readable ranks' PatternSets, sorted by rank. An unreadable or unrelated file is skipped
+    (one line through ``warn``; InputError with ``strict``); InputError on duplicate ranks or
+    when no file could be read."""
+    from perftracker.agent.kineto import rank_from_filename
+
+    files = trace_files(directory)
+    if rank is not None and len(files) > 1:
+        raise InputError(f"--rank names the rank of one trace file; {directory} holds {len(files)}")
+    job = (directory.parent if directory.is_file() else directory).resolve().name
+    workers = max(1, min(len(files), jobs or (os.cpu_count() or 1)))
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    results: dict[Path, PatternSet] = {}
+    skipped: list[tuple[Path, str, int | None]] = []
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank): f for f in files}
+        for done, fut in enumerate(as_completed(futures), 1):
+            f = futures[fut]
+            try:
+                data, rank_source = fut.result()
+            except Exception as exc:  # noqa: BLE001 - one bad file among many is a warning
+                reason = _reason(exc)
+                if strict:
+                    raise InputError(f"{reason} (--strict)") from None
+                named = rank_from_filename(f)
+                skipped.append((f, reason, named))
+                if warn is not None:
+                    who = f"rank {named} missing" if named is not None else "no rank in its name"
+                    warn(f"[{done}/{len(files)}] skipped {f} ({who}): {reason.removeprefix(str(f) + ': ')}")
+                continue
+            ps = PatternSet.from_bytes(data)
+            results[f] = ps
+            if progress is not None:
+                note = "" if rank_source == "distributedInfo" else f" (rank taken from the {rank_source})"
+                progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
+    if not results:
+        raise InputError(f"{directory}: none of the {len(files)} file(s) is a readable Kineto trace")
+    seen: dict[int, Path] = {}
+    for f, ps in results.items():
+        if ps.rank in seen:
+            raise InputError(f"rank {ps.rank} appears twice: {seen[ps.rank]} and {f} "
+                             "(use --rank-from-filename if the files are named by rank)")
+        seen[ps.rank] = f
+    named = [r for _, _, r in skipped if r is not None]
+    world = max(len(results), max([*seen, *named]) + 1)
+    sets = [dataclasses.replace(ps, world_size=max(ps.world_size, world)) for ps in results.values()]
+    return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
+
+
+def write_patterns(sets: list[PatternSet], fmt: str, out: TextIO, width: int = 80) -> None:
+    if fmt == "json":
+        json.dump([ps.to_dict() for ps in sets], out, indent=1)
+        out.write("\n")
+        return
+    label_w = max(20, width - 43)
+    for ps in sets:
+        out.write(f"rank {ps.rank} ({ps.window_s * 1000:.1f} ms window, {len(ps.patterns)} functions)\n")
+        for p in ps.patterns[:20]:
+            out.write(f"  {p.category.value:<10} β={p.beta:.4f} μ={p.mu:.3f} σ={p.sigma:.3f}  {p.label[:label_w]}\n")
+
+
+def localize_summaries(summ: Summaries, directory: Path, expect: str | None = None) -> Report:
+    """The report `perftracker analyze DIR` renders for what summarize_dir read (bench/gpu_faults.py
+    calls summarize_dir and this, so the bench scores exactly what the command prints)."""
+    from perftracker.localizer.diagnose.localize import LocalizeOptions, localize
+
+    report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=f"offline: {directory}"))
+    if summ.ranks_skipped:
+        missing = tuple(sorted(set(report.ranks_missing) | set(summ.ranks_skipped)))
+        report = dataclasses.replace(report, ranks_missing=missing)
+    return report
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output:
+        output.check_writable(args.output)
+    localize = None
+    if not args.patterns:
+        try:
+            from perftracker.localizer.diagnose.localize import localize
+        except ImportError as exc:  # the localizer is an optional install
+            output.warning(f"localizer not available ({exc}); printing per-rank patterns")
+    if localize is None and args.format == "html":
+        raise InputError("--patterns output is text or json, not html")
+    directory = Path(args.dir)
+    err = output.console(stderr=True)
+    summ = summarize_dir(directory, args.rank_from_filename, args.jobs, rank=args.rank, strict=args.strict,
+                         progress=(lambda line: err.print(line, overflow="fold")) if err else output.message,
+                         warn=output.warning)
+    sets = summ.sets
+    con = None if args.output else output.console()
+    if localize is None:
+        width = con.width if con is not None else 80
+        render: Callable[[TextIO], None] = lambda fh: write_patterns(sets, args.format, fh, width)  # noqa: E731
+    else:
+        from perftracker.localizer.render import write
+
+        report = localize_summaries(summ, directory, args.expect)
+
+        def render(fh: TextIO) -> None:
+            if args.format == "text" and fh is sys.stdout and con is not None:
+                write(report, "text", fh, console=con)
+            else:
+                write(report, args.format, fh)
+    if args.output:
+        out = output.write_file(args.output, render)
+        output.message(f"wrote {out}")
+    else:
+        render(sys.stdout)
+    if summ.skipped:
+        output.warning(f"{len(summ.skipped)} of {len(summ.skipped) + len(sets)} file(s) skipped"
+                       + (f"; ranks {summ.ranks_skipped} missing" if summ.ranks_skipped else ""))
+    return 0

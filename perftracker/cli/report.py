@@ -1,0 +1,178 @@
+"""`perftracker report`: show a stored report as text, JSON or HTML."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from perftracker.cli import output
+from perftracker.errors import PerftrackerError, SchemaError, TransportError
+from perftracker.model import Report
+
+HELP = "show a stored report as text, JSON or HTML"
+DESCRIPTION = """Show the report of one profiling session.
+
+The report is read from the localizer's sqlite store (--store, the embedded default), from a
+running localizer over HTTP (--url, with the bearer token from --token, PERFTRACKER_TOKEN,
+--token-file or PERFTRACKER_TOKEN_FILE), or from a JSON file written by `--format json` (--file).
+
+examples:
+  perftracker report                        # the latest report, in the terminal
+  perftracker report latest --format html -o report.html
+  perftracker report s-20261122-125301-7f3a --format json
+  perftracker report --url http://perftracker-localizer:8765 latest
+  perftracker report --file report.json --format html -o report.html
+"""
+
+DEFAULT_STORE = "perftracker-runs/localizer.sqlite"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("session", nargs="?", default="latest", help="session id, or 'latest' (default)")
+    parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--store", metavar="PATH", default=None,
+                     help=f"localizer sqlite store (default $PERFTRACKER_STORE or {DEFAULT_STORE})")
+    src.add_argument("--url", metavar="URL", default=None, help="a running localizer, e.g. http://127.0.0.1:8765")
+    src.add_argument("--file", metavar="REPORT.json", default=None, help="a report written by --format json")
+    parser.add_argument("--token", default=None, help="bearer token for --url (default $PERFTRACKER_TOKEN)")
+    parser.add_argument("--token-file", default=None, help="file holding the bearer token for --url")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.output:
+        output.check_writable(args.output)
+    report = load_report(args)
+    from perftracker.localizer.render import write
+
+    if args.output:
+        out = output.write_file(args.output, lambda fh: write(report, args.format, fh))
+        output.message(f"wrote {args.format} report of session {report.session} to {out}")
+    elif args.format == "text":
+        write(report, "text", sys.stdout, console=output.console())
+    else:
+        write(report, args.format, sys.stdout)
+    return 0
+
+
+def load_report(args: argparse.Namespace) -> Report:
+    """The Report that the arguments name (store, URL or file)."""
+    if args.file:
+        return _from_file(Path(args.file), args.session)
+    if args.url:
+        return _from_url(args.url, args.session, _token(args))
+    return _from_store(Path(args.store or os.environ.get("PERFTRACKER_STORE") or DEFAULT_STORE), args.session)
+
+
+def _from_file(path: Path, session: str) -> Report:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PerftrackerError(f"--file {path}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
+        raise SchemaError(f"--file {path}: not JSON ({exc})") from None
+    try:
+        report = Report.from_dict(data)
+    except SchemaError as exc:
+        raise SchemaError(f"--file {path}: {exc}") from None
+    if session not in ("latest", report.session):
+        raise PerftrackerError(f"--file {path} holds session {report.session!r}, not {session!r}")
+    return report
+
+
+def _from_store(path: Path, session: str) -> Report:
+    if not path.is_file():
+        raise PerftrackerError(
+            f"no localizer store at {path}: pass --store PATH, --url URL or --file REPORT.json "
+            "(the embedded localizer keeps its store under ./perftracker-runs/)"
+        )
+    from perftracker.localizer.store.sqlite_store import Store
+
+    store = Store(path)
+    try:
+        if session == "latest":
+            report = None
+            for rec in reversed(_all_sessions(store)):
+                report = store.get_report(rec.session)
+                if report is not None:
+                    break
+            if report is None:
+                raise PerftrackerError(f"{path}: no session has a report yet")
+            return report
+        report = store.get_report(session)
+        if report is None:
+            rec = store.get_session(session)
+            if rec is None:
+                raise PerftrackerError(f"{path}: unknown session {session!r}")
+            raise PerftrackerError(
+                f"session {session!r} has no report yet (state {rec.state}, "
+                f"{len(rec.uploaded)}/{len(rec.expected)} ranks uploaded)"
+            )
+        return report
+    finally:
+        store.close()
+
+
+def _all_sessions(store: Any) -> list[Any]:
+    out: list[Any] = []
+    after = 0
+    while True:
+        page = store.sessions(after_seq=after, limit=1000)
+        if not page:
+            return out
+        out.extend(page)
+        after = page[-1].seq
+
+
+def _token(args: argparse.Namespace) -> str:
+    from perftracker.agent.daemon.localizer_client import resolve_token
+
+    return resolve_token(str(args.token) if args.token else None, args.token_file, strict=True)
+
+
+def _get_json(url: str, token: str) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - http(s) only, checked below
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+            msg = body.get("error", body) if isinstance(body, dict) else body
+        except ValueError:
+            msg = exc.reason
+        raise TransportError(f"GET {url}: HTTP {exc.code}: {msg}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise TransportError(f"GET {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _from_url(url: str, session: str, token: str) -> Report:
+    if not url.startswith(("http://", "https://")):
+        raise PerftrackerError(f"--url {url!r} must start with http:// or https://")
+    base = url.rstrip("/")
+    if session == "latest":
+        _, listing = _get_json(f"{base}/v1/sessions?state=done&order=desc&limit=1", token)  # the newest
+        done = [s for s in listing.get("sessions", []) if s.get("state") == "done"]
+        if not done:
+            raise PerftrackerError(f"{base}: no session has a report yet")
+        session = str(done[0]["session"])
+    status, body = _get_json(f"{base}/v1/sessions/{urllib.parse.quote(session, safe='')}/report", token)
+    if status == 202:
+        raise PerftrackerError(
+            f"session {session!r} has no report yet (state {body.get('state')}, "
+            f"{len(body.get('uploaded', []))}/{len(body.get('expected', []))} ranks uploaded)"
+        )
+    try:
+        return Report.from_dict(body)
+    except SchemaError as exc:
+        raise SchemaError(f"{base}: report of {session!r}: {exc}") from None

@@ -1,0 +1,253 @@
+"""Behavior patterns: the function categories, (β, μ, σ) triples, one worker's PatternSet. No I/O.
+
+Import these from ``perftracker.model`` (the public path); this module holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from perftracker.errors import SchemaError
+from perftracker.model.schema import (
+    SCHEMA_VERSION,
+    check_schema_version,
+    optional,
+    require,
+    rounded,
+)
+
+
+class Category(StrEnum):
+    """Function categories, in critical-path priority order (highest first)."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    COLLECTIVE = "collective"
+    PYTHON = "python"
+
+    @property
+    def priority(self) -> int:
+        """0 is highest."""
+        return _PRIORITY[self]
+
+
+_PRIORITY = {Category.COMPUTE: 0, Category.MEMORY: 1, Category.COLLECTIVE: 2, Category.PYTHON: 3}
+
+
+def parse_category(value: Any, where: str) -> Category:
+    try:
+        return Category(value)
+    except ValueError:
+        raise SchemaError(f"{where}: unknown category {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Triple:
+    """(β, μ, σ)."""
+
+    beta: float
+    mu: float
+    sigma: float
+
+    def as_tuple(self) -> tuple[float, float, float]:
+        return (self.beta, self.mu, self.sigma)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"beta": self.beta, "mu": self.mu, "sigma": self.sigma}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "triple") -> Triple:
+        return cls(require(d, "beta", float, where), require(d, "mu", float, where), require(d, "sigma", float, where))
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """The behavior pattern of one function on one worker over one window.
+
+    ``key`` is the function identity: for Python functions the whole call stack, frames joined by
+    ``;`` outermost first; for kernels and operators the name. ``label`` is a short display name
+    (the leaf frame or the op name).
+    """
+
+    key: str
+    category: Category
+    beta: float  # share of the window this function held the critical path, in [0, 1]
+    mu: float  # mean utilization of its resource over critical execution durations, [0, 1]
+    sigma: float  # weighted std of utilization, [0, 1]
+    label: str = ""
+    executions: int = 0
+    critical_ns: int = 0  # sum of c_e
+    resource: str = ""  # which utilization series μ/σ came from ("cpu", "sm", "pcie", "nic", ...); "" if none
+
+    @property
+    def triple(self) -> Triple:
+        return Triple(self.beta, self.mu, self.sigma)
+
+
+# The host link's health pattern (agent/samplers/tcp.py): μ is the share of TCP segments retransmitted,
+# not a utilization. The summarizer writes it; renderers label its μ by it.
+LINK_KEY = "TCP retransmissions (host link)"
+
+
+@dataclass(frozen=True)
+class PatternSet:
+    """One worker's patterns for one session, plus its identity."""
+
+    job: str
+    session: str
+    rank: int
+    world_size: int
+    host: str
+    window_start_ns: int
+    window_end_ns: int
+    patterns: tuple[Pattern, ...]
+    local_rank: int = -1
+    pid: int = 0
+    coords: Mapping[str, int] = field(default_factory=dict)  # parallel coordinates, e.g. {"dp": 3, "tp": 1}
+    source: str = "online"  # "online" | "kineto"
+    gpu: bool = False  # whether the window had GPU activity (selects the expected-range profile)
+    iteration_ms: tuple[float, ...] = ()  # iteration durations around the window, for the report
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def window_s(self) -> float:
+        return (self.window_end_ns - self.window_start_ns) / 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        """A compact dict: Python stacks share one frame table."""
+        frames: dict[str, int] = {}
+        rows = []
+        for p in self.patterns:
+            if p.category is Category.PYTHON:
+                key: Any = [frames.setdefault(fr, len(frames)) for fr in p.key.split(";")]
+            else:
+                key = p.key
+            rows.append(
+                [key, p.category.value, rounded(p.beta), rounded(p.mu), rounded(p.sigma), p.label if p.label != p.key else "",
+                 p.executions, p.critical_ns, p.resource]
+            )
+        return {
+            "schema_version": self.schema_version,
+            "job": self.job,
+            "session": self.session,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "host": self.host,
+            "local_rank": self.local_rank,
+            "pid": self.pid,
+            "coords": dict(self.coords),
+            "source": self.source,
+            "gpu": self.gpu,
+            "window_start_ns": self.window_start_ns,
+            "window_end_ns": self.window_end_ns,
+            "iteration_ms": [rounded(x) for x in self.iteration_ms],
+            "frames": list(frames),
+            "patterns": rows,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PatternSet:
+        where = "PatternSet"
+        check_schema_version(d, where)
+        frames = optional(d, "frames", list, where, [])
+        rows = require(d, "patterns", list, where)
+        patterns = []
+        lo, hi = -1e-9, 1 + 1e-9
+        for i, row in enumerate(rows):
+            # Fast path for the well-formed row (the common case): exact types, so that it accepts
+            # only what _pattern_from_row accepts and builds the same Pattern. Anything else goes
+            # through _pattern_from_row, which does every check and names the field.
+            if type(row) is list and len(row) == 9:
+                key, cat, beta, mu, sigma, label, n, crit_ns, resource = row
+                category = _CATEGORIES.get(cat) if type(cat) is str else None
+                if type(key) is list:
+                    try:
+                        key = ";".join([frames[j] for j in key])
+                    except (IndexError, TypeError):
+                        key = None
+                if (category is not None and type(key) is str and key
+                        and type(beta) is float and lo <= beta <= hi
+                        and type(mu) is float and lo <= mu <= hi
+                        and type(sigma) is float and lo <= sigma <= hi
+                        and type(n) is int and type(crit_ns) is int):
+                    patterns.append(Pattern(key, category, beta, mu, sigma, str(label or key.rsplit(";", 1)[-1]),
+                                            n, crit_ns, str(resource or "")))
+                    continue
+            patterns.append(_pattern_from_row(row, frames, f"{where}.patterns[{i}]"))
+        coords = optional(d, "coords", dict, where, {})
+        return cls(
+            job=require(d, "job", str, where),
+            session=require(d, "session", str, where),
+            rank=require(d, "rank", int, where),
+            world_size=require(d, "world_size", int, where),
+            host=require(d, "host", str, where),
+            window_start_ns=require(d, "window_start_ns", int, where),
+            window_end_ns=require(d, "window_end_ns", int, where),
+            patterns=tuple(patterns),
+            local_rank=optional(d, "local_rank", int, where, -1),
+            pid=optional(d, "pid", int, where, 0),
+            coords={str(k): _coord(v, f"{where}.coords[{k!r:.40}]") for k, v in coords.items()},
+            source=optional(d, "source", str, where, "online"),
+            gpu=optional(d, "gpu", bool, where, False),
+            iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
+        )
+
+    def to_bytes(self) -> bytes:
+        """The compact wire/storage form: zlib-compressed JSON of to_dict()."""
+        return zlib.compress(json.dumps(self.to_dict(), separators=(",", ":")).encode(), 6)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PatternSet:
+        try:
+            d = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError) as exc:
+            raise SchemaError(f"PatternSet: not a compressed JSON document ({exc})") from None
+        return cls.from_dict(d)
+
+
+_CATEGORIES = {c.value: c for c in Category}
+
+
+def _finite(v: Any, w: str) -> float:
+    """A finite JSON number (not a string such as "nan", not a bool), or SchemaError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SchemaError(f"{w}: not a finite number: {v!r:.40}")
+    return float(v)
+
+
+def _coord(v: Any, w: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SchemaError(f"{w}: not an integer: {v!r:.40}")
+    return v
+
+
+def _pattern_from_row(row: Any, frames: list[Any], w: str) -> Pattern:
+    """One row of ``PatternSet.to_dict()["patterns"]``, with every check; SchemaError names the field."""
+    if not isinstance(row, list) or len(row) != 9:
+        raise SchemaError(f"{w}: expected a list of 9 fields")
+    key, cat, beta, mu, sigma, label, n, crit_ns, resource = row
+    category = parse_category(cat, w)
+    if isinstance(key, list):
+        try:
+            key = ";".join(frames[int(j)] for j in key)
+        except (IndexError, ValueError, TypeError):
+            raise SchemaError(f"{w}: bad frame index in stack") from None
+    if not isinstance(key, str) or not key:
+        raise SchemaError(f"{w}: function key must be a non-empty string")
+    vals = []
+    for name, v in (("beta", beta), ("mu", mu), ("sigma", sigma)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SchemaError(f"{w}.{name}: not a finite number: {v!r}")
+        if not -1e-9 <= v <= 1 + 1e-9:
+            raise SchemaError(f"{w}.{name}: {v!r} outside [0, 1]")
+        vals.append(float(v))
+    if not isinstance(n, int) or not isinstance(crit_ns, int):
+        raise SchemaError(f"{w}: executions and critical_ns must be integers")
+    return Pattern(key, category, vals[0], vals[1], vals[2], str(label or key.rsplit(";", 1)[-1]),
+                   n, crit_ns, str(resource or ""))

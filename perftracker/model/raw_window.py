@@ -1,0 +1,196 @@
+"""Raw window data: the columnar hand-over between the profile window (or a Kineto trace reader),
+the hardware samplers and the summarizer.
+
+A ``RawWindow`` is a table of events, one row per event, as numpy columns, plus interned name and
+stack tables and the window's identity. It is the summarizer's only event input, whatever produced
+it (the online window or ``perftracker.agent.kineto`` reading a trace file).
+
+A ``SampleSet`` holds timestamped utilization samples per resource, normalized to [0, 1].
+
+All times are integer nanoseconds on one time base. Online, that base is CLOCK_MONOTONIC
+(``time.monotonic_ns``), which is also what procfs samplers read. Offline (Kineto files) it is the
+trace's own clock, and there are no samples.
+
+Files: ``save``/``load`` use ``numpy.savez`` (no pickle: ``allow_pickle=False`` on load) with a
+JSON metadata entry that carries ``schema_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perftracker.errors import SchemaError, TraceError
+from perftracker.model import SCHEMA_VERSION, check_schema_version
+
+
+class EventKind(IntEnum):
+    """What an event row is. Values are stored on disk: never renumber, only append."""
+
+    CPU_OP = 0  # an aten/c10d/user op on a CPU thread (Kineto "cpu_op")
+    PYTHON = 1  # a Python function execution (Kineto "python_function", or built from stack samples)
+    KERNEL = 2  # a GPU kernel (compute or NCCL)
+    MEMCPY = 3  # gpu_memcpy
+    MEMSET = 4  # gpu_memset
+    RUNTIME = 5  # cuda_runtime / cuda_driver
+    ANNOTATION = 6  # user_annotation, gpu_user_annotation, ProfilerStep#N
+    GC = 7  # "Python GC" events (record_python_gc_info)
+    OTHER = 8
+
+
+COLUMNS: dict[str, np.dtype[Any]] = {
+    "kind": np.dtype(np.uint8),
+    "name_id": np.dtype(np.int32),
+    "tid": np.dtype(np.int64),  # OS thread id for CPU events; stream id for GPU events
+    "device": np.dtype(np.int16),  # -1 for CPU events, GPU index for GPU events
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "stack_id": np.dtype(np.int32),  # index into stacks, -1 if none
+    "parent": np.dtype(np.int32),  # row index of the enclosing event on the same thread, -1 if none
+}
+
+
+@dataclass(frozen=True)
+class WindowMeta:
+    job: str
+    session: str
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    training_tid: int  # OS thread id of the training (main) thread
+    window_start_ns: int
+    window_end_ns: int
+    local_rank: int = -1
+    clock: str = "monotonic"  # "monotonic" online; "trace" for Kineto files
+    source: str = "online"  # "online" | "kineto"
+    file: str = ""  # where it was read from (offline)
+    iteration_ms: tuple[float, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def window_ns(self) -> int:
+        return self.window_end_ns - self.window_start_ns
+
+
+@dataclass(frozen=True)
+class RawWindow:
+    meta: WindowMeta
+    columns: Mapping[str, np.ndarray]  # keys and dtypes as COLUMNS, all the same length
+    names: tuple[str, ...]
+    stacks: tuple[tuple[int, ...], ...] = ()  # name ids, outermost first
+
+    def __post_init__(self) -> None:
+        n = None
+        for col, dtype in COLUMNS.items():
+            if col not in self.columns:
+                raise SchemaError(f"RawWindow: missing column {col!r}")
+            arr = self.columns[col]
+            if arr.dtype != dtype:
+                raise SchemaError(f"RawWindow: column {col!r} has dtype {arr.dtype}, expected {dtype}")
+            if n is None:
+                n = len(arr)
+            elif len(arr) != n:
+                raise SchemaError(f"RawWindow: column {col!r} has {len(arr)} rows, expected {n}")
+
+    def __len__(self) -> int:
+        return len(self.columns["kind"])
+
+    def col(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        meta = asdict(self.meta)
+        arrays: dict[str, np.ndarray] = {f"col_{k}": np.ascontiguousarray(v) for k, v in self.columns.items()}
+        arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        arrays["names_json"] = np.frombuffer(json.dumps(list(self.names)).encode(), dtype=np.uint8)
+        flat = np.fromiter((i for s in self.stacks for i in s), dtype=np.int32)
+        offsets = np.cumsum([0] + [len(s) for s in self.stacks], dtype=np.int64)
+        arrays["stack_frames"] = flat
+        arrays["stack_offsets"] = offsets
+        return _save_npz_atomic(path, arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RawWindow:
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta_d = json.loads(bytes(z["meta_json"]).decode())
+                check_schema_version(meta_d, f"raw window {path}")
+                meta_d["iteration_ms"] = tuple(meta_d.get("iteration_ms", ()))
+                meta = WindowMeta(**meta_d)
+                names = tuple(json.loads(bytes(z["names_json"]).decode()))
+                columns = {k: z[f"col_{k}"] for k in COLUMNS}
+                flat = z["stack_frames"]
+                offsets = z["stack_offsets"]
+        except SchemaError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as exc:
+            raise TraceError(f"{path}: not a readable raw window ({type(exc).__name__}: {exc})") from None
+        stacks = tuple(tuple(int(x) for x in flat[offsets[i] : offsets[i + 1]]) for i in range(len(offsets) - 1))
+        return cls(meta=meta, columns=columns, names=names, stacks=stacks)
+
+
+def _save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+    """Write ``arrays`` as an .npz at ``path`` via a temporary file, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+    tmp.replace(path)
+    return path
+
+
+@dataclass(frozen=True)
+class UtilSeries:
+    """Utilization samples of one resource: value[i] in [0, 1] over the interval ending at t_ns[i]."""
+
+    resource: str  # "cpu" (training thread), "sm", "pcie", "nvlink", "nic", "disk", "mem"
+    t_ns: np.ndarray  # int64, increasing, on the window's time base
+    value: np.ndarray  # float32 in [0, 1]
+    period_ns: int  # nominal sampling period
+    source: str = ""  # "procfs", "nvml", "nsys", "fixture"
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    series: Mapping[str, UtilSeries] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def get(self, resource: str) -> UtilSeries | None:
+        return self.series.get(resource)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        arrays: dict[str, np.ndarray] = {}
+        meta = {"schema_version": self.schema_version, "series": {}}
+        for name, s in self.series.items():
+            arrays[f"t_{name}"] = np.asarray(s.t_ns, dtype=np.int64)
+            arrays[f"v_{name}"] = np.asarray(s.value, dtype=np.float32)
+            meta["series"][name] = {"period_ns": int(s.period_ns), "source": s.source}
+        arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+        return _save_npz_atomic(path, arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SampleSet:
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta_json"]).decode())
+                check_schema_version(meta, f"samples {path}")
+                series = {
+                    name: UtilSeries(name, z[f"t_{name}"], z[f"v_{name}"], int(m["period_ns"]), str(m.get("source", "")))
+                    for name, m in meta["series"].items()
+                }
+        except SchemaError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError, zipfile.BadZipFile, EOFError) as exc:
+            raise TraceError(f"{path}: not a readable sample file ({type(exc).__name__}: {exc})") from None
+        return cls(series=series)

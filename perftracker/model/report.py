@@ -1,0 +1,252 @@
+"""Reports: a localizer's verdict for one session (findings, top functions, hang states). No I/O.
+
+Import these from ``perftracker.model`` (the public path); this module holds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perftracker.model.patterns import Category, Triple, parse_category
+from perftracker.model.schema import (
+    SCHEMA_VERSION,
+    check_schema_version,
+    optional,
+    require,
+    rounded,
+)
+
+
+@dataclass(frozen=True)
+class Box:
+    """An expected range R_f = [β_lo,β_hi] × [μ_lo,μ_hi] × [σ_lo,σ_hi]."""
+
+    lo: Triple
+    hi: Triple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lo": self.lo.to_dict(), "hi": self.hi.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "box") -> Box:
+        return cls(Triple.from_dict(require(d, "lo", dict, where)), Triple.from_dict(require(d, "hi", dict, where)))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Peers that wait for a finding's ranks: in which collective, and how much of the window."""
+
+    function: str  # the collective's label
+    ranks: tuple[int, ...]  # the waiting ranks
+    share: float  # median share of the window the waiting ranks spend waiting for the culprit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "ranks": list(self.ranks), "share": rounded(self.share)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Wait:
+        where = "Wait"
+        return cls(function=require(d, "function", str, where),
+                   ranks=tuple(int(r) for r in require(d, "ranks", list, where)),
+                   share=float(require(d, "share", float, where)))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One abnormal function and the workers on which it is abnormal."""
+
+    key: str
+    label: str
+    category: Category
+    ranks: tuple[int, ...]
+    kind: str  # "common" (most workers) | "specific" (a few) | "random" (scattered per-worker pattern)
+    tests: tuple[str, ...]  # which test fired: "expectation", "differential"
+    observed: Triple  # median pattern over the abnormal ranks
+    median: Triple  # median pattern over all workers
+    expected: Box
+    sentence: str
+    points: tuple[tuple[int, float, float], ...] = ()  # (rank, β, μ) of all (or sampled) workers, for plots
+    impact: float = 0.0  # estimated cost to the step, as a share of the window (own excess + induced waits)
+    impact_s: float = 0.0  # the same in seconds of the window
+    waits: tuple[Wait, ...] = ()  # peers that wait for these ranks (folded victims)
+    parts: tuple[tuple[str, float], ...] = ()  # (label, median β) of the functions a grouped finding holds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "category": self.category.value,
+            "ranks": list(self.ranks),
+            "kind": self.kind,
+            "tests": list(self.tests),
+            "observed": self.observed.to_dict(),
+            "median": self.median.to_dict(),
+            "expected": self.expected.to_dict(),
+            "sentence": self.sentence,
+            "points": [list(p) for p in self.points],
+            "impact": rounded(self.impact),
+            "impact_s": rounded(self.impact_s),
+            "waits": [w.to_dict() for w in self.waits],
+            "parts": [[label, rounded(b)] for label, b in self.parts],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Finding:
+        where = "Finding"
+        return cls(
+            key=require(d, "key", str, where),
+            label=require(d, "label", str, where),
+            category=parse_category(require(d, "category", str, where), where),
+            ranks=tuple(int(r) for r in require(d, "ranks", list, where)),
+            kind=require(d, "kind", str, where),
+            tests=tuple(str(t) for t in require(d, "tests", list, where)),
+            observed=Triple.from_dict(require(d, "observed", dict, where)),
+            median=Triple.from_dict(require(d, "median", dict, where)),
+            expected=Box.from_dict(require(d, "expected", dict, where)),
+            sentence=require(d, "sentence", str, where),
+            points=tuple((int(p[0]), float(p[1]), float(p[2])) for p in optional(d, "points", list, where, [])),
+            impact=float(optional(d, "impact", float, where, 0.0)),
+            impact_s=float(optional(d, "impact_s", float, where, 0.0)),
+            waits=tuple(Wait.from_dict(w) for w in optional(d, "waits", list, where, [])),
+            parts=tuple((str(p[0]), float(p[1])) for p in optional(d, "parts", list, where, [])),
+        )
+
+
+@dataclass(frozen=True)
+class TopFunction:
+    """A function high on the critical path (shown when nothing is abnormal)."""
+
+    key: str
+    label: str
+    category: Category
+    median: Triple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "category": self.category.value, "median": self.median.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TopFunction:
+        where = "TopFunction"
+        return cls(
+            require(d, "key", str, where),
+            require(d, "label", str, where),
+            parse_category(require(d, "category", str, where), where),
+            Triple.from_dict(require(d, "median", dict, where)),
+        )
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank's state in a hang report."""
+
+    rank: int
+    state: str  # "culprit" | "waiting" | "silent" | "paused" | "ok"
+    where: str  # "perftracker/examples/train.py:88 in forward (time.sleep)" or "c10d allreduce"
+    signature: str = ""
+    idle_s: float = 0.0
+    last_iteration: int = -1
+    detail: str = ""  # e.g. "process stopped", "process dead"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "state": self.state,
+            "where": self.where,
+            "signature": self.signature,
+            "idle_s": self.idle_s,
+            "last_iteration": self.last_iteration,
+            "detail": self.detail,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RankState:
+        where = "RankState"
+        return cls(
+            rank=require(d, "rank", int, where),
+            state=require(d, "state", str, where),
+            where=require(d, "where", str, where),
+            signature=optional(d, "signature", str, where, ""),
+            idle_s=optional(d, "idle_s", float, where, 0.0),
+            last_iteration=optional(d, "last_iteration", int, where, -1),
+            detail=optional(d, "detail", str, where, ""),
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """A localizer's verdict for one session. ``kind`` is "slowdown" or "hang"."""
+
+    job: str
+    session: str
+    kind: str
+    created_ns: int  # wall clock
+    trigger_reason: str
+    window_s: float
+    ranks_reported: tuple[int, ...]
+    ranks_missing: tuple[int, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    top_functions: tuple[TopFunction, ...] = ()
+    hang_states: tuple[RankState, ...] = ()
+    summary: str = ""  # one plain sentence for the whole report
+    profile: str = ""  # expected-range profile used: "gpu" | "cpu" | a file name
+    iteration_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)  # rank -> series around the trigger
+    status: str = "complete"  # "complete" | "partial" | "resolved"
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "job": self.job,
+            "session": self.session,
+            "kind": self.kind,
+            "status": self.status,
+            "created_ns": self.created_ns,
+            "trigger_reason": self.trigger_reason,
+            "window_s": self.window_s,
+            "profile": self.profile,
+            "summary": self.summary,
+            "ranks_reported": list(self.ranks_reported),
+            "ranks_missing": list(self.ranks_missing),
+            "findings": [f.to_dict() for f in self.findings],
+            "top_functions": [t.to_dict() for t in self.top_functions],
+            "hang_states": [s.to_dict() for s in self.hang_states],
+            "iteration_ms": {str(k): [rounded(x) for x in v] for k, v in self.iteration_ms.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        where = "Report"
+        check_schema_version(d, where)
+        return cls(
+            job=require(d, "job", str, where),
+            session=require(d, "session", str, where),
+            kind=require(d, "kind", str, where),
+            status=optional(d, "status", str, where, "complete"),
+            created_ns=require(d, "created_ns", int, where),
+            trigger_reason=require(d, "trigger_reason", str, where),
+            window_s=require(d, "window_s", float, where),
+            profile=optional(d, "profile", str, where, ""),
+            summary=optional(d, "summary", str, where, ""),
+            ranks_reported=tuple(int(r) for r in require(d, "ranks_reported", list, where)),
+            ranks_missing=tuple(int(r) for r in optional(d, "ranks_missing", list, where, [])),
+            findings=tuple(Finding.from_dict(f) for f in optional(d, "findings", list, where, [])),
+            top_functions=tuple(TopFunction.from_dict(t) for t in optional(d, "top_functions", list, where, [])),
+            hang_states=tuple(RankState.from_dict(s) for s in optional(d, "hang_states", list, where, [])),
+            iteration_ms={int(k): tuple(float(x) for x in v) for k, v in optional(d, "iteration_ms", dict, where, {}).items()},
+        )
+
+
+def compress_ranks(ranks: Sequence[int]) -> str:
+    """[0,1,2,3,7,9,10] -> "0-3,7,9-10"."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(parts)

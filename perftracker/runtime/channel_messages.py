@@ -1,0 +1,121 @@
+"""The messages a worker sends its node agent, built from the runtime's state (perftracker.wire.frames frames).
+
+Pure builders: they read the runtime (identity, iteration, recent iteration times, last hook
+event) and return ``wire.make_message`` dicts. The channel (perftracker.runtime.channel) queues and sends
+them; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from perftracker.wire import frames as wire
+from perftracker.wire.frames import MessageType
+
+
+def identity_fields(runtime: Any) -> dict[str, Any]:
+    """The worker's identity as REGISTER carries it."""
+    ident = runtime.identity
+    return {
+        "job": str(ident.job),
+        "rank": int(ident.rank),
+        "world_size": int(ident.world_size),
+        "local_rank": int(ident.local_rank),
+        "pid": int(ident.pid),
+        "training_tid": int(ident.training_tid),
+        "host": str(ident.host),
+    }
+
+
+def current_phase() -> str:
+    """The detector's phase from ``perftracker.status()``; "" when it cannot tell."""
+    try:
+        import perftracker
+
+        st = perftracker.status()  # type: ignore[attr-defined]
+        return str(st.get("phase", "")) if isinstance(st, Mapping) else str(getattr(st, "phase", ""))
+    except Exception:  # status() is best-effort here
+        return ""
+
+
+def json_safe(detail: Mapping[str, object]) -> dict[str, Any]:
+    """A trigger's detail with every value JSON-encodable (non-finite floats become None)."""
+    out: dict[str, Any] = {}
+    for k, v in dict(detail).items():
+        if isinstance(v, (str, int, bool)) or v is None:
+            out[str(k)] = v
+        elif isinstance(v, float):
+            out[str(k)] = v if v == v and abs(v) != float("inf") else None
+        elif isinstance(v, (list, tuple)):
+            out[str(k)] = [x if isinstance(x, (str, int, float, bool)) else str(x) for x in v][:1000]
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+def register_message(runtime: Any) -> dict[str, Any]:
+    return wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **identity_fields(runtime))
+
+
+def trigger_message(reason: str, detail: Mapping[str, object], window_s: float | None = None) -> dict[str, Any]:
+    """TRIGGER; ``window_s`` only when the user set the window length explicitly."""
+    extra: dict[str, Any] = {} if window_s is None else {"window_s": float(window_s)}
+    return wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=json_safe(detail), **extra)
+
+
+def blocked_message(detail: Mapping[str, object]) -> dict[str, Any]:
+    return wire.make_message(MessageType.BLOCKED, detail=json_safe(detail))
+
+
+def heartbeat_message(runtime: Any) -> dict[str, Any]:
+    """HEARTBEAT: iteration, phase, and the time since the last hook event (``idle_s``)."""
+    last = None
+    try:
+        last = runtime.last_event()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+    fields: dict[str, Any] = {"iteration": int(getattr(runtime, "iteration", 0) or 0), "phase": current_phase(),
+                              "t_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
+    if last:
+        fields["last_event"] = str(last[0])
+        fields["idle_s"] = max(0.0, (time.monotonic_ns() - int(last[1])) / 1e9)
+    return wire.make_message(MessageType.HEARTBEAT, **fields)
+
+
+def iter_stats_message(runtime: Any, recent_iterations: int) -> dict[str, Any] | None:
+    """ITER_STATS over the last ``recent_iterations`` iteration times; None when there are none."""
+    try:
+        recent = [float(x) for x in list(runtime.recent_iteration_ms())[-recent_iterations:]]
+    except Exception:  # noqa: BLE001
+        return None
+    recent = [x for x in recent if x == x and x >= 0 and x != float("inf")]
+    if not recent:
+        return None
+    return wire.make_message(
+        MessageType.ITER_STATS, iteration=int(getattr(runtime, "iteration", 0) or 0), recent_ms=recent,
+        mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=current_phase(),
+    )
+
+
+def window_done_message(result: Any, session: str) -> dict[str, Any]:
+    """WINDOW_DONE from a ProfileWindow's WindowResult (any object with its attributes)."""
+    return wire.make_message(
+        MessageType.WINDOW_DONE, session=str(getattr(result, "session", session) or session),
+        raw_path=str(getattr(result, "raw_path", "") or ""),
+        start_ns=int(getattr(result, "start_ns", 0) or 0), end_ns=int(getattr(result, "end_ns", 0) or 0),
+        error=str(getattr(result, "error", "") or ""),
+        samples_path=str(getattr(result, "samples_path", "") or ""),
+    )
+
+
+def window_failed_message(session: str, error: str) -> dict[str, Any]:
+    """WINDOW_DONE for a window that could not start."""
+    return wire.make_message(MessageType.WINDOW_DONE, session=session, raw_path="", start_ns=0, end_ns=0,
+                             error=error)
+
+
+def snapshot_message(snapshot: Any) -> dict[str, Any]:
+    """HANG_SNAPSHOT carrying a HangSnapshot."""
+    return wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snapshot.to_dict())

@@ -1,0 +1,327 @@
+"""The profile window's writer: after the window, turn the profiler result and stack samples into
+a ``RawWindow`` file off the training thread (a throttled thread, or optionally a forked child),
+collect the sampler process's file and deliver the ``WindowResult``. A mixin of ``ProfileWindow``
+(perftracker/runtime/window.py), which owns the state machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perftracker.model.raw_window import WindowMeta
+from perftracker.runtime import stack_sampler as stacks_mod
+from perftracker.runtime.profiler import KinetoCapture, kineto_rows
+from perftracker.runtime.raw_window_build import build_raw_window
+from perftracker.runtime.sampler_process import SamplerProcess
+from perftracker.runtime.throttle import Cancelled, Throttle
+
+log = logging.getLogger("perftracker.runtime.window")
+
+# The window's states. ProfileWindow (perftracker/runtime/window.py) owns the transitions; the exit path
+# (perftracker/runtime/window_exit.py) reads them too. The training thread compares them with ``is``.
+_IDLE, _ARMED, _ACTIVE, _FINISHING = "idle", "armed", "active", "finishing"
+_OVERRUN = "overrun"  # no boundary came to close the window: abandoned, profiler waits for the next one
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    # "sample": stack sampler thread; "remote": read by the sampler process from outside (needs
+    # spawn_sampler; else, or where perftracker/remote_stacks.py cannot calibrate, as "sample");
+    # "tracer": torch's Python tracer; "off"
+    stacks: str = "sample"
+    stack_period_us: int = 1000
+    # "sample" on CPython 3.11: the sampler thread reads the stack's memory (no frame objects of the
+    # training thread, see perftracker/runtime/stack_sampler.py); False walks frame objects (tests compare the two)
+    stack_reader: bool = True
+    switch_interval_s: float = 0.001  # sys.setswitchinterval inside the window with the sampler thread (0: leave as is)
+    record_gc: bool = True
+    nvtx: bool = True
+    spawn_sampler: bool = False  # run `python -m perftracker.agent.samplers` for this window ourselves
+    sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
+    sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
+    # "fork": a forked child process converts and writes the file (the training process keeps the
+    # profiler result until the child succeeds, and converts it in a throttled thread if the child
+    # fails, hangs or is killed); "thread": a throttled thread in the training process does it
+    writer: str = "thread"
+    writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/runtime/throttle.py)
+    writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
+    child_nice: int = 19  # the conversion child's nice value ("fork"); it also runs SCHED_IDLE
+    child_soft_s: float = 30.0  # a child still converting after this long is reniced to writer_nice
+    child_timeout_s: float = 60.0  # ... and killed after this long; a thread then writes the window
+    # CPUs for perftracker's helpers (sampler process, conversion child, writer and stack-sampler
+    # threads); () leaves them on the training process's own CPUs
+    helper_cpus: tuple[int, ...] = ()
+    # at interpreter exit: longest wait for the window to be written at full speed and handed to the
+    # agent (perftracker/runtime/window_exit.py); PERFTRACKER_EXIT_DELAY_S for the agent's windows
+    exit_wait_s: float = 7.0
+    overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
+    # Test seam, None in production: called in the writer thread with the exit event (set as soon as
+    # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so
+    # that a test can hold the window in "finishing" for as long as it needs (e.g.
+    # ``lambda exiting: exiting.wait(30)``: until the exit path hurries or cancels the writer).
+    writer_gate: Callable[[threading.Event], None] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    session: str
+    raw_path: Path | None
+    start_ns: int
+    end_ns: int
+    error: str = ""
+    samples_path: Path | None = None
+    blocking_ns: int = 0  # main-thread time spent stopping the window
+    iterations: int = 0
+    rows: int = 0
+
+
+@dataclass
+class _Active:
+    session: str
+    window_ns: int
+    on_done: Callable[[WindowResult], None]
+    armed_ns: int
+    sampler: SamplerProcess | None = None
+    capture: KinetoCapture | None = None
+    stack_sampler: stacks_mod.StackSampler | None = None
+    pystacks_path: Path | None = None  # stacks="remote": the sampler process's stack file
+    gc: stacks_mod.GcRecorder = field(default_factory=stacks_mod.GcRecorder)
+    start_ns: int = 0
+    boundaries_ns: list[int] = field(default_factory=list)
+    old_switch_s: float = 0.0
+    nvtx_window: Any = None
+    nvtx_iter_open: bool = False
+    thread_ident: int = 0  # the thread that started the profiler (the only one that can stop it)
+    watchdog: threading.Timer | None = None
+    overrun_done: threading.Event = field(default_factory=threading.Event)
+
+
+class WindowWriter:
+    """The writer half of ``ProfileWindow`` (uses its options, identity, paths and ``_deliver``)."""
+
+    options: WindowOptions
+    identity: Any
+    _cancel: threading.Event
+    _hurry: threading.Event
+    _writer_tid: int = 0  # the writer thread's native id (the exit path restores its priority)
+    _child_pid: int = 0  # the conversion child while the writer waits for it
+
+    def _use_fork(self) -> bool:
+        # The child only reads the profiler result's host memory and numpy; it never calls CUDA (as
+        # a DataLoader worker forked from a CUDA process). Not verified on GPU hardware.
+        return self.options.writer == "fork" and hasattr(os, "fork")
+
+    def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
+        """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
+        beyond the fork itself. Returns the child's pid, or None (then a thread writes)."""
+        path = self._path(cur.session, "raw")
+        try:
+            path.unlink(missing_ok=True)  # the file's presence is the child's success (saved atomically)
+            pid = os.fork()
+        except OSError as exc:
+            log.warning("perftracker: fork failed (%s); writing the window in a thread", exc)
+            return None
+        if pid == 0:  # child: only this thread exists; never return into training code
+            code = 1
+            try:
+                _lower_priority(0, self.options.child_nice, self.options.helper_cpus, idle=True)
+                self._build(cur, result, end_ns).save(path)
+                code = 0
+            except BaseException as exc:  # noqa: BLE001
+                try:
+                    path.with_name(path.name + ".error").write_text(f"{type(exc).__name__}: {exc}")
+                except BaseException:  # noqa: BLE001
+                    pass
+            finally:
+                os._exit(code)
+        self._child_pid = pid
+        return pid
+
+    # ---------------------------------------------------------------- writer thread
+    def _finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int, child: int | None) -> None:
+        """The writer thread. ``holder`` is ``[profiler result or None]``; it is emptied before the
+        result is delivered, so that the result's C++ destructor has run by then: the process may
+        exit as soon as ``on_done`` returns, and a daemon thread still in torch's C++ code at
+        finalization aborts the process."""
+        result = holder.pop() if holder else None
+        self._writer_tid = threading.get_native_id()
+        if not self._hurry.is_set():  # the writer yields the CPU to training as well as the GIL (Throttle)
+            _lower_priority(self._writer_tid, self.options.writer_nice, self.options.helper_cpus)
+        res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
+        try:
+            samples_path = None
+            if cur.sampler is not None:
+                cur.sampler.send(f"end {end_ns}")
+            raw_path = self._path(cur.session, "raw")
+            if self.options.writer_gate is not None:
+                self.options.writer_gate(self._hurry)
+            if child is not None and self._wait_child(cur, child, raw_path):
+                rows = _count_rows(raw_path)
+            else:
+                if self._cancel.is_set():  # exiting already: do not start a build (it may take a minute)
+                    raise Cancelled("cancelled before writing")
+                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel,
+                                                                hurry=self._hurry))
+                raw.save(raw_path)
+                rows = len(raw)
+                del raw
+            if cur.sampler is not None:
+                samples_path = cur.sampler.finish()
+            res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
+                               len(cur.boundaries_ns) - 1, rows)
+            log.info("perftracker: window %s written: %s (%d rows)", cur.session, raw_path, rows)
+            if cur.pystacks_path is not None:  # in the raw file now
+                cur.pystacks_path.unlink(missing_ok=True)
+        except Cancelled:
+            log.warning("perftracker: window %s discarded: the process is exiting while it was written",
+                        cur.session)
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, "discarded: process exiting",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close(timeout_s=0.5)
+        except Exception as exc:
+            log.exception("perftracker: writing window %s failed", cur.session)
+            traceback.clear_frames(exc.__traceback__)  # a kept log record must not keep the result alive
+            res = WindowResult(cur.session, None, cur.start_ns, end_ns, f"{type(exc).__name__}: {exc}",
+                               blocking_ns=blocking_ns)
+            if cur.sampler is not None:
+                cur.sampler.close()
+        del result  # the profiler result's destructor runs here, before delivery (see the docstring)
+        self._deliver(cur, res)
+
+    def _wait_child(self, cur: _Active, pid: int, raw_path: Path) -> bool:
+        """Wait for the conversion child. True: it wrote ``raw_path``. False (logged): it failed,
+        was killed or took longer than ``child_timeout_s`` (then killed); the caller still holds the
+        profiler result and converts it itself, so no window is lost. At exit (``_hurry``) the child
+        is reniced to 0 where the OS allows it; on ``_cancel`` it is killed and Cancelled raised."""
+        opts = self.options
+        t0 = time.monotonic()
+        nice = opts.child_nice
+        err = raw_path.with_name(raw_path.name + ".error")
+        try:
+            while True:
+                try:
+                    got, status = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:  # reaped by someone else (user code calling os.wait())
+                    if raw_path.exists():  # the child saves atomically: the file is whole
+                        return True
+                    log.warning("perftracker: window %s: the conversion child was reaped elsewhere "
+                                "without its file; converting in this process", cur.session)
+                    return False
+                if got:
+                    code = os.waitstatus_to_exitcode(status)
+                    if code == 0 and raw_path.exists():
+                        return True
+                    why = err.read_text()[:300] if err.exists() else f"exit code {code}"
+                    log.warning("perftracker: window %s: the conversion child failed (%s); converting "
+                                "in this process", cur.session, why)
+                    return False
+                if self._cancel.is_set():
+                    _kill(pid)
+                    raise Cancelled("cancelled while the child converted")
+                waited_s = time.monotonic() - t0
+                want = 0 if self._hurry.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
+                if want < nice:
+                    try:  # back from SCHED_IDLE, at a higher priority
+                        os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+                        os.setpriority(os.PRIO_PROCESS, pid, want)
+                    except OSError:  # an unprivileged process cannot lower a nice value
+                        pass
+                    nice = want
+                if waited_s > opts.child_timeout_s:
+                    _kill(pid)
+                    log.warning("perftracker: window %s: the conversion child took over %.0f s; stopped "
+                                "it, converting in this process", cur.session, opts.child_timeout_s)
+                    return False
+                time.sleep(0.05)
+        finally:
+            self._child_pid = 0
+            err.unlink(missing_ok=True)
+
+    def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
+        tid = self._training_tid()
+        krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
+                 if result is not None else None)
+        pyexec = None
+        if cur.pystacks_path is not None:
+            got = _load_remote_stacks(cur.pystacks_path, cur.session)
+            if got is not None:
+                pyexec = stacks_mod.python_executions(got[0], got[1], cur.start_ns, end_ns,
+                                                      self.options.stack_period_us * 1000,
+                                                      throttle.tick if throttle is not None else None)
+        elif cur.stack_sampler is not None:
+            ss = cur.stack_sampler
+            pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns,
+                                                  throttle.tick if throttle is not None else None)
+        b = cur.boundaries_ns
+        meta = WindowMeta(
+            job=str(getattr(self.identity, "job", "")), session=cur.session,
+            rank=int(getattr(self.identity, "rank", 0)), world_size=int(getattr(self.identity, "world_size", 1)),
+            host=str(getattr(self.identity, "host", "")), pid=self._pid(), training_tid=tid,
+            window_start_ns=cur.start_ns, window_end_ns=end_ns,
+            local_rank=int(getattr(self.identity, "local_rank", -1)),
+            iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
+        )
+        return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
+
+
+REMOTE_STACKS_WAIT_S = 30.0  # the longest wait for the sampler process's stack file
+
+
+def _load_remote_stacks(path: Path, session: str) -> tuple[list[int], list[Any]] | None:
+    """The sampler process's stack samples (it writes them once the window's end has passed);
+    None, logged, when it wrote none (it died): the window then has no Python rows."""
+    from perftracker.remote_stacks import load_samples
+
+    deadline = time.monotonic() + REMOTE_STACKS_WAIT_S
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        return load_samples(path)
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("perftracker: window %s: no Python stacks from the sampler process (%s)", session, exc)
+        return None
+
+
+def _lower_priority(tid: int, nice: int, cpus: tuple[int, ...], idle: bool = False) -> None:
+    """Nice ``tid`` (0: this process) to ``nice``, with ``idle`` also SCHED_IDLE (runs only when
+    nothing else wants the CPU, preempted at once when training wakes), and move it to ``cpus``
+    (if any); best effort."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except (OSError, AttributeError):
+        pass
+    if idle:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
+    if cpus:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (OSError, AttributeError, ValueError):
+            pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (OSError, ChildProcessError):
+        pass
+
+
+def _count_rows(path: Path) -> int:
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        return int(z["col_kind"].shape[0])

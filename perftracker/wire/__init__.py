@@ -1,0 +1,1 @@
+"""Encodings between the stages: the worker <-> node agent frames and the columnar pattern uploads."""
