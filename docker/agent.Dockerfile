@@ -24,7 +24,7 @@ COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
 # "agent": prometheus_client for --metrics-port (the example overlay passes it); "gpu": NVML.
-# tests/test_images.py runs every container command of k8s/ with only these extras importable.
+# tests/system/test_images.py runs every container command of k8s/ with only these extras importable.
 RUN pip install ".[agent,gpu]" && python -c "import perftracker, perftracker.agent.summarize.summarizer, prometheus_client, pynvml"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \

@@ -22,7 +22,7 @@ COPY pyproject.toml README.md ./
 COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
-# tests/test_images.py runs the manifests' localizer command with only these extras importable.
+# tests/system/test_images.py runs the manifests' localizer command with only these extras importable.
 RUN pip install ".[localizer,k8s]" && python -c "import perftracker.localizer.service.http_service, perftracker.localizer.k8s.client, perftracker.localizer.diagnose.localize"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \

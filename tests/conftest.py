@@ -14,6 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+# the shared helpers (report_samples, agent_helpers, ...) live in tests/, beside this file; the tests
+# in tests/unit, tests/component, tests/system and tests/accuracy import them by name
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 REPO = Path(__file__).resolve().parents[1]
 # The dlrm reference traces (8 real GPU ranks, facebookresearch/param's
 # et_replay/tests/inputs/dlrm_kineto.tar.gz): PERFTRACKER_DLRM_DIR, else where CI lays them out,

@@ -52,7 +52,7 @@ def straggle() -> None:
 def sync_points() -> None:
     """SYNC_POINTS annotations named after CLOCK_MONOTONIC just before each enters. Several, because a
     preemption between reading the clock and entering makes a point late; the reader
-    (tests/test_victims.py, sync_points) takes the earliest of each group."""
+    (tests/accuracy/test_victims.py, sync_points) takes the earliest of each group."""
     for _ in range(SYNC_POINTS):
         with record_function(f"perftracker.sync:{time.monotonic_ns()}"):
             pass

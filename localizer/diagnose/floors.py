@@ -23,7 +23,7 @@ CPU utilization of one op 0.5-0.6 and within-op σ of 0.02-0.07 swinging from ra
 scheduling luck; a NIC μ of 1.8e-5 on one rank and 0 on the others; a Python frame at β 0.0108
 against 0.0097 with μ 0.44 against 0.34 that P / max made ε-far from all three other ranks. Each of
 these was a false finding before its floor; see the docstrings of ``normalization_maxima`` and
-``material_shift`` and the tests that pin them (tests/test_localize.py, tests/test_distances.py).
+``material_shift`` and the tests that pin them (tests/unit/test_localize.py, tests/unit/test_distances.py).
 
 **GPU (reasoned, then checked on synthetic jobs; not measured on GPU hardware).**
 - m_β = 0.01, shift 0.01 (shift_units = 1): β comes from CUPTI kernel timestamps (ns), so a

@@ -2,7 +2,7 @@
 
 The MAD is statsmodels' definition (``statsmodels.robust.scale.mad``: the median absolute deviation
 divided by Φ⁻¹(3/4) ≈ 0.6745, so that it estimates σ for normal data), computed with numpy
-(``scaled_mad``) so that the embedded localizer runs on the base install; tests/test_rule.py checks
+(``scaled_mad``) so that the embedded localizer runs on the base install; tests/unit/test_rule.py checks
 it against statsmodels itself where that is installed (docs/compatibility.md says why).
 
 **[decision] Degenerate MAD.** D_diff is a count of sampled workers, an integer in [0, |S|]. When

@@ -209,7 +209,7 @@ class ChangepointRule:
             (k, k * (level + max(self._log_thr, o.z * noise / math.sqrt(k - 1)))) for k in self._windows
         )
         # The CUSUM is the more sensitive test, so it waits for a reference of a whole block: noise
-        # from the first 30 iterations can be half the real one (seen in tests/test_detector.py)
+        # from the first 30 iterations can be half the real one (seen in tests/unit/test_detector.py)
         if n >= o.block_iters and o.cusum_h < 1e6:
             self._set_cusum(ref, level, noise)
         else:

@@ -22,7 +22,7 @@ from bench.tracefault.mutate import mutate_dir, retime
 from bench.tracefault.traces import RankTrace, read_trace_dir, tile
 from perftracker.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 PID, TID = 100, 100
 

@@ -35,8 +35,8 @@ from perftracker.errors import ConfigError, TraceError
 from perftracker.model.raw_window import SampleSet, UtilSeries
 from tests.cpuclock import steal_ticks_per_cpu, steal_upper_bound_ns
 
-FIXTURES = Path(__file__).parent / "fixtures"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------------- procfs

@@ -12,7 +12,7 @@ from bench.faultkit.scoring import score
 from perftracker.errors import ConfigError
 from perftracker.model import Box, Category, Finding, RankState, Report, Triple
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "bench" / "scenarios").glob("**/*.toml"))
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "bench" / "scenarios").glob("**/*.toml"))
 
 BASE = """
 name = "t"

@@ -73,7 +73,7 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
         assert not results[0]["raw"].exists(), "raw files are removed after upload"
         # metrics: per-rank iteration time, phase, sessions
         text = urllib.request.urlopen(info["metrics_url"], timeout=5).read().decode()
-        from tests.test_metrics import sample
+        from tests.component.test_metrics import sample
 
         assert sample(text, 'perftracker_iteration_duration_seconds_count{training_job="jobT",rank="1"}') == 2
         assert sample(text, 'perftracker_iteration_duration_seconds_bucket{training_job="jobT",le="0.025",rank="1"}') == 2

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 200
 
 # Paths that exist only on the development machines, never in a clone of the repository.

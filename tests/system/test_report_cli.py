@@ -18,7 +18,7 @@ from report_samples import clean_report, hang_report, slow_compute_report
 
 from perftracker.model import Report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

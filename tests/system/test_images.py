@@ -33,9 +33,9 @@ from typing import Any
 
 import pytest
 
-from tests.test_manifests import KUSTOMIZE_MAJOR, render
+from tests.system.test_manifests import KUSTOMIZE_MAJOR, render
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"perftracker/agent": "agent.Dockerfile", "perftracker/localizer": "localizer.Dockerfile",
                "perftracker/agent-nsys": "agent-nsys.Dockerfile"}
 OVERLAYS = ("k8s/overlays/example", "k8s/overlays/example-nsys")

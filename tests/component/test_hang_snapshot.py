@@ -24,7 +24,7 @@ from perftracker.runtime.hang_capture import (
     take_snapshot,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _runtime(clock: FakeClock | None = None, last: tuple[str, int] | None = ("optimizer.step", 0)) -> SimpleNamespace:
@@ -59,7 +59,7 @@ def test_snapshot_of_a_blocked_thread_from_another_thread() -> None:
     funcs = [f.function for f in snap.stack]
     assert funcs[-3:] == ["_stuck_in_forward", "wait", "wait"] and funcs[0] == "_bootstrap"  # Event/Condition
     assert snap.stack[0].file == "<stdlib>/threading.py" and snap.stack[-1].file == "<stdlib>/threading.py"
-    assert snap.stack[-3].file.endswith("tests/test_hang_snapshot.py") and not snap.stack[-3].file.startswith("/")
+    assert snap.stack[-3].file.endswith("tests/component/test_hang_snapshot.py") and not snap.stack[-3].file.startswith("/")
     assert snap.current_op == "release.wait"  # the call in progress at the innermost user frame
     assert snap.kernel_state.startswith("S")  # sleeping on a futex (threading.Event)
     assert HangSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap

@@ -202,7 +202,7 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
         out = subprocess.run([sys.executable, "-c", "from perftracker.localizer.service.embedded import start_embedded as s; "
                               f"h = s({str(runs)!r}); print(h.url, h.owned)"],
                              capture_output=True, text=True, timeout=60,
-                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                             env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
                                       PERFTRACKER_DISABLE="1"))
         assert out.stdout.split() == [emb.url, "False"], out.stderr[-2000:]
         up = Uplink(emb.url, emb.token)
@@ -231,7 +231,7 @@ def test_cli_trigger_waits_for_report_and_sessions_lists_it(localizer: Localizer
 
     t = threading.Thread(target=agent)
     t.start()
-    env = dict(os.environ, PERFTRACKER_TOKEN=TOKEN, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PERFTRACKER_TOKEN=TOKEN, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     env.pop("PERFTRACKER_LOCALIZER_URL", None)
     env.pop("PERFTRACKER_JOB_ID", None)
     cli = [sys.executable, "-m", "perftracker"]

@@ -17,7 +17,7 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is in the dev extra")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.30.0"  # pinned: native sidecars (initContainers restartPolicy) need >= 1.28 schemas
 KUSTOMIZATIONS = ["k8s/base", "k8s/overlays/example", "k8s/overlays/example-nsys"]
 RUN_DIR = "/var/run/perftracker"
@@ -228,7 +228,7 @@ def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> 
     assert agent["image"].startswith("perftracker/agent-nsys:")
     assert agent["securityContext"]["privileged"] is True
     assert agent["restartPolicy"] == "Always"  # the patch kept the sidecar a sidecar
-    # root agent, uid 10001 trainer: the socket's group is the trainer's (tests/test_hardening_rundir.py)
+    # root agent, uid 10001 trainer: the socket's group is the trainer's (tests/system/test_hardening_rundir.py)
     env = {e["name"]: e.get("value") for e in agent["env"]}
     assert env["PERFTRACKER_SOCKET_GROUP"] == str(_pod(job)["securityContext"]["runAsGroup"])
     # the rest of the job is unchanged but for the GPUs the trainer requests (and the toleration)

@@ -24,7 +24,7 @@ import pytest
 
 from perftracker.model import Report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "train.py"
 AT_ITER = 60
 

@@ -16,7 +16,7 @@ from perftracker.agent.summarize.critical_path import critical_ns
 from perftracker.cli.export_trace import CRITICAL_PID, build_trace, critical_intervals
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TID = 4242
 
 

@@ -80,7 +80,7 @@ def test_a_real_process_with_a_user_hook_keeps_it_and_reports_its_crash(tmp_path
         "atexit.register(lambda: print('ENDING', type(crash.ending_exception()[0]).__name__))\n"
         "raise OSError('disk gone')\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
                               "PERFTRACKER_DISABLE": "1"})
     assert out.returncode == 1
     assert "USER HOOK disk gone" in out.stdout and "ENDING OSError" in out.stdout
@@ -218,7 +218,7 @@ def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> 
 def _perftracker_run_status(tmp_path: Path, *train_args: str) -> tuple[int, str]:
     from tests.agent_helpers import env_for_tests
 
-    train = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+    train = Path(__file__).resolve().parents[2] / "perftracker" / "examples" / "train.py"
     out = subprocess.run([sys.executable, "-m", "perftracker", "run", "--", sys.executable, str(train), "--quiet",
                           *train_args], cwd=tmp_path, env=env_for_tests(), capture_output=True, text=True,
                          timeout=240)

@@ -19,7 +19,7 @@ from perftracker import remote_stacks
 from perftracker.errors import PerftrackerError
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from tests import test_window as tw
+from tests.component import test_window as tw
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="remote stacks are built for CPython 3.11")
 
@@ -38,7 +38,7 @@ def test_reads_another_process_stack(tmp_path: Path) -> None:
         print(calibrate().to_json(), flush=True)
         middle()
     """))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), PERFTRACKER_DISABLE="1")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), PERFTRACKER_DISABLE="1")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None

@@ -173,7 +173,7 @@ def test_grafana_dashboard_queries_exposed_metrics_and_parse() -> None:
     rules, with Grafana's $variables substituted)."""
     import json
 
-    dash = json.loads((Path(__file__).resolve().parents[1] / "k8s/monitoring/grafana-dashboard.json").read_text())
+    dash = json.loads((Path(__file__).resolve().parents[2] / "k8s/monitoring/grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     assert len(exprs) >= 10
     names = _exposed_names()

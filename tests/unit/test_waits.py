@@ -31,7 +31,7 @@ from bench import synthetic as sy
 from perftracker.model import Category, PatternSet, Report
 
 OPTS = LocalizeOptions(created_ns=1)
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 WO = WaitOptions()
 
 

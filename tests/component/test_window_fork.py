@@ -16,7 +16,7 @@ import pytest
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime import raw_window_build as rawbuild
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from tests.test_window import _drive, _Ident
+from tests.component.test_window import _drive, _Ident
 
 
 def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult, list[int]]:  # type: ignore[no-untyped-def]
