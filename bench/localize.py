@@ -36,7 +36,6 @@ from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.expect import OPEN_BOX
 from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings
 from perftracker.localizer.diagnose.localize import (
-    LocalizeOptions,
     analyze_function,
     localize,
     localize_arrays,
@@ -44,6 +43,7 @@ from perftracker.localizer.diagnose.localize import (
     resolve_floors,
     sample_for,
 )
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import (
     GAUSSIAN_3_4,  # statsmodels' constant, documented in rule.py
 )

@@ -38,7 +38,8 @@ from perftracker.localizer.diagnose.distances import (
     normalize_by_max,
     sample_workers,
 )
-from perftracker.localizer.diagnose.localize import LocalizeOptions, localize_arrays
+from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from statsmodels.robust.scale import mad as statsmodels_mad
 
 from bench import synthetic as sy

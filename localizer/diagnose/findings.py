@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
@@ -33,6 +32,7 @@ from perftracker.localizer.diagnose.explain import (
     describe_report,
 )
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import Threshold
 from perftracker.localizer.diagnose.waits import (
     LateGroup,
@@ -47,9 +47,6 @@ from perftracker.localizer.diagnose.waits import (
 
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
 from perftracker.model.schema import rounded
-
-if TYPE_CHECKING:
-    from perftracker.localizer.diagnose.localize import LocalizeOptions
 
 _RANDOM_MIN_WORKERS = 3
 _RANDOM_IQR_OVER_MEDIAN = 0.5

@@ -126,9 +126,7 @@ class LocalizeRunner:
         opts = self.localize_options
         if self.expect_path is None:
             return opts
-        from perftracker.localizer.diagnose.localize import (
-            LocalizeOptions,  # lazy: the numpy/statsmodels stage
-        )
+        from perftracker.localizer.diagnose.options import LocalizeOptions  # lazy: the numpy stage
 
         if opts is None:
             return LocalizeOptions(expect_path=self.expect_path)

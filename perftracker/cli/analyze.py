@@ -179,7 +179,8 @@ def write_patterns(sets: list[PatternSet], fmt: str, out: TextIO, width: int = 8
 def localize_summaries(summ: Summaries, directory: Path, expect: str | None = None) -> Report:
     """The report `perftracker analyze DIR` renders for what summarize_dir read (bench/gpu_faults.py
     calls summarize_dir and this, so the bench scores exactly what the command prints)."""
-    from perftracker.localizer.diagnose.localize import LocalizeOptions, localize
+    from perftracker.localizer.diagnose.localize import localize
+    from perftracker.localizer.diagnose.options import LocalizeOptions
 
     report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=f"offline: {directory}"))
     if summ.ranks_skipped:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.expect import parse_expectations
-from perftracker.localizer.diagnose.localize import LocalizeOptions, localize, localize_arrays
+from perftracker.localizer.diagnose.localize import localize, localize_arrays
+from perftracker.localizer.diagnose.options import LocalizeOptions
 
 from bench import synthetic as sy
 from perftracker.errors import InputError

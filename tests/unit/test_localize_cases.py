@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.distances import differential_distance_blocks, normalize_by_max
-from perftracker.localizer.diagnose.localize import LocalizeOptions, localize_arrays
+from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from statsmodels.robust.scale import mad
 
 from bench import synthetic as sy

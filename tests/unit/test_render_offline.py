@@ -7,7 +7,8 @@ import dataclasses
 import io
 
 import pytest
-from perftracker.localizer.diagnose.localize import LocalizeOptions, localize
+from perftracker.localizer.diagnose.localize import localize
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.render import html, text
 
 from perftracker.cli.analyze import summarize_dir

@@ -18,7 +18,8 @@ from perftracker.localizer.diagnose.arrays import (
     pattern_sets_to_arrays,
 )
 from perftracker.localizer.diagnose.host_bound import HOST_KEY
-from perftracker.localizer.diagnose.localize import LocalizeOptions, localize, localize_arrays
+from perftracker.localizer.diagnose.localize import localize, localize_arrays
+from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.waits import (
     LateGroup,
     WaitOptions,
