@@ -12,16 +12,17 @@ a busy process on the same cores, or an oversubscribed node. Sleeping, blocking 
 collective is not a wait (the thread is not runnable).
 
 ``value[i]`` is the share of (t[i-1], t[i]] spent waiting, in [0, 1], like every ``UtilSeries``.
-``wait_intervals`` turns the series back into intervals for the summarizer.
+``perftracker.agent.summarize.timeline.wait_intervals`` turns the series back into intervals for
+the summarizer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from perftracker.model.raw_window import UtilSeries
+from perftracker.model.raw_window import CPU_WAIT, UtilSeries
 
-RESOURCE = "cpu_wait"
+RESOURCE = CPU_WAIT
 
 
 def cpu_wait_series(t_ns: np.ndarray, run_ns: np.ndarray, wait_ns: np.ndarray, period_ns: int,
@@ -54,33 +55,3 @@ def cpu_wait_series(t_ns: np.ndarray, run_ns: np.ndarray, wait_ns: np.ndarray, p
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(dt > 0, np.diff(cum) / dt, 0.0)
     return UtilSeries(RESOURCE, t[1:], np.clip(share, 0.0, 1.0).astype(np.float32), period_ns, source)
-
-
-def wait_intervals(series: UtilSeries) -> tuple[np.ndarray, np.ndarray]:
-    """(start_ns, end_ns) of the waits a ``cpu_wait`` series holds, adjacent ones merged.
-
-    Within its sample interval a wait sits at the end when the next interval also waits (it goes
-    on), at the start when only the previous one does (it ends here), else at the end. The total
-    is the series' own: Σ value[i]·(t[i] − t[i-1]).
-    """
-    t = np.asarray(series.t_ns, dtype=np.int64)
-    v = np.clip(np.asarray(series.value, dtype=np.float64), 0.0, 1.0)
-    z = np.zeros(0, dtype=np.int64)
-    if len(t) == 0:
-        return z, z
-    t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
-    pos = v > 0
-    next_pos = np.r_[pos[1:], False]
-    prev_pos = np.r_[False, pos[:-1]]
-    length = np.round(v * (t - t_prev)).astype(np.int64)
-    at_start = pos & prev_pos & ~next_pos
-    start = np.where(at_start, t_prev, t - length)
-    end = np.where(at_start, t_prev + length, t)
-    keep = pos & (length > 0)
-    start, end = start[keep], end[keep]
-    if len(start) == 0:
-        return z, z
-    new = np.r_[True, start[1:] > end[:-1]]
-    first = np.flatnonzero(new)
-    last = np.r_[first[1:] - 1, len(start) - 1]
-    return start[first], end[last]

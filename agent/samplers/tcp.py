@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from perftracker.model.raw_window import UtilSeries
+from perftracker.model.raw_window import TCP_RETRANS, UtilSeries
 
-RESOURCE = "tcp_retrans"
+RESOURCE = TCP_RETRANS
 MIN_SEGMENTS = 1000
 
 

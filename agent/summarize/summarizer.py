@@ -22,9 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from perftracker.agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
-from perftracker.agent.samplers.cpuwait import wait_intervals
-from perftracker.agent.samplers.tcp import RESOURCE as TCP_RESOURCE
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
@@ -35,12 +32,20 @@ from perftracker.agent.summarize.timeline import (
     self_segments,
     stack_ids,
     stack_names,
+    wait_intervals,
 )
 from perftracker.agent.summarize.victims import add_reducer_waits, split_steady_and_varying
 
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import LINK_KEY, Pattern, PatternSet
-from perftracker.model.raw_window import EventKind, RawWindow, SampleSet, UtilSeries
+from perftracker.model.raw_window import (
+    CPU_WAIT,
+    TCP_RETRANS,
+    EventKind,
+    RawWindow,
+    SampleSet,
+    UtilSeries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +156,7 @@ def window_frames(raw: RawWindow, options: SummarizeOptions | None = None,
                 names.append(extra.name)
                 _append_frames(cols, len(names) - 1, EventKind.CPU_OP, cat.COLLECTIVE, meta.training_tid,
                                extra.start_ns, extra.end_ns, is_wait=False)
-    wait_series = samples.get(WAIT_RESOURCE) if samples is not None and opt.cpu_wait else None
+    wait_series = samples.get(CPU_WAIT) if samples is not None and opt.cpu_wait else None
     if wait_series is not None:
         w_start, w_end = wait_intervals(wait_series)
         if len(w_start):
@@ -306,13 +311,13 @@ def link_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int
     collectives on the critical path (β = 0) a lossy link explains no slowdown and the rule's
     β > β_min keeps it quiet.
     """
-    series = samples.get(TCP_RESOURCE) if samples is not None else None
+    series = samples.get(TCP_RETRANS) if samples is not None else None
     if series is None or not len(series.value):
         return None
     return Pattern(key=LINK_KEY, category=cat.CATEGORY_OF_LEVEL[cat.COLLECTIVE],
                    beta=float(min(collective_ns / window_ns, 1.0)), mu=float(np.clip(series.value[-1], 0.0, 1.0)),
                    sigma=0.0, label=LINK_KEY, executions=0, critical_ns=int(round(collective_ns)),
-                   resource=TCP_RESOURCE)
+                   resource=TCP_RETRANS)
 
 
 _AUTOGRAD_OP = "autograd::engine::evaluate_function: "

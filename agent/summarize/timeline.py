@@ -1,4 +1,4 @@
-"""Thread timelines in numpy: nesting, self-time segments and Python call-stack identities.
+"""Thread timelines in numpy: nesting, self-time segments, Python call-stack identities, CPU waits.
 
 Every function here works on whole columns at once. The only Python-level loops run over nesting
 depth levels (tens), never over events.
@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from perftracker.model.raw_window import UtilSeries
 
 
 @dataclass(frozen=True)
@@ -149,3 +151,34 @@ def stack_names(sid: int, table: list[tuple[int, int]], names: tuple[str, ...] |
         sid = psid
     frames.reverse()
     return frames
+
+
+def wait_intervals(series: UtilSeries) -> tuple[np.ndarray, np.ndarray]:
+    """(start_ns, end_ns) of the waits a ``cpu_wait`` series holds, adjacent ones merged
+    (the series: ``perftracker.agent.samplers.cpuwait``).
+
+    Within its sample interval a wait sits at the end when the next interval also waits (it goes
+    on), at the start when only the previous one does (it ends here), else at the end. The total
+    is the series' own: Σ value[i]·(t[i] − t[i-1]).
+    """
+    t = np.asarray(series.t_ns, dtype=np.int64)
+    v = np.clip(np.asarray(series.value, dtype=np.float64), 0.0, 1.0)
+    z = np.zeros(0, dtype=np.int64)
+    if len(t) == 0:
+        return z, z
+    t_prev = np.r_[t[0] - max(int(series.period_ns), 1), t[:-1]]
+    pos = v > 0
+    next_pos = np.r_[pos[1:], False]
+    prev_pos = np.r_[False, pos[:-1]]
+    length = np.round(v * (t - t_prev)).astype(np.int64)
+    at_start = pos & prev_pos & ~next_pos
+    start = np.where(at_start, t_prev, t - length)
+    end = np.where(at_start, t_prev + length, t)
+    keep = pos & (length > 0)
+    start, end = start[keep], end[keep]
+    if len(start) == 0:
+        return z, z
+    new = np.r_[True, start[1:] > end[:-1]]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(start) - 1]
+    return start[first], end[last]

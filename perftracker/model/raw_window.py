@@ -148,6 +148,11 @@ def _save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     return path
 
 
+# Series that are not a utilization, each written by one sampler and read by the summarizer.
+CPU_WAIT = "cpu_wait"  # the training thread's share of each interval runnable without a core (schedstat)
+TCP_RETRANS = "tcp_retrans"  # one value: the share of TCP segments retransmitted over the window
+
+
 @dataclass(frozen=True)
 class UtilSeries:
     """Utilization samples of one resource: value[i] in [0, 1] over the interval ending at t_ns[i]."""

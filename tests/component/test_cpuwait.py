@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pytest
 from perftracker.agent.samplers.base import WindowBounds
-from perftracker.agent.samplers.cpuwait import cpu_wait_series, wait_intervals
+from perftracker.agent.samplers.cpuwait import cpu_wait_series
 from perftracker.agent.samplers.procfs import ProcfsSampler
 from perftracker.agent.summarize.summarizer import CPU_WAIT_KEY, SummarizeOptions, summarize_window
+from perftracker.agent.summarize.timeline import wait_intervals
 
 from perftracker.model.raw_window import EventKind as K
 from perftracker.model.raw_window import SampleSet, UtilSeries
