@@ -49,7 +49,8 @@ from perftracker.localizer.diagnose.rule import (
 )
 from statsmodels.robust.scale import mad as statsmodels_mad
 
-from bench import synthetic
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package
+from bench import synthetic  # noqa: E402
 
 BLOCK_ROWS = 100_000
 

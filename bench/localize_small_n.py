@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -42,7 +43,8 @@ from perftracker.localizer.diagnose.localize import localize_arrays
 from perftracker.localizer.diagnose.options import LocalizeOptions
 from statsmodels.robust.scale import mad as statsmodels_mad
 
-from bench import synthetic as sy
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package
+from bench import synthetic as sy  # noqa: E402
 
 OPTS = LocalizeOptions(created_ns=0)
 NOISY = tuple(dataclasses.replace(f, beta_cv=2 * f.beta_cv, mu_cv=2 * f.mu_cv, sigma_cv=2 * f.sigma_cv)
