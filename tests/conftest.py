@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 # et_replay/tests/inputs/dlrm_kineto.tar.gz): PERFTRACKER_DLRM_DIR, else where CI lays them out,
 # shared/data/dlrm_kineto beside the checkout.
 DLRM_DIR = Path(os.environ.get("PERFTRACKER_DLRM_DIR") or REPO.parent / "shared" / "data" / "dlrm_kineto")
-EXAMPLE_TRAIN = REPO / "examples" / "train.py"
+EXAMPLE_TRAIN = REPO / "perftracker" / "examples" / "train.py"
 
 # Isolation of the whole suite (set in pytest_configure, before any test module imports perftracker):
 # every process of the suite that imports perftracker without a run dir of its own (this pytest

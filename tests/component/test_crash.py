@@ -74,7 +74,7 @@ def test_a_real_process_with_a_user_hook_keeps_it_and_reports_its_crash(tmp_path
     script.write_text(
         "import sys\n"
         "sys.excepthook = lambda *a: print('USER HOOK', a[1])\n"
-        "from perftracker import crash\n"
+        "from perftracker.runtime import exit_capture as crash\n"
         "crash.install()\n"
         "import atexit\n"
         "atexit.register(lambda: print('ENDING', type(crash.ending_exception()[0]).__name__))\n"

@@ -296,7 +296,7 @@ def test_tracer_mode_runs_and_gives_python_rows(tmp_path: Path) -> None:
     script = tmp_path / "tracer_job.py"
     script.write_text(_TRACER_SCRIPT)
     env = dict(os.environ, PERFTRACKER_DISABLE="1")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parents[1])],
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 

@@ -25,7 +25,7 @@ import pytest
 from perftracker.model import Report
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train.py"
+TRAIN = REPO / "perftracker" / "examples" / "train.py"
 AT_ITER = 60
 
 

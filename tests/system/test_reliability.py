@@ -21,7 +21,7 @@ from agent_helpers import REPO, AgentProc, cleanup, env_for_tests, short_run_dir
 
 from perftracker.wire import frames as wire
 
-TRAIN = str(REPO / "examples" / "train.py")
+TRAIN = str(REPO / "perftracker" / "examples" / "train.py")
 # Only the test's own triggers: this shared 2-core machine is too noisy for the detector's timing,
 # and a stalled neighbour must not turn the session into a hang (tested in the hang tests).
 QUIET_DETECTOR = {"PERFTRACKER_DETECTOR_MODE": "paper", "PERFTRACKER_SLOWDOWN_THRESHOLD": "100",

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from agent_helpers import REPO, cleanup, env_for_tests, short_run_dir, wait_until
 
-TRAIN = str(REPO / "examples" / "train.py")
+TRAIN = str(REPO / "perftracker" / "examples" / "train.py")
 
 
 def _iteration(progress: Path, rank: int) -> int:

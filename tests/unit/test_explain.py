@@ -82,7 +82,7 @@ def test_python_frames_are_shortened_in_sentences() -> None:
 
     site = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
     assert frame_text(site) == "_engine_run_backward (torch/autograd/graph.py:966)"
-    assert frame_text("/work/main/examples/train.py(243): main") == "main (perftracker/examples/train.py:243)"
+    assert frame_text("/work/main/perftracker/examples/train.py(243): main") == "main (examples/train.py:243)"
     assert frame_text("/usr/lib/python3.11/threading.py(10): run") == "run (threading.py:10)"
     assert frame_text("aten::mm") == "aten::mm"
 
