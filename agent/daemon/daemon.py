@@ -235,7 +235,7 @@ class AgentDaemon:
                 self._warn_once("bad-register", "refused a worker registration: %s", exc)
                 return
             holder = self.workers.get((msg["job"], msg["rank"]))
-            if holder is not None and holder.connected and holder.pid != msg["pid"] and liveness(holder.pid, holder.start_ticks)[0]:
+            if holder is not None and holder.connected and holder.pid != msg["pid"] and liveness(holder.pid, holder.started)[0]:
                 # two live processes claim one rank of one job (e.g. two runs of the same script): keep
                 # the first; the second retries with backoff and gets in once the first is gone
                 await wire.write_message(writer, wire.make_message(
@@ -269,7 +269,7 @@ class AgentDaemon:
                 self.windows.forget(worker)
                 self._update_worker_metrics(worker.job)
                 log.info("worker rank %d of job %s disconnected", worker.rank, worker.job)
-                alive, state = liveness(worker.pid, worker.start_ticks)
+                alive, state = liveness(worker.pid, worker.started)
                 if not alive:
                     self._fail_pending(worker, f"worker process {state}")
                 if not self._stopped.is_set():
@@ -281,13 +281,13 @@ class AgentDaemon:
         old = self.workers.get(key)
         if old is not None and old.writer is not None and old.writer is not writer:
             old.writer.close()  # a reconnect (or a restarted rank) replaces the old connection
-        ticks = 0
+        started = 0.0
         with contextlib.suppress(Exception):
-            from perftracker.agent.daemon.liveness import start_ticks_of
+            from perftracker.agent.daemon.liveness import started_at
 
-            ticks = start_ticks_of(msg["pid"])
+            started = started_at(msg["pid"])
         w = Worker(job=msg["job"], rank=msg["rank"], world_size=msg["world_size"], local_rank=msg["local_rank"],
-                   pid=msg["pid"], training_tid=msg["training_tid"], host=msg["host"], start_ticks=ticks,
+                   pid=msg["pid"], training_tid=msg["training_tid"], host=msg["host"], started=started,
                    writer=writer, cgroup=memory_cgroup(msg["pid"]), error_file=error_file_of(msg["pid"]))
         self.workers[key] = w
         self._last_connected = time.monotonic()
@@ -371,10 +371,10 @@ class AgentDaemon:
         workers tens of milliseconds later; those are marked "dead after rank N" and are not blamed.
         """
         try:
-            status = await asyncio.to_thread(watch_exit, w.pid, w.start_ticks, 1.0)
+            status = await asyncio.to_thread(watch_exit, w.pid, w.started, 1.0)
         except RuntimeError:  # the loop is closing
             return
-        alive, _ = liveness(w.pid, w.start_ticks)
+        alive, _ = liveness(w.pid, w.started)
         if alive or self._stopped.is_set() or w.writer is not None:
             return  # alive: a reconnect, not an exit; or the agent is stopping and closed it itself
         oom = oom_killed(w.cgroup, status)

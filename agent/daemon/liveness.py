@@ -1,17 +1,16 @@
-"""Liveness of worker processes, from procfs: dead, stopped, or alive (running but maybe silent).
+"""Liveness of worker processes (psutil): dead, stopped, or alive (running but maybe silent).
 
-The agent records each worker's pid and process start time when the worker registers, and
-probes it when the worker goes quiet (no events, no snapshot). ``probe`` tells:
+The agent records each worker's pid and process creation time (``started_at``) when the worker
+registers, and probes it when the worker goes quiet (no events, no snapshot). ``probe`` tells:
 
-- ``dead``: no such process, a zombie (``Z``/``X``), or the pid was reused by a process with
-  another start time;
-- ``stopped``: state ``T`` (SIGSTOP / SIGTSTP) or ``t`` (stopped by a tracer);
-- ``disk_wait``: state ``D``, uninterruptible sleep in the kernel (a hung filesystem or device);
+- ``dead``: no such process, a zombie, or the pid was reused: it now belongs to a process created
+  at another time (psutil's ``create_time``);
+- ``stopped``: stopped by a signal (SIGSTOP / SIGTSTP) or by a tracer;
+- ``disk_wait``: uninterruptible sleep in the kernel (state ``D``: a hung filesystem or device);
 - ``alive``: any other state. A worker that is alive but sends nothing is *frozen*: for example
   its main thread holds the GIL in C code, so its controller thread cannot take a snapshot.
 
-Only for this machine's processes (procfs); a silent agent (a dead host) is the service's
-business.
+Only for this machine's processes; a silent agent (a dead host) is the service's business.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ import select
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -41,57 +42,60 @@ DETAIL = {
     ProcState.DEAD: "process dead",
 }
 
+# psutil's status words -> our states; every other status (running, sleeping, idle, ...) is alive
+_STATES = {
+    psutil.STATUS_ZOMBIE: ProcState.DEAD,
+    psutil.STATUS_DEAD: ProcState.DEAD,
+    psutil.STATUS_STOPPED: ProcState.STOPPED,
+    psutil.STATUS_TRACING_STOP: ProcState.STOPPED,
+    psutil.STATUS_DISK_SLEEP: ProcState.DISK_WAIT,
+}
+
 
 @dataclass(frozen=True)
 class ProcInfo:
     pid: int
     state: ProcState
-    state_letter: str  # the raw procfs state letter, "" when dead
-    start_ticks: int  # field 22 of /proc/<pid>/stat (clock ticks after boot); 0 when dead
+    status: str  # psutil's status word ("sleeping", "disk-sleep", "zombie", ...), "" when gone
+    started: float  # the process's creation time (psutil, seconds since the epoch); 0.0 when gone
 
     @property
     def detail(self) -> str:
         return DETAIL[self.state]
 
 
-def read_stat(pid: int, proc_root: str = "/proc") -> tuple[str, int] | None:
-    """(state letter, start time in ticks) of a process, or None if it does not exist."""
+def state_of(status: str) -> ProcState:
+    """Our state for one of psutil's status words."""
+    return _STATES.get(status, ProcState.ALIVE)
+
+
+def started_at(pid: int) -> float:
+    """The creation time of ``pid`` to remember at registration (it tells the process from a later
+    one given the same pid); 0.0 if the process is gone."""
+    if pid <= 0:
+        return 0.0
     try:
-        with open(f"{proc_root}/{int(pid)}/stat", "rb") as fh:
-            raw = fh.read().decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError as exc:
-        log.debug("liveness: cannot read stat of pid %s: %s", pid, exc)
-        return None
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return 0.0
+
+
+def probe(pid: int, started: float = 0.0) -> ProcInfo:
+    """Classify a process. Pass the ``started`` recorded at registration to catch pid reuse.
+    Raises psutil.AccessDenied where the process cannot be read (the caller says "unknown")."""
+    gone = ProcInfo(pid, ProcState.DEAD, "", 0.0)
+    if pid <= 0:
+        return gone
     try:
-        rest = raw[raw.rindex(")") + 2:].split()
-        return rest[0], int(rest[19])  # fields 3 and 22 (1-based) after "pid (comm)"
-    except (ValueError, IndexError):
-        return None
-
-
-def probe(pid: int, start_ticks: int = 0, proc_root: str = "/proc") -> ProcInfo:
-    """Classify a process. Pass the ``start_ticks`` recorded at registration to catch pid reuse."""
-    st = read_stat(pid, proc_root) if pid > 0 else None
-    if st is None:
-        return ProcInfo(pid, ProcState.DEAD, "", 0)
-    letter, ticks = st
-    if start_ticks and ticks != start_ticks:
-        return ProcInfo(pid, ProcState.DEAD, "", 0)  # the pid now belongs to another process
-    if letter in ("Z", "X", "x"):
-        return ProcInfo(pid, ProcState.DEAD, letter, ticks)
-    if letter in ("T", "t"):
-        return ProcInfo(pid, ProcState.STOPPED, letter, ticks)
-    if letter == "D":
-        return ProcInfo(pid, ProcState.DISK_WAIT, letter, ticks)
-    return ProcInfo(pid, ProcState.ALIVE, letter, ticks)
-
-
-def start_ticks_of(pid: int, proc_root: str = "/proc") -> int:
-    """The process start time to remember at registration; 0 if the process is gone."""
-    st = read_stat(pid, proc_root)
-    return st[1] if st else 0
+        proc = psutil.Process(pid)
+        with proc.oneshot():  # one read of /proc/<pid>/stat for both
+            created = float(proc.create_time())
+            status = str(proc.status())
+    except psutil.NoSuchProcess:  # gone (a zombie's status is read, not raised)
+        return gone
+    if started and created != started:
+        return gone  # the pid now belongs to another process
+    return ProcInfo(pid, state_of(status), status, created)
 
 
 class ExitWatch:
@@ -108,7 +112,7 @@ class ExitWatch:
         self._fds: dict[int, int] = {}  # pid -> pidfd
         self.exited_ns: dict[int, int] = {}  # pid -> wall-clock ns when the exit was seen
 
-    def add(self, pid: int, start_ticks: int = 0) -> bool:
+    def add(self, pid: int, started: float = 0.0) -> bool:
         if pid in self._fds or pid in self.exited_ns:
             return True
         try:
@@ -116,7 +120,7 @@ class ExitWatch:
         except (AttributeError, OSError) as exc:
             log.debug("liveness: no pidfd for pid %d: %s", pid, exc)
             return False
-        if start_ticks and start_ticks_of(pid) != start_ticks:  # reused before we got here
+        if started and started_at(pid) != started:  # reused before we got here
             os.close(fd)
             self.exited_ns[pid] = time.time_ns()
             return True

@@ -114,7 +114,7 @@ class Upstream:
                     alive, phase = True, w.phase
                     if not w.connected or quiet_s >= SILENT_AFTER_S:
                         # silent: say why in the phase ("stopped", "dead", ...), see perftracker.localizer.diagnose.hang_diagnosis
-                        alive, state = liveness(w.pid, w.start_ticks)
+                        alive, state = liveness(w.pid, w.started)
                         phase = state if state in ("stopped", "disk_wait", "dead") else "silent"
                         if not alive and (w.phase == "exited" or w.phase.startswith("dead")):
                             phase = w.phase  # "exited" by itself, or "dead after rank N" (AgentDaemon._on_disconnect)

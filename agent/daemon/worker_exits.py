@@ -1,9 +1,10 @@
-"""How a worker process ended, as its node agent can see it (issue 22). Only procfs and cgroup files.
+"""How a worker process ended, as its node agent can see it (issue 22): psutil, procfs and cgroup files.
 
 - **Exit status**: the agent is not the worker's parent (torchrun or ``perftracker run`` is), so it
   cannot wait for it. Between its exit and its parent's ``wait`` a process is a zombie, and
-  ``/proc/<pid>/stat`` field 52 (``exit_code``, Linux >= 3.5) holds its wait status: the agent polls
-  for it right after the worker's socket closes (``watch_exit``). torchrun reaps its workers every
+  ``/proc/<pid>/stat`` field 52 (``exit_code``, Linux >= 3.5) holds its wait status, which psutil
+  does not read: the agent polls for the zombie (psutil's status, and its creation time against a
+  reused pid) right after the worker's socket closes, then reads that field (``watch_exit``). torchrun reaps its workers every
   ``--monitor-interval`` (0.1 s by default), so the zombie is usually there to read; a parent
   blocked in ``wait`` (``perftracker run -- python train.py``) reaps at once and the status is then
   not seen (``None``).
@@ -14,7 +15,7 @@
   since it was last read was killed by the OOM killer. The cgroup's peak and limit go into the report
   (v2 ``memory.peak``/``memory.max``, v1 ``memory.max_usage_in_bytes``/``memory.limit_in_bytes``).
 - **torchrun's error file**: ``TORCHELASTIC_ERROR_FILE`` from the worker's environment
-  (``/proc/<pid>/environ``, read at registration); a worker whose ``@record``-decorated entry point
+  (psutil's ``environ``, read at registration); a worker whose ``@record``-decorated entry point
   failed wrote its exception there.
 
 Every reader returns a neutral value when the file is missing or unreadable; none raises.
@@ -29,6 +30,8 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -65,31 +68,46 @@ def decode_wait_status(status: int) -> ExitStatus:
     return ExitStatus("exit", os.WEXITSTATUS(status))
 
 
-def zombie_status(pid: int, start_ticks: int = 0, proc_root: str = "/proc") -> ExitStatus | None:
-    """The wait status of ``pid`` while it is a zombie, else None (alive, reaped, or another process)."""
+def exit_code_field(pid: int, proc_root: str = "/proc") -> int | None:
+    """Field 52 of ``/proc/<pid>/stat`` (``exit_code``: the wait status once the process is a
+    zombie), or None if unreadable."""
     try:
         with open(f"{proc_root}/{int(pid)}/stat", "rb") as fh:
             raw = fh.read().decode(errors="replace")
-        rest = raw[raw.rindex(")") + 2:].split()
-        if rest[0] not in ("Z", "X"):
-            return None
-        if start_ticks and int(rest[19]) != start_ticks:
-            return None
-        return decode_wait_status(int(rest[49]))  # field 52 (1-based), counting from field 3
+        return int(raw[raw.rindex(")") + 2:].split()[49])  # field 52 (1-based), counting from field 3
     except (OSError, ValueError, IndexError):
         return None
 
 
-def watch_exit(pid: int, start_ticks: int = 0, timeout_s: float = 0.5, poll_s: float = 0.002,
-               proc_root: str = "/proc") -> ExitStatus | None:
+def zombie_status(pid: int, started: float = 0.0) -> ExitStatus | None:
+    """The wait status of ``pid`` while it is a zombie, else None (alive, reaped, or another process:
+    ``started`` is its creation time, ``perftracker.agent.daemon.liveness.started_at``)."""
+    if pid <= 0:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            if started and proc.create_time() != started:
+                return None
+            if proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                return None
+    except psutil.Error:
+        return None
+    code = exit_code_field(pid)
+    return None if code is None else decode_wait_status(code)
+
+
+def watch_exit(pid: int, started: float = 0.0, timeout_s: float = 0.5, poll_s: float = 0.002) -> ExitStatus | None:
     """Poll (blocking; run it in a thread) for ``pid``'s zombie and return its status; None if the
     process is still alive at the timeout or was reaped before it was seen."""
+    if pid <= 0:
+        return None
     deadline = time.monotonic() + timeout_s
     while True:
-        st = zombie_status(pid, start_ticks, proc_root)
+        st = zombie_status(pid, started)
         if st is not None:
             return st
-        if not os.path.exists(f"{proc_root}/{int(pid)}") or time.monotonic() >= deadline:
+        if not psutil.pid_exists(pid) or time.monotonic() >= deadline:
             return None
         time.sleep(poll_s)
 
@@ -217,16 +235,12 @@ def oom_killed(cg: MemoryCgroup | None, status: ExitStatus | None) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def error_file_of(pid: int, proc_root: str = "/proc") -> str:
+def error_file_of(pid: int) -> str:
     """``TORCHELASTIC_ERROR_FILE`` from the process's environment, or ""."""
     try:
-        env = Path(f"{proc_root}/{int(pid)}/environ").read_bytes()
-    except OSError:
+        return str(psutil.Process(pid).environ().get("TORCHELASTIC_ERROR_FILE", ""))
+    except (psutil.Error, ValueError):  # gone, not ours to read, or a bad pid
         return ""
-    for item in env.split(b"\0"):
-        if item.startswith(b"TORCHELASTIC_ERROR_FILE="):
-            return item.split(b"=", 1)[1].decode(errors="replace")
-    return ""
 
 
 def read_error_file(path: str, max_bytes: int = 1 << 20) -> tuple[str, int]:

@@ -1,7 +1,7 @@
 """The agent's view of the training processes on its node: one Worker per connected rank.
 
 A Worker is what the agent knows of one rank from its Unix-socket messages (identity, last
-heartbeat, iteration statistics); ``liveness`` asks procfs whether its process still runs.
+heartbeat, iteration statistics); ``liveness`` asks psutil whether its process still runs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Worker:
     pid: int
     training_tid: int
     host: str
-    start_ticks: int = 0
+    started: float = 0.0  # its process's creation time (perftracker.agent.daemon.liveness.started_at); 0.0 unknown
     writer: asyncio.StreamWriter | None = None
     iteration: int = -1
     phase: str = ""
@@ -49,12 +49,12 @@ class Worker:
                 "tid": self.training_tid, "host": self.host}
 
 
-def liveness(pid: int, start_ticks: int) -> tuple[bool, str]:
-    """(alive, procfs state word) of a worker process; (True, "unknown") when procfs cannot tell."""
+def liveness(pid: int, started: float) -> tuple[bool, str]:
+    """(alive, state word) of a worker process; (True, "unknown") when it cannot be read."""
     try:
         from perftracker.agent.daemon.liveness import ProcState, probe
 
-        info = probe(pid, start_ticks)
+        info = probe(pid, started)
         return info.state is not ProcState.DEAD, info.state.value
     except Exception:  # noqa: BLE001 - liveness is best effort
         return True, "unknown"

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import psutil
 from perftracker.agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
 from perftracker.agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
 from perftracker.agent.samplers.pystacks import PyStackThread
@@ -87,8 +88,17 @@ def _control(bounds: WindowBounds, pid: int, pystacks: list[PyStackThread]) -> N
 
 
 def _watch_pid(pid: int, bounds: WindowBounds) -> None:
+    """Stop the window when the sampled process ends (a zombie has ended; a reused pid is another process)."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
+        proc = None
     while not bounds.done(time.monotonic_ns()):
-        if not os.path.exists(f"/proc/{pid}"):
+        try:
+            ended = proc is None or not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            ended = True
+        if ended:
             log.info("process %d exited", pid)
             bounds.stop()
             return

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import shutil
 import signal
 import sqlite3
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
+import psutil
 from perftracker.agent.samplers.base import Sampler, WindowBounds
 
 from perftracker.errors import TraceError
@@ -49,18 +49,12 @@ PCIE_NAMES = ("PCIe RX Throughput", "PCIe TX Throughput")
 NVLINK_PREFIXES = ("NVLink RX", "NVLink TX")
 
 
-def dcgm_running(proc_root: str = "/proc") -> bool:
+def dcgm_running() -> bool:
+    """Whether DCGM's host engine runs on this node (it holds the GPU metrics that nsys would sample)."""
     try:
-        for pid in os.listdir(proc_root):
-            if pid.isdigit():
-                try:
-                    if Path(proc_root, pid, "comm").read_text().strip() == "nv-hostengine":
-                        return True
-                except OSError:
-                    continue
-    except OSError:
+        return any(p.info["name"] == "nv-hostengine" for p in psutil.process_iter(["name"]))
+    except psutil.Error:
         return False
-    return False
 
 
 def _metric_kind(name: str) -> str | None:

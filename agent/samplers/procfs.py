@@ -25,11 +25,14 @@
   ``nic_peak_bps`` (bits/s, default 10 Gbit/s; loopback and virtual devices have no speed).
   Utilization is max(rx, tx) / peak, as a full-duplex link carries the peak each way. One series per
   interface (``nic:<if>``) and ``nic`` = the per-sample max over interfaces.
-- ``disk``: ``read_bytes + write_bytes`` from ``/proc/<pid>/io`` (bytes that reached the storage
-  layer), normalized by ``disk_peak_bps`` (bytes/s, default 1 GB/s).
+- ``disk``: ``read_bytes + write_bytes`` of the process's I/O counters (psutil's ``io_counters``,
+  from ``/proc/<pid>/io``: bytes that reached the storage layer), normalized by ``disk_peak_bps``
+  (bytes/s, default 1 GB/s).
 - ``tcp_retrans``: the share of TCP segments the namespace retransmitted over the window, one
   sample (``perftracker.agent.samplers.tcp``, from ``/proc/<pid>/net/snmp``).
-NIC, disk and TCP counters are read every ``slow_every`` ticks (10 ms by default).
+NIC, disk and TCP counters are read every ``slow_every`` ticks (10 ms by default). psutil reads the
+disk counters; it has no per-thread run time or run delay (schedstat, perf task-clock), and its NIC
+counters are those of the caller's network namespace, not the target's, so those are read here.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 from perftracker.agent.samplers.base import WindowBounds, rate_series
 from perftracker.agent.samplers.cpuwait import RESOURCE as WAIT_RESOURCE
 from perftracker.agent.samplers.cpuwait import cpu_wait_series
@@ -132,13 +136,10 @@ def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def parse_proc_io(text: str) -> int:
-    """``/proc/<pid>/io`` -> read_bytes + write_bytes."""
-    vals = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        vals[key.strip()] = value.strip()
-    return int(vals.get("read_bytes", 0)) + int(vals.get("write_bytes", 0))
+def disk_bytes(proc: psutil.Process) -> int:
+    """The bytes the process read from and wrote to the storage layer (psutil.Error if unreadable)."""
+    io = proc.io_counters()
+    return int(io.read_bytes) + int(io.write_bytes)
 
 
 def link_peak_bytes_per_s(iface: str, options: ProcfsOptions) -> float:
@@ -237,16 +238,24 @@ class ProcfsSampler:
         cpu = self._cpu or CpuCounter(self._path("task", str(self.tid), "schedstat"), self.tid, opt.cpu_source)
         self._cpu = None  # one run per counter: closed below
         fds: dict[str, int] = {}
-        for key, rel in (("net", ("net", "dev")), ("io", ("io",)), ("snmp", ("net", "snmp"))):
+        for key, rel in (("net", ("net", "dev")), ("snmp", ("net", "snmp"))):
             try:
                 fds[key] = os.open(self._path(*rel), os.O_RDONLY)
             except OSError as exc:
                 log.info("procfs sampler: no %s (%s)", "/".join(rel), exc)
+        io_proc: psutil.Process | None = None
+        try:
+            io_proc = psutil.Process(self.pid)
+            disk_bytes(io_proc)
+        except psutil.Error as exc:
+            log.info("procfs sampler: no disk counters (%s)", exc)
+            io_proc = None
         cpu_t: list[int] = []
         cpu_run: list[int] = []
         cpu_wait: list[int] = []
         slow_t: list[int] = []
         net: list[dict[str, tuple[int, int]]] = []
+        disk_t: list[int] = []
         disk: list[int] = []
         tcp_t: list[int] = []
         tcp: list[tuple[int, int]] = []
@@ -276,8 +285,13 @@ class ProcfsSampler:
                     slow_t.append(t1)
                     if "net" in fds:
                         net.append(parse_net_dev(_read(fds["net"]).decode(errors="replace")))
-                    if "io" in fds:
-                        disk.append(parse_proc_io(_read(fds["io"]).decode(errors="replace")))
+                    if io_proc is not None:
+                        try:
+                            disk.append(disk_bytes(io_proc))
+                            disk_t.append(t1)
+                        except psutil.Error as exc:  # the process ended: keep what was read
+                            log.info("procfs sampler: disk counters gone (%s)", exc)
+                            io_proc = None
                     if "snmp" in fds:
                         try:
                             tcp.append(parse_snmp_tcp(_read(fds["snmp"]).decode(errors="replace")))
@@ -311,7 +325,8 @@ class ProcfsSampler:
         if net:
             out.update(self._nic_series(st, net, slow_period_ns))
         if disk:
-            out["disk"] = rate_series("disk", st, np.array(disk, np.float64), opt.disk_peak_bps, slow_period_ns, "procfs")
+            out["disk"] = rate_series("disk", np.array(disk_t, np.int64), np.array(disk, np.float64), opt.disk_peak_bps,
+                                      slow_period_ns, "procfs")
         if tcp:
             counts = np.array(tcp, np.int64)
             share = window_retrans_share(np.array(tcp_t, np.int64), counts[:, 0], counts[:, 1], bounds.start_ns,

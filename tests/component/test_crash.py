@@ -19,13 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from perftracker.agent.daemon.liveness import started_at
 from perftracker.agent.daemon.worker_exits import (
     ExitStatus,
     MemoryCgroup,
+    error_file_of,
     is_failure,
     oom_killed,
     read_error_file,
     watch_exit,
+    zombie_status,
 )
 from perftracker.localizer.diagnose.crash_diagnosis import localize_crash
 from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
@@ -105,6 +108,25 @@ def test_agent_reads_a_zombies_exit_status_and_tells_exit_from_failure() -> None
     assert not is_failure(True, ExitStatus("signal", 2), oom=False)  # Ctrl-C after atexit: interrupted, no crash
     assert is_failure(False, statuses[2], oom=False) and is_failure(False, None, oom=False)
     assert statuses[2].describe() == "killed by signal 9 (SIGKILL)"
+
+
+def test_a_zombie_of_another_creation_time_is_not_read_and_the_error_file_comes_from_the_environment(
+        tmp_path: Path) -> None:
+    err = str(tmp_path / "error.json")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(4)"], stdin=subprocess.PIPE,
+                            env={"PATH": "/usr/bin:/bin", "TORCHELASTIC_ERROR_FILE": err})
+    try:
+        assert error_file_of(proc.pid) == err
+        started = started_at(proc.pid)
+        assert zombie_status(proc.pid, started) is None  # alive
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert watch_exit(proc.pid, started, timeout_s=30) == ExitStatus("exit", 4)
+        assert zombie_status(proc.pid, started + 0.01) is None  # the pid of a process created at another time
+    finally:
+        proc.wait()
+    assert zombie_status(proc.pid, started) is None and error_file_of(proc.pid) == ""  # reaped
+    assert watch_exit(proc.pid, started, timeout_s=5) is None  # gone: returns at once, not at the timeout
 
 
 def test_oom_killer_from_the_cgroup_counter(tmp_path: Path) -> None:
