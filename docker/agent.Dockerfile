@@ -1,10 +1,12 @@
 # perftracker agent image: the node agent (sidecar) and, for the example Job, the training
-# container too (torch CPU build, examples/ under /opt/perftracker/examples).
+# container too (torch CPU build; the demo job, perftracker/examples/train.py, under /opt/perftracker).
 #
 #   docker build -f docker/agent.Dockerfile -t perftracker/agent:0.1.0 .
 #
 # GPU training images: build FROM your own CUDA/torch image instead and `pip install
-# "perftracker[agent,gpu]"` into it; the agent sidecar itself needs no GPU build of torch.
+# "perftracker[gpu]"` into it; the agent sidecar itself needs no GPU build of torch.
+# No PERFTRACKER_ROLE here: the trainer container runs this image too. The sidecar's command is the
+# `perftracker` console script, which says it is perftracker's own process (perftracker/role.py).
 # NOT BUILT OR RUN on the development machines (no container engine there).
 FROM python:3.11-slim
 
@@ -23,9 +25,10 @@ COPY pyproject.toml README.md ./
 COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
-# "agent": prometheus_client for --metrics-port (the example overlay passes it); "gpu": NVML.
-# tests/system/test_images.py runs every container command of k8s/ with only these extras importable.
-RUN pip install ".[agent,gpu]" && python -c "import perftracker, perftracker.agent.summarize.summarizer, prometheus_client, pynvml"
+# The base install carries the agent, its embedded localizer and --metrics-port (prometheus_client);
+# "gpu": NVML. tests/system/test_images.py runs every container command of k8s/ with only what this
+# line installs importable.
+RUN pip install ".[gpu]" && python -c "import perftracker, perftracker.agent.summarize.summarizer, prometheus_client, pynvml"
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /var/run/perftracker && chown 10001:10001 /var/run/perftracker

@@ -3,27 +3,28 @@
 #
 #   docker build -f docker/localizer.Dockerfile -t perftracker/localizer:0.1.0 .
 #
-# torch is a dependency of the perftracker distribution (the in-process side); the CPU build is
-# installed to keep the image small. The localizer itself never imports it.
+# No torch: the localizer never imports it. torch, nvtx and psutil are base dependencies of the
+# perftracker distribution for the training side and the node agent, so the package goes in with
+# --no-deps and the localizer's own dependencies follow, with pyproject.toml's bounds.
+# tests/system/test_images.py checks that list against pyproject.toml and runs the manifests'
+# localizer command with only these packages importable.
 # NOT BUILT OR RUN on the development machines (no container engine there).
 FROM python:3.11-slim
 
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PERFTRACKER_DISABLE=1
-
-RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+    PERFTRACKER_ROLE=localizer
 
 WORKDIR /opt/perftracker
 COPY pyproject.toml README.md ./
 COPY perftracker ./perftracker
 COPY agent ./agent
 COPY localizer ./localizer
-# tests/system/test_images.py runs the manifests' localizer command with only these extras importable.
-RUN pip install ".[localizer,k8s]" && python -c "import perftracker.localizer.service.http_service, perftracker.localizer.k8s.client, perftracker.localizer.diagnose.localize"
+RUN pip install --no-deps . \
+    && pip install "numpy>=1.24" "aiohttp>=3.9" "prometheus_client>=0.20" "rich>=13" "kubernetes>=28" \
+    && python -c "import perftracker.localizer.service.http_service, perftracker.localizer.k8s.client, perftracker.localizer.diagnose.localize, perftracker.cli.localizer, perftracker.cli.report, kubernetes, rich" \
+    && ! python -c "import torch" 2>/dev/null
 
 RUN groupadd --gid 10001 perftracker && useradd --uid 10001 --gid 10001 --no-create-home perftracker \
     && mkdir -p /data && chown 10001:10001 /data

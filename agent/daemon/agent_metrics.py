@@ -15,8 +15,8 @@ training job's id is the label ``training_job``, since ``job`` is the scrape tar
 
 ``serve()`` answers ``/metrics`` (the text exposition format) and ``/healthz`` (200 while the agent's
 event loop ticked within ``stale_after_s``, else 503: the sidecar's liveness probe) on a small
-threaded HTTP server. prometheus_client is in the ``agent`` extra; without it the agent runs with
-these methods as no-ops and refuses ``--metrics-port`` (``ConfigError``).
+threaded HTTP server. prometheus_client is a base dependency; should an install lack it, the agent
+runs with these methods as no-ops and refuses ``--metrics-port`` (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ class MetricsServer:
 
     def __init__(self, metrics: Metrics, host: str, port: int, stale_after_s: float = 30.0) -> None:
         if not metrics.enabled:
-            raise ConfigError("--metrics-port needs prometheus_client: pip install 'perftracker[agent]'")
+            raise ConfigError("--metrics-port needs prometheus_client, a dependency of perftracker missing here: "
+                              "pip install 'prometheus_client>=0.20'")
         from prometheus_client import CONTENT_TYPE_LATEST
 
         def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:

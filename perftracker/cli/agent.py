@@ -180,5 +180,6 @@ def run(args: argparse.Namespace) -> int:
         from perftracker.agent.daemon.agent_metrics import available
 
         if not available():
-            raise ConfigError("--metrics-port needs prometheus_client: pip install 'perftracker[agent]'")
+            raise ConfigError("--metrics-port needs prometheus_client, a dependency of perftracker missing here: "
+                              "pip install 'prometheus_client>=0.20'")
     return asyncio.run(serve(args))

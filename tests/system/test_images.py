@@ -1,14 +1,16 @@
 """The images start with every option the overlays pass: each container command of the rendered
 k8s/ overlays runs here, for real, with only what its image installs importable.
 
-What an image installs is read from its Dockerfile (``pip install ".[extras]"``; the nsys image is
-built FROM the agent image). The importable set is the standard library, the repo's packages, and
-the distributions perftracker's base dependencies and those extras pull in (their requirements,
-followed transitively through the installed metadata); a sitecustomize.py on PYTHONPATH hides
+What an image installs is read from its Dockerfile's ``pip install`` commands: the project with its
+base dependencies and extras (``".[gpu]"``), or without them (``--no-deps .``) and requirements
+named one by one; the nsys image is built FROM the agent image. The importable set is the standard
+library, the repo's packages, and the distributions those requirements pull in (followed
+transitively through the installed metadata); a sitecustomize.py on PYTHONPATH hides
 every other top-level module from the import system in the command and its children, as in the
 image (find_spec finds nothing, import raises ModuleNotFoundError). Host-specific values are substituted: listen addresses become 127.0.0.1, ports free ones,
 the volume paths (/var/run/perftracker, /data) temporary directories, Secret and fieldRef values
-test strings; the trainer's torchrun runs one standalone process for 5 iterations. The containers
+test strings; the trainer's torchrun runs one standalone process for 5 iterations; a perftracker
+command runs as the image's ``perftracker`` console script does (its program name is its role). The containers
 come from `kubectl kustomize` of the overlays, or from the manifest files where no kubectl >= 1.27
 is on PATH. No container engine runs here, so the images themselves are not built."""
 
@@ -26,6 +28,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -39,7 +42,10 @@ REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"perftracker/agent": "agent.Dockerfile", "perftracker/localizer": "localizer.Dockerfile",
                "perftracker/agent-nsys": "agent-nsys.Dockerfile"}
 OVERLAYS = ("k8s/overlays/example", "k8s/overlays/example-nsys")
-OWN_PACKAGES = {"perftracker", "agent", "localizer", "examples", "tests"}
+OWN_PACKAGES = {"perftracker", "tests"}  # the repo's agent/ and localizer/ install as perftracker.agent, .localizer
+# The image's ENTRYPOINT, the `perftracker` console script: its program name makes it perftracker's own
+# process (perftracker/role.py), where `python -m perftracker` would be a training process.
+CONSOLE_SCRIPT = "import sys; sys.argv[0] = 'perftracker'; from perftracker.cli.main import main; sys.exit(main())"
 
 SITECUSTOMIZE = '''\
 import importlib.abc, importlib.machinery, json, os, sys
@@ -65,14 +71,52 @@ sys.meta_path[:] = [f if f in _KEEP else _ImageOnly(f) for f in sys.meta_path]
 # ------------------------------------------------------------------------------------------------
 
 
-def image_extras(dockerfile: str) -> set[str]:
+@dataclass(frozen=True)
+class ImageInstall:
+    """What a Dockerfile's ``pip install`` commands put into the image."""
+
+    project: bool = False  # the perftracker project itself
+    with_deps: bool = False  # ... with its base dependencies and ``extras`` (not --no-deps)
+    extras: frozenset[str] = frozenset()
+    requirements: tuple[str, ...] = ()  # requirements named one by one ("numpy>=1.24")
+
+    def __or__(self, other: ImageInstall) -> ImageInstall:
+        return ImageInstall(self.project or other.project, self.with_deps or other.with_deps,
+                            self.extras | other.extras, self.requirements + other.requirements)
+
+    def requirement_strings(self) -> list[str]:
+        """Every requirement the image installs (the project's own, then those named)."""
+        project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+        reqs = list(project["dependencies"]) if self.with_deps else []
+        for extra in sorted(self.extras) if self.with_deps else ():
+            reqs += project["optional-dependencies"][extra]
+        return reqs + list(self.requirements)
+
+
+def image_install(dockerfile: str) -> ImageInstall:
     text = (REPO / "docker" / dockerfile).read_text()
-    extras: set[str] = set()
+    out = ImageInstall()
     if re.search(r"^FROM \$\{AGENT_IMAGE\}", text, flags=re.M):
-        extras |= image_extras(DOCKERFILES["perftracker/agent"])
-    for group in re.findall(r'pip install "\.\[([\w,-]+)\]"', text):
-        extras |= set(group.split(","))
-    return extras
+        out |= image_install(DOCKERFILES["perftracker/agent"])
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M))
+    text = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), text.replace("\\\n", " "))
+    for run in re.findall(r"^RUN (.*)$", text, flags=re.M):
+        for command in run.split("&&"):
+            if not command.strip().startswith("pip install "):
+                continue
+            words = shlex.split(command)
+            no_deps = "--no-deps" in words
+            skip = False
+            for word in words[2:]:
+                if skip or word.startswith("-"):  # an option, or the value of --index-url
+                    skip = word in ("--index-url", "-i", "--extra-index-url")
+                    continue
+                m = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", word)
+                if m:
+                    out |= ImageInstall(True, not no_deps, frozenset(m.group(1).split(",") if m.group(1) else ()))
+                else:
+                    out |= ImageInstall(requirements=(word,))
+    return out
 
 
 def image_env(dockerfile: str) -> dict[str, str]:
@@ -99,17 +143,13 @@ def _top_modules() -> dict[str, set[str]]:
     return out
 
 
-def allowed_modules(extras: set[str]) -> set[str]:
-    """Top-level modules of the distributions perftracker[extras] installs (transitively)."""
+def allowed_modules(install: ImageInstall) -> set[str]:
+    """Top-level modules of the distributions an image installs (transitively)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    todo: list[tuple[str, frozenset[str]]] = []
-    for req in project["dependencies"]:
-        todo.append((req, frozenset()))
-    for extra in extras:
-        todo += [(req, frozenset()) for req in project["optional-dependencies"][extra]]
+    todo: list[tuple[str, frozenset[str]]] = [(req, frozenset()) for req in install.requirement_strings()]
     seen: set[str] = set()
     while todo:
         text, _ = todo.pop()
@@ -185,12 +225,12 @@ def _paths(text: str, tmp: Path) -> str:
                .replace("/opt/perftracker/", str(REPO) + "/")
 
 
-def _launch(argv: list[str], env: dict[str, str], extras: set[str], tmp: Path) -> subprocess.Popen[str]:
+def _launch(argv: list[str], env: dict[str, str], install: ImageInstall, tmp: Path) -> subprocess.Popen[str]:
     site = tmp / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     allowed = tmp / "allowed.json"
-    allowed.write_text(json.dumps(sorted(allowed_modules(extras))))
+    allowed.write_text(json.dumps(sorted(allowed_modules(install))))
     env = dict(env, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), PERFTRACKER_TEST_ALLOWED_MODULES=str(allowed))
     (tmp / "run").mkdir(exist_ok=True)
     (tmp / "data").mkdir(exist_ok=True)
@@ -220,10 +260,10 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout.read() if proc.stdout else ""
 
 
-def _serve_until_ready(argv: list[str], env: dict[str, str], extras: set[str], tmp: Path,
+def _serve_until_ready(argv: list[str], env: dict[str, str], install: ImageInstall, tmp: Path,
                        ready: Any, timeout_s: float = 60.0) -> str:
     """Start a long-running command; ``ready()`` polls it; it must then stop cleanly on SIGTERM."""
-    proc = _launch(argv, env, extras, tmp)
+    proc = _launch(argv, env, install, tmp)
     deadline = time.monotonic() + timeout_s
     ok = False
     try:
@@ -239,10 +279,17 @@ def _serve_until_ready(argv: list[str], env: dict[str, str], extras: set[str], t
     return out
 
 
+def _not_training(out: str) -> str:
+    """perftracker's own process never turned detection on (which, in the localizer image, would
+    fail on the missing torch: logged, not fatal, so the service alone would not show it)."""
+    assert "perftracker: activation failed" not in out and "No module named" not in out, out[-3000:]
+    return out
+
+
 def run_container(c: dict[str, Any], tmp: Path) -> str:
     """Run one container's command line as the image would (see the module doc)."""
     image = c["image"].rsplit(":", 1)[0]
-    extras = image_extras(DOCKERFILES[image])
+    install = image_install(DOCKERFILES[image])
     env = _host_env(c, tmp, image)
     if c.get("command"):  # the trainer: sh -c "exec torchrun ... script args"
         words = shlex.split(" ".join(c["command"][2:] + c["args"]) if c["command"][:2] == ["sh", "-c"]
@@ -253,7 +300,7 @@ def run_container(c: dict[str, Any], tmp: Path) -> str:
         script, script_args = _paths(words[script_at], tmp), words[script_at + 1:]
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", script,
                 *script_args, "--iters", "5", "--quiet"]
-        proc = _launch(argv, env, extras, tmp)
+        proc = _launch(argv, env, install, tmp)
         try:
             proc.wait(180)
         finally:
@@ -267,7 +314,7 @@ def run_container(c: dict[str, Any], tmp: Path) -> str:
     ports = {flag: _free_port() for flag in ("--port", "--metrics-port") if flag in args}
     for flag, port in ports.items():
         args[args.index(flag) + 1] = str(port)
-    argv = [sys.executable, "-m", "perftracker", *args]
+    argv = [sys.executable, "-c", CONSOLE_SCRIPT, *args]
     if args[0] == "agent":
         def ready() -> bool:
             info = tmp / "run" / "agent.json"
@@ -277,7 +324,7 @@ def run_container(c: dict[str, Any], tmp: Path) -> str:
             health = _get(url.replace("/metrics", "/healthz"))[0]
             status, text = _get(url)
             return health == 200 and status == 200 and "perftracker_workers" in text
-        return _serve_until_ready(argv, env, extras, tmp, ready)
+        return _not_training(_serve_until_ready(argv, env, install, tmp, ready))
     if args[0] == "localizer":
         base = f"http://127.0.0.1:{ports['--port']}"
         token = env["PERFTRACKER_TOKEN"]
@@ -285,7 +332,7 @@ def run_container(c: dict[str, Any], tmp: Path) -> str:
         def ready() -> bool:
             status, text = _get(base + "/metrics", token)
             return _get(base + "/v1/healthz")[0] == 200 and status == 200 and "perftracker_localizer" in text
-        return _serve_until_ready(argv, env, extras, tmp, ready)
+        return _not_training(_serve_until_ready(argv, env, install, tmp, ready))
     raise AssertionError(f"no runner for the command {args[0]!r} of container {c['name']}")
 
 
@@ -294,16 +341,37 @@ def run_container(c: dict[str, Any], tmp: Path) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_dockerfiles_extras_are_read() -> None:
-    assert image_extras("agent.Dockerfile") == {"agent", "gpu"}
-    assert image_extras("agent-nsys.Dockerfile") == {"agent", "gpu"}
-    assert image_extras("localizer.Dockerfile") == {"localizer", "k8s"}
-    agent = allowed_modules({"agent", "gpu"})
+def test_what_the_dockerfiles_install_is_read() -> None:
+    agent = image_install("agent.Dockerfile")
+    assert agent.project and agent.with_deps and agent.extras == {"gpu"}
+    assert [r.split("=")[0] for r in agent.requirements] == ["torch"]  # the CPU build, first
+    assert image_install("agent-nsys.Dockerfile") == agent
+    modules = allowed_modules(agent)
     # the base install carries the embedded localizer's needs (aiohttp, rich, prometheus_client:
     # docs/compatibility.md); the node agent image has no Kubernetes client, statsmodels or test tools
-    assert {"torch", "numpy", "psutil", "prometheus_client", "pynvml", "aiohttp", "rich"} <= agent
-    assert not {"statsmodels", "kubernetes", "pytest", "yaml"} & agent
-    assert {"aiohttp", "rich", "kubernetes", "multidict", "prometheus_client"} <= allowed_modules({"localizer", "k8s"})
+    assert {"torch", "numpy", "psutil", "prometheus_client", "pynvml", "aiohttp", "rich"} <= modules
+    assert not {"statsmodels", "kubernetes", "pytest", "yaml"} & modules
+
+
+def test_the_localizer_image_has_no_torch_and_pyprojects_bounds() -> None:
+    """The localizer never imports torch: its image installs the project without its dependencies and
+    then the localizer's own, each with the version bounds pyproject.toml gives it."""
+    from packaging.requirements import Requirement
+
+    loc = image_install("localizer.Dockerfile")
+    assert loc.project and not loc.with_deps
+    names = {Requirement(r).name for r in loc.requirements}
+    assert names == {"numpy", "aiohttp", "prometheus_client", "rich", "kubernetes"}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = set(project["dependencies"]).union(*project["optional-dependencies"].values())
+    assert set(loc.requirements) <= declared, set(loc.requirements) - declared
+    modules = allowed_modules(loc)
+    assert {"aiohttp", "rich", "kubernetes", "multidict", "prometheus_client", "numpy"} <= modules
+    assert not {"torch", "nvtx", "psutil", "pynvml"} & modules
+    # it only ever runs the localizer: it says so, and nothing needs to switch detection off
+    env = image_env("localizer.Dockerfile")
+    assert env.get("PERFTRACKER_ROLE") == "localizer"
+    assert all("PERFTRACKER_DISABLE" not in image_env(f) for f in DOCKERFILES.values())
 
 
 @pytest.mark.timeout(600)
@@ -312,7 +380,7 @@ def test_every_container_command_starts_with_its_image_extras(tmp_path: Path) ->
     done: set[str] = set()
     for _overlay, c in containers():
         image = c["image"].rsplit(":", 1)[0]
-        key = json.dumps([sorted(image_extras(DOCKERFILES[image])), c.get("command"), c.get("args")])
+        key = json.dumps([repr(image_install(DOCKERFILES[image])), c.get("command"), c.get("args")])
         if key in done:
             continue
         done.add(key)
@@ -328,6 +396,6 @@ def test_the_check_fails_for_an_image_without_the_extra(tmp_path: Path, monkeypa
     agent = next(c for _, c in containers() if c["name"] == "perftracker-agent")
     real = allowed_modules
     monkeypatch.setattr(sys.modules[__name__], "allowed_modules",
-                        lambda extras: real(extras) - {"prometheus_client"})
+                        lambda install: real(install) - {"prometheus_client"})
     with pytest.raises(AssertionError, match="prometheus_client"):
         run_container(agent, tmp_path)

@@ -392,5 +392,5 @@ def test_dockerfiles_copy_existing_paths_and_match_manifest_images() -> None:
         for src in re.findall(r"^COPY (\S+)", text, flags=re.M):
             assert (REPO / src).exists(), f"{name}: COPY {src} does not exist"
     train = (REPO / "k8s/overlays/example/train-job.yaml").read_text()
-    script = re.search(r"/opt/perftracker/(examples/\S+\.py)", train)
+    script = re.search(r"/opt/perftracker/(\S+\.py)", train)
     assert script and (REPO / script.group(1)).is_file(), "the example Job runs a script the image does not have"
