@@ -64,11 +64,15 @@ def load_baseline(rev: str) -> dict[str, types.ModuleType]:
 
 
 class CapturingWindow(ProfileWindow):
-    """Keeps the capture instead of writing it."""
+    """Keeps the capture instead of writing it (its writer's thread captures)."""
 
     captured: tuple[Any, Any, int] | None = None
 
-    def _finish(self, cur: Any, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.writer.finish = self._capture  # type: ignore[method-assign]
+
+    def _capture(self, cur: Any, result: Any, end_ns: int, blocking_ns: int, child: int | None) -> None:
         self.captured = (cur, result, end_ns)
         self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, end_ns))
 

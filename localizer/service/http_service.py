@@ -8,7 +8,8 @@ upload per node, in the columnar form (``application/x-perftracker-columns``,
 JSON goes through the request schemas in ``perftracker.localizer.service.validate`` and the model's ``from_dict``. Nothing from
 the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status. The
 middlewares and body decoding are ``perftracker.localizer.service.http_io``; this module holds the app, its lifecycle
-(startup, the deadline checker, cleanup) and the request handlers.
+(startup, the deadline checker, cleanup) and the request handlers; the read-only ones are its part
+``queries`` (``perftracker.localizer.service.query_handlers.QueryHandlers``).
 
 An upload is acknowledged only after the store committed it. Localization runs in a one-thread
 executor (``perftracker.localizer.service.localize_runner``) so that the event loop keeps answering while a session is localized.
@@ -52,7 +53,8 @@ from perftracker.localizer.service.localize_runner import LocalizeRunner, Upload
 from perftracker.localizer.service.ownership import AGENT_KEY_HEADER
 from perftracker.localizer.service.query_handlers import QueryHandlers
 from perftracker.localizer.service.service_metrics import install as install_metrics
-from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.session_options import SessionOptions
+from perftracker.localizer.service.sessions import SessionManager
 from perftracker.localizer.service.tokens import check_token, job_allowed
 from perftracker.localizer.service.validate import (
     RequestError,
@@ -100,7 +102,7 @@ class ServiceOptions:
     sessions: SessionOptions = field(default_factory=SessionOptions)
 
 
-class LocalizerService(QueryHandlers):
+class LocalizerService:
     """The aiohttp application and its background deadline checker."""
 
     def __init__(self, store: Store, token: str, options: ServiceOptions | None = None,
@@ -114,6 +116,7 @@ class LocalizerService(QueryHandlers):
         self.store = store
         self.options = options or ServiceOptions()
         self.sessions = SessionManager(store, clock, self.options.sessions)
+        self.queries = QueryHandlers(store, self._session_dict)  # the read-only GETs
         if self.options.expect_path is not None:
             validate_expect_file(self.options.expect_path)
         self.k8s: KubernetesClient | None = k8s_client
@@ -154,9 +157,9 @@ class LocalizerService(QueryHandlers):
         r.add_post("/v1/jobs/{job}/triggers", self.create_trigger)
         r.add_post("/v1/sessions/{session}/patterns", self.upload_patterns)
         r.add_post("/v1/hang-snapshots", self.upload_hang_snapshot)
-        r.add_get("/v1/sessions", self.list_sessions)
-        r.add_get("/v1/sessions/{session}", self.get_session)
-        r.add_get("/v1/sessions/{session}/report", self.get_report)
+        r.add_get("/v1/sessions", self.queries.list_sessions)
+        r.add_get("/v1/sessions/{session}", self.queries.get_session)
+        r.add_get("/v1/sessions/{session}/report", self.queries.get_report)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app

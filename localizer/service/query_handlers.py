@@ -1,10 +1,13 @@
 """The localizer's read-only handlers: pages of sessions, one session, its report.
 
-A mixin of ``perftracker.localizer.service.http_service.LocalizerService`` (it uses the service's store and report paths).
+``QueryHandlers`` is a part of ``perftracker.localizer.service.http_service.LocalizerService``, which
+owns it and routes the three GETs to it; it reads the store and shows sessions the service's way
+(``session_dict``: the report path is the service's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +15,7 @@ from perftracker.localizer.service.http_io import SCOPE, error_response, json_re
 from perftracker.localizer.service.tokens import job_allowed
 from perftracker.localizer.service.validate import RequestError, parse_int_param, parse_name
 from perftracker.localizer.store.records import SessionRecord
+from perftracker.localizer.store.sqlite_store import Store
 
 MAX_PAGE = 1000  # sessions per page of GET /v1/sessions
 
@@ -19,10 +23,9 @@ MAX_PAGE = 1000  # sessions per page of GET /v1/sessions
 class QueryHandlers:
     """GET /v1/sessions, /v1/sessions/{session} and /v1/sessions/{session}/report."""
 
-    store: Any
-
-    def _session_dict(self, s: SessionRecord) -> dict[str, Any]:
-        raise NotImplementedError
+    def __init__(self, store: Store, session_dict: Callable[[SessionRecord], dict[str, Any]]) -> None:
+        self.store = store
+        self._session_dict = session_dict
 
     async def list_sessions(self, request: web.Request) -> web.Response:
         """A page of sessions: ``?job=&state=&limit=`` (at most 1000), oldest first after ``after``
@@ -70,7 +73,7 @@ class QueryHandlers:
         s = self.store.get_session(session)
         if s is None or not job_allowed(request.get(SCOPE), s.job):
             return error_response(404, f"unknown session {session!r}")
-        body = self.store.get_report_dict(session)
+        body = self.store.events.get_report_dict(session)
         if body is not None:
             return json_response(body)
         if s.state == "failed":

@@ -1,6 +1,8 @@
 """Pattern uploads of a session: checked, committed (before the ack), counted and kept columnar.
 
-A mixin of ``perftracker.localizer.service.sessions.SessionManager``. An upload is a ``PatternBatch`` (one node's
+``PatternUploads`` is a part of ``perftracker.localizer.service.sessions.SessionManager``, which owns
+it and calls it; it owns the in-memory views of the uploads (which ranks uploaded, which are still
+outstanding, the columns). An upload is a ``PatternBatch`` (one node's
 ranks, parsed once on arrival: ``perftracker.wire.patterns``). It is checked against its session
 (404/409/422), persisted in the writer's transaction, then, once committed, counted and appended
 to the session's columns (``perftracker.localizer.diagnose.columns``). Localizing a slowdown session reads those arrays,
@@ -12,15 +14,17 @@ set cached with the session row, and the ranks still outstanding shrink as uploa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from perftracker.localizer.diagnose.columns import ColumnCache, SessionColumns, columns_of
 from perftracker.localizer.service.validate import RequestError
 from perftracker.localizer.store.records import SessionRecord
+from perftracker.localizer.store.sqlite_store import Store
 
+from perftracker.clock import Clock
 from perftracker.errors import InputError
 from perftracker.model import PatternSet, Report
 from perftracker.wire.patterns import PatternBatch, batch_from_sets, encode_batch
@@ -31,24 +35,52 @@ OPEN = "open"
 
 
 class PatternUploads:
-    """Upload handling of the SessionManager (see the module docstring)."""
+    """The uploads part of the SessionManager (see the module docstring). ``lock`` is the manager's
+    (one lock for the manager and its parts); ``dead_ranks(session)`` is the manager's view of the
+    ranks that cannot answer."""
 
-    store: Any
-    clock: Any
-    options: Any
-    cache: ColumnCache
-    _lock: threading.RLock
-    _uploaded: dict[str, set[int]]
-    _outstanding: dict[str, tuple[tuple[int, ...], set[int]]]
+    def __init__(self, store: Store, clock: Clock, lock: threading.RLock, max_cached_set_bytes: int,
+                 dead_ranks: Callable[[SessionRecord], set[int]]) -> None:
+        self.store = store
+        self.clock = clock
+        self._lock = lock
+        self._dead_ranks = dead_ranks
+        self.cache = ColumnCache(max_cached_set_bytes)  # uploads as arrays, bounded
+        # In-memory views of open sessions, so an upload costs no scan of the store:
+        self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
+        self._outstanding: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # session -> (expected, not uploaded)
 
-    def _uploaded_of(self, session: str) -> set[int]:
-        raise NotImplementedError
+    # ---------------------------------------------------------------- the in-memory views
+    def view(self, session: str) -> SessionRecord:
+        """The session with its uploaded ranks, from memory (no scan of the store)."""
+        s = self.store.get_session(session, with_uploaded=False)
+        if s is None:
+            raise RequestError(f"unknown session {session!r}", status=404)
+        return dataclasses.replace(s, uploaded=tuple(sorted(self.uploaded_of(session))))
 
-    def dead_ranks(self, s: SessionRecord) -> set[int]:
-        raise NotImplementedError
+    def uploaded_of(self, session: str) -> set[int]:
+        """The ranks of ``session`` with patterns or a snapshot (the live set: callers hold the lock)."""
+        got = self._uploaded.get(session)
+        if got is None:  # first look after a restart
+            got = self._uploaded[session] = self.store.uploaded_ranks(session)
+        return got
+
+    def count(self, session: str, rank: int) -> None:
+        """A committed upload of ``rank`` (a hang snapshot: session_hangs) counts from now on."""
+        with self._lock:
+            self.uploaded_of(session).add(rank)
+            memo = self._outstanding.get(session)
+            if memo is not None:
+                memo[1].discard(rank)
+
+    def forget(self, session: str) -> None:
+        """The session closed: drop its views and its columns."""
+        self._uploaded.pop(session, None)
+        self._outstanding.pop(session, None)
+        self.cache.forget(session)
 
     # ---------------------------------------------------------------- checks
-    def _open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
+    def open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
         s = self.store.get_session(session, with_uploaded=False)
         if s is None:
             raise RequestError(f"unknown session {session!r}", status=404)
@@ -68,7 +100,7 @@ class PatternUploads:
     def check_batch(self, batch: PatternBatch) -> SessionRecord:
         """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
         with self._lock:
-            s = self._open_session_for(batch.session, batch.job, batch.ranks)
+            s = self.open_session_for(batch.session, batch.job, batch.ranks)
         cols = self.cache.get(batch.session)
         if cols is not None:
             try:
@@ -79,7 +111,7 @@ class PatternUploads:
 
     def check_patterns(self, ps: PatternSet) -> SessionRecord:
         with self._lock:
-            return self._open_session_for(ps.session, ps.job, [ps.rank])
+            return self.open_session_for(ps.session, ps.job, [ps.rank])
 
     # ---------------------------------------------------------------- commit
     def commit_batches(self, items: Sequence[tuple[PatternBatch, bytes]]) -> None:
@@ -89,13 +121,13 @@ class PatternUploads:
             return
         with self._lock, self.store.transaction():
             for batch, _ in items:  # again, inside the transaction: the session may have closed meanwhile
-                s = self._open_session_for(batch.session, batch.job, batch.ranks)
-                if not self.cache.knows(batch.session) and self._uploaded_of(batch.session):
+                s = self.open_session_for(batch.session, batch.job, batch.ranks)
+                if not self.cache.knows(batch.session) and self.uploaded_of(batch.session):
                     self.cache.spill(batch.session)  # earlier uploads this process did not see
                 extra = set(batch.ranks) - s.expected_set
                 if extra:  # an unregistered-at-open rank that uploads is expected
                     self.store.update_session(batch.session, expected=sorted({*s.expected, *extra}))
-            self.store.put_batches(items, self.clock.now_ns())
+            self.store.patterns.put_batches(items, self.clock.now_ns())
             self.store.on_commit(lambda: self._count_uploads([b for b, _ in items]))
 
     def commit_patterns(self, items: Sequence[tuple[PatternSet, bytes | None]]) -> None:
@@ -106,7 +138,7 @@ class PatternUploads:
     def _count_uploads(self, batches: Sequence[PatternBatch]) -> None:
         with self._lock:
             for b in batches:
-                got = self._uploaded_of(b.session)
+                got = self.uploaded_of(b.session)
                 got.update(b.ranks)
                 memo = self._outstanding.get(b.session)
                 if memo is not None:
@@ -123,7 +155,7 @@ class PatternUploads:
         with self._lock:
             self.check_patterns(ps)
             self.commit_patterns([(ps, body)])
-            return self.view(ps.session)  # type: ignore[attr-defined, no-any-return]
+            return self.view(ps.session)
 
     # ---------------------------------------------------------------- progress
     def outstanding(self, s: SessionRecord) -> set[int]:
@@ -131,7 +163,7 @@ class PatternUploads:
         with self._lock:
             memo = self._outstanding.get(s.session)
             if memo is None or memo[0] is not s.expected:
-                memo = self._outstanding[s.session] = (s.expected, set(s.expected_set - self._uploaded_of(s.session)))
+                memo = self._outstanding[s.session] = (s.expected, set(s.expected_set - self.uploaded_of(s.session)))
             return memo[1]
 
     def upload_counts(self, session: str) -> tuple[SessionRecord, int]:
@@ -140,7 +172,7 @@ class PatternUploads:
         if s is None:
             raise RequestError(f"unknown session {session!r}", status=404)
         with self._lock:
-            return s, len(self._uploaded_of(session))
+            return s, len(self.uploaded_of(session))
 
     def complete_now(self, session: str) -> bool:
         """Whether the session is open and complete (after an upload committed)."""
@@ -152,11 +184,11 @@ class PatternUploads:
         if not s.expected:
             return False
         with self._lock:
-            uploaded = self._uploaded_of(s.session)
+            uploaded = self.uploaded_of(s.session)
             outstanding = self.outstanding(s)
             if not outstanding:
                 return bool(uploaded)
-            dead = self.dead_ranks(s)
+            dead = self._dead_ranks(s)
             if not dead or len(outstanding) > len(dead):
                 return False
             if s.kind == "hang" and not outstanding - dead:
@@ -167,14 +199,14 @@ class PatternUploads:
     def session_columns(self, s: SessionRecord) -> SessionColumns | None:
         """The session's uploads as columns: from memory, or read back from the store's columnar
         bodies when memory does not hold all of them. None when nothing was uploaded."""
-        stored = set(self.store.pattern_ranks(s.session))
+        stored = set(self.store.patterns.pattern_ranks(s.session))
         if not stored:
             return None
         cols = self.cache.get(s.session)
         if cols is not None and cols.ranks() == stored:
             return cols
         log.info("session %s: reading %d rank(s) of patterns back from the store", s.session, len(stored))
-        return columns_of(s.job, s.session, self.store.pattern_batches(s.session))
+        return columns_of(s.job, s.session, self.store.patterns.pattern_batches(s.session))
 
     def build_slowdown(self, s: SessionRecord, localize_options: object | None = None) -> Report:
         from perftracker.localizer.service.session_reports import build_slowdown_report

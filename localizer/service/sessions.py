@@ -16,6 +16,11 @@ the store.
 The manager does no networking and no waiting; time comes from an injected Clock (wall-clock ns,
 so deadlines survive a restart). ``build_report`` is the CPU-heavy step the service runs in an
 executor; the reports themselves are built in perftracker.localizer.service.session_reports.
+
+The manager owns two parts and calls them: ``uploads`` (``PatternUploads``,
+perftracker.localizer.service.session_uploads: checks, commits and counts uploads, and holds their
+columns) and ``hangs`` (``HangSessions``, perftracker.localizer.service.session_hangs: hang
+snapshots, paused and unresolved hangs, crashes). All three share the manager's lock.
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from typing import Any
 from perftracker.localizer.diagnose.columns import ColumnCache
 from perftracker.localizer.service.ownership import Ownership, hash_key
 from perftracker.localizer.service.session_hangs import HangSessions
+from perftracker.localizer.service.session_options import SessionOptions
 from perftracker.localizer.service.session_reports import (
-    CRASH,
     HANG,
     PAUSE,
     RESUMED,
@@ -41,7 +46,7 @@ from perftracker.localizer.service.session_reports import (
     build_hang_report,
 )
 from perftracker.localizer.service.session_uploads import PatternUploads
-from perftracker.localizer.service.validate import Heartbeat, Registration, RequestError
+from perftracker.localizer.service.validate import Heartbeat, Registration
 from perftracker.localizer.store.sqlite_store import (
     HeartbeatRecord,
     SessionRecord,
@@ -50,7 +55,8 @@ from perftracker.localizer.store.sqlite_store import (
 )
 
 from perftracker.clock import Clock
-from perftracker.model import Report
+from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.wire.patterns import PatternBatch
 
 log = logging.getLogger(__name__)
 
@@ -63,32 +69,6 @@ class WallClock:
 
     def now_ns(self) -> int:
         return time.time_ns()
-
-
-@dataclass(frozen=True)
-class SessionOptions:
-    default_window_s: float = 20.0
-    collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
-    hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
-    hang_recheck_s: float = 5.0  # a session whose ranks all pause is looked at again after this
-    # a failure snapshot this soon after the job's crash session took its first failure belongs to
-    # that crash (a survivor that failed late, after the session closed): it opens no new session
-    crash_follow_s: float = 60.0
-    # A rank whose agent says (in its heartbeat) that it is still working on the session's window
-    # keeps the session open: the deadline moves to at least now + busy_extend_s, but never past
-    # opened + window + max_collect_s. A slow writer or summarizer on a loaded node then costs time,
-    # not a rank of the report.
-    busy_extend_s: float = 20.0
-    max_collect_s: float = 600.0
-    max_expected_ranks: int = 1_000_000
-    # a slowdown trigger joins the open session up to this long past its window's nominal end (the
-    # agents start the window a little after the session opens); later ones open the next session
-    join_slack_s: float = 2.0
-    # uploads kept in memory as arrays for localization (bytes; ~32 per pattern: 1 GiB holds 100,000
-    # ranks x 300 functions); past it a session's arrays are read back from the store when localized
-    max_cached_set_bytes: int = 1024 * 1024 * 1024
-    # an agent not heard from (registration, heartbeat) for this long is dead: others may take its ranks
-    agent_dead_s: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -116,25 +96,26 @@ def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> tuple[int, ..
     return tuple(sorted(ranks))
 
 
-class SessionManager(PatternUploads, HangSessions):
-    """Opens, joins, fills and closes sessions over a Store (uploads: ``perftracker.localizer.service.session_uploads``)."""
+class SessionManager:
+    """Opens, joins, fills and closes sessions over a Store (see the module docstring for its parts)."""
 
     def __init__(self, store: Store, clock: Clock | None = None, options: SessionOptions | None = None) -> None:
         self.store = store
         self.clock: Clock = clock or WallClock()
         self.options = options or SessionOptions()
         self._lock = threading.RLock()  # the service's loop and the executor both call in
-        self._unresolved_hangs: dict[str, str] = {}  # session -> job: hang reports until the job resumes
-        self._crashes: dict[str, tuple[str, int]] = {}  # job -> (session, stored ns) of its last crash report
-        self._paused: set[str] = set()  # hang sessions whose ranks all pause: not due until the recheck
         self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
-        # In-memory views of open sessions, so an upload costs no scan of the store:
-        self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
-        self._outstanding: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # session -> (expected, not uploaded)
-        self.cache = ColumnCache(self.options.max_cached_set_bytes)  # uploads as arrays, bounded
+        self.uploads = PatternUploads(store, self.clock, self._lock, self.options.max_cached_set_bytes,
+                                      self.dead_ranks)
+        self.hangs = HangSessions(store, self.clock, self.options, self._lock, self.uploads, self.trigger)
         self.ownership = Ownership(store, self.options.agent_dead_s, lambda job: set(self._dead_of(job)))
         self.issued_key: str | None = None
         self._dead: dict[str, dict[int, int]] = {}  # job -> rank -> received_ns of a "never answers" beat
+
+    @property
+    def cache(self) -> ColumnCache:
+        """The uploads as arrays (bounded), held by the uploads part."""
+        return self.uploads.cache
 
     # ---------------------------------------------------------------- startup
     def recover(self) -> list[str]:
@@ -188,7 +169,7 @@ class SessionManager(PatternUploads, HangSessions):
             log.warning("heartbeat of agent %s (job %s): dropped rank(s) %s owned by another agent", hb.agent_id,
                         hb.job, sorted({r.rank for r in hb.ranks} - mine))
             hb = dataclasses.replace(hb, ranks=tuple(r for r in hb.ranks if r.rank in mine))
-        self.store.put_heartbeats([HeartbeatRecord(hb.job, r.rank, hb.agent_id, r.iteration, r.phase,
+        self.store.events.put_heartbeats([HeartbeatRecord(hb.job, r.rank, hb.agent_id, r.iteration, r.phase,
                                                    r.last_event_age_s, r.alive, r.iteration_ms, now)
                                    for r in hb.ranks])
         self.store.touch_agent(hb.job, hb.agent_id, now)
@@ -203,9 +184,9 @@ class SessionManager(PatternUploads, HangSessions):
                     dead[r.rank] = now
                 else:
                     dead.pop(r.rank, None)
-        if hb.job in self._unresolved_hangs.values():
+        if self.hangs.has_unresolved(hb.job):
             with self._lock:
-                self._resolve_hangs(hb.job)
+                self.hangs.resolve_hangs(hb.job)
         busy: dict[str, set[int]] = {}
         for r in hb.ranks:
             if r.working_on and r.alive:
@@ -221,7 +202,7 @@ class SessionManager(PatternUploads, HangSessions):
                 s = self.store.get_session(session, with_uploaded=False)
                 if s is None or s.job != job or s.state != OPEN or s.kind == HANG:
                     continue
-                pending = sorted(ranks - self._uploaded_of(session))
+                pending = sorted(ranks - self.uploads.uploaded_of(session))
                 if not pending:
                     continue
                 cap = s.opened_ns + int((s.window_s + self.options.max_collect_s) * 1e9)
@@ -281,19 +262,38 @@ class SessionManager(PatternUploads, HangSessions):
         found = self.store.next_open(job, after_seq)
         return Trigger(*found) if found is not None else None
 
-    # ---------------------------------------------------------------- uploads
+    # ---------------------------------------------------------------- uploads (the uploads and hangs parts)
     def view(self, session: str) -> SessionRecord:
         """The session with its uploaded ranks, from memory (no scan of the store)."""
-        s = self.store.get_session(session, with_uploaded=False)
-        if s is None:
-            raise RequestError(f"unknown session {session!r}", status=404)
-        return dataclasses.replace(s, uploaded=tuple(sorted(self._uploaded_of(session))))
+        return self.uploads.view(session)
 
-    def _uploaded_of(self, session: str) -> set[int]:
-        got = self._uploaded.get(session)
-        if got is None:  # first look after a restart
-            got = self._uploaded[session] = self.store.uploaded_ranks(session)
-        return got
+    def accept_patterns(self, ps: PatternSet, body: bytes | None = None) -> SessionRecord:
+        """Validate against the session and persist. Returns the session after the upload."""
+        return self.uploads.accept_patterns(ps, body)
+
+    def check_batch(self, batch: PatternBatch) -> SessionRecord:
+        """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
+        return self.uploads.check_batch(batch)
+
+    def commit_batches(self, items: Sequence[tuple[PatternBatch, bytes]]) -> None:
+        """Persist checked uploads in one transaction, then count them (PatternUploads.commit_batches)."""
+        self.uploads.commit_batches(items)
+
+    def upload_counts(self, session: str) -> tuple[SessionRecord, int]:
+        """(the session, how many ranks uploaded) without sorting them (the upload's answer)."""
+        return self.uploads.upload_counts(session)
+
+    def is_complete(self, s: SessionRecord) -> bool:
+        """Every expected rank uploaded or is known not to answer (and at least one uploaded)."""
+        return self.uploads.is_complete(s)
+
+    def complete_now(self, session: str) -> bool:
+        """Whether the session is open and complete (after an upload committed)."""
+        return self.uploads.complete_now(session)
+
+    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
+        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
+        return self.hangs.accept_hang_snapshot(snap)
 
     def _dead_of(self, job: str) -> dict[int, int]:
         dead = self._dead.get(job)
@@ -302,15 +302,13 @@ class SessionManager(PatternUploads, HangSessions):
                 never_answers,  # lazy: owned by the hangs stage
             )
 
-            dead = self._dead[job] = {h.rank: h.received_ns for h in self.store.heartbeats(job)
+            dead = self._dead[job] = {h.rank: h.received_ns for h in self.store.events.heartbeats(job)
                                       if never_answers(h.alive, h.phase)}
         return dead
 
     def _forget(self, session: str) -> None:
         self._extended.discard(session)
-        self._uploaded.pop(session, None)
-        self._outstanding.pop(session, None)
-        self.cache.forget(session)
+        self.uploads.forget(session)
 
     # ---------------------------------------------------------------- closing
     def dead_ranks(self, s: SessionRecord) -> set[int]:
@@ -323,7 +321,7 @@ class SessionManager(PatternUploads, HangSessions):
         """Open sessions that are complete or past their deadline."""
         now = self.clock.now_ns()
         return [s for s in self.store.iter_sessions(states=(OPEN,), with_uploaded=False)
-                if now >= s.deadline_ns or (s.session not in self._paused and self.is_complete(s))]
+                if now >= s.deadline_ns or (not self.hangs.is_paused(s.session) and self.is_complete(s))]
 
     def next_deadline_ns(self) -> int | None:
         return min((s.deadline_ns for s in self.store.iter_sessions(states=(OPEN,), with_uploaded=False)),
@@ -341,9 +339,9 @@ class SessionManager(PatternUploads, HangSessions):
     def build_report(self, s: SessionRecord, localize_options: object | None = None) -> Report:
         """The CPU-heavy step (run it in an executor): localize the stored uploads of a session."""
         if s.kind == HANG:
-            return build_hang_report(s, self.store.hang_snapshots(s.session), self.store.heartbeats(s.job),
+            return build_hang_report(s, self.store.events.hang_snapshots(s.session), self.store.events.heartbeats(s.job),
                                      self.clock.now_ns())
-        return self.build_slowdown(s, localize_options)
+        return self.uploads.build_slowdown(s, localize_options)
 
     def finish(self, session: str, report: Report) -> bool:
         """Store the report and close the session. Returns False when nothing was stored: a hang
@@ -353,11 +351,11 @@ class SessionManager(PatternUploads, HangSessions):
         if report.kind == HANG and report.status in (PAUSE, RESUMED):
             with self._lock:
                 if report.status == PAUSE:
-                    self._paused.add(session)  # due again at the deadline or on a new snapshot
+                    self.hangs.pause(session)  # due again at the deadline or on a new snapshot
                     self.store.update_session(session, state=OPEN,
                                               deadline_ns=now + int(self.options.hang_recheck_s * 1e9))
                 else:
-                    self._paused.discard(session)
+                    self.hangs.unpause(session)
                     self.store.update_session(session, state=DONE, closed_ns=now,
                                               error="no hang: every rank paused in user code, then resumed")
                     self._forget(session)
@@ -365,14 +363,11 @@ class SessionManager(PatternUploads, HangSessions):
                      "looking again later" if report.status == PAUSE else "the job resumed: no hang report")
             return False
         with self._lock:
-            self._paused.discard(session)
-            self.store.put_report(report)
+            self.hangs.unpause(session)
+            self.store.events.put_report(report)
             self.store.update_session(session, state=DONE, closed_ns=now)
             self._forget(session)
-            if report.kind == HANG and report.status in ("complete", "partial"):
-                self._unresolved_hangs[report.session] = report.job
-            if report.kind == CRASH:
-                self._crashes[report.job] = (report.session, now)  # late failures: no new session
+            self.hangs.stored(report, now)
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
         return True

@@ -1,6 +1,8 @@
-"""The store's heartbeats, hang snapshots and reports tables (a mixin of ``perftracker.localizer.store.sqlite_store.Store``).
+"""The store's heartbeats, hang snapshots and reports tables.
 
-Bodies are JSON and go through the model's ``from_dict``; nothing read back is unpickled.
+``EventTables`` is a part of ``perftracker.localizer.store.sqlite_store.Store``, which owns it and
+hands it its transaction and read query (perftracker.localizer.store.access). Bodies are JSON and
+go through the model's ``from_dict``; nothing read back is unpickled.
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from perftracker.localizer.service import strict_json
+from perftracker.localizer.store.access import Query, Transaction
 from perftracker.localizer.store.records import STORE_SCHEMA_VERSION, HeartbeatRecord
 
 from perftracker.model import HangSnapshot, Report
 
 
 class EventTables:
-    """Heartbeat, hang snapshot and report methods of the Store (it uses the store's ``_tx`` and ``_query``)."""
+    """The Store's heartbeat, hang snapshot and report tables (see the module docstring)."""
 
-    _tx: Any
-    _query: Any
+    def __init__(self, tx: Transaction, query: Query) -> None:
+        self._tx = tx
+        self._query = query
 
     # ---------------------------------------------------------------- heartbeats
     def put_heartbeats(self, beats: Sequence[HeartbeatRecord]) -> None:

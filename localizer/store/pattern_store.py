@@ -5,15 +5,17 @@
 (``batch``), so a repeat upload of a rank replaces the old one. Rows written before the columnar
 form (``batch`` 0) hold the rank's zlib JSON in ``body`` and are still read. Nothing is unpickled.
 
-A mixin of ``perftracker.localizer.store.sqlite_store.Store`` (it uses the store's ``_tx`` and ``_query``).
+``PatternTables`` is a part of ``perftracker.localizer.store.sqlite_store.Store``, which owns it
+and hands it its transaction and read query (perftracker.localizer.store.access).
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator, Sequence
-from typing import Any
 
+from perftracker.localizer.store.access import Query, Transaction
 from perftracker.localizer.store.records import STORE_SCHEMA_VERSION
 
 from perftracker.model import PatternSet
@@ -36,16 +38,19 @@ CREATE INDEX IF NOT EXISTS pattern_batches_session ON pattern_batches (session, 
 """
 
 
+def add_pattern_columns(db: sqlite3.Connection) -> None:
+    """Columns added to the pattern tables after schema 1 was released (older stores gain them on open)."""
+    cols = {r[1] for r in db.execute("PRAGMA table_info(patterns)")}
+    if "batch" not in cols:  # a store from before the columnar form
+        db.execute("ALTER TABLE patterns ADD COLUMN batch INTEGER NOT NULL DEFAULT 0")
+
+
 class PatternTables:
-    """Pattern storage methods of the Store."""
+    """The Store's pattern tables (see the module docstring)."""
 
-    _tx: Any
-    _query: Any
-
-    def _add_pattern_columns(self, db: Any) -> None:
-        cols = {r[1] for r in db.execute("PRAGMA table_info(patterns)")}
-        if "batch" not in cols:  # a store from before the columnar form
-            db.execute("ALTER TABLE patterns ADD COLUMN batch INTEGER NOT NULL DEFAULT 0")
+    def __init__(self, tx: Transaction, query: Query) -> None:
+        self._tx = tx
+        self._query = query
 
     def put_batches(self, items: Sequence[tuple[PatternBatch, bytes]], now_ns: int) -> None:
         """Persist uploads in one transaction: ``body`` is the validated columnar bytes of ``batch``."""

@@ -1,4 +1,5 @@
-"""The localizer store's row types: registered workers, sessions and heartbeats (pure data)."""
+"""The localizer store's row types (registered workers, sessions and heartbeats) and its tables' DDL
+(pure data; the pattern tables' DDL is in perftracker.localizer.store.pattern_store)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,36 @@ class HeartbeatRecord:
 
 SESSION_COLUMNS = ("seq, session, job, kind, reason, window_s, state, opened_ns, deadline_ns, "
                  "closed_ns, expected, joins, error")
+
+# the registration, session and event tables (perftracker.localizer.store.sqlite_store, event_store)
+STORE_DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS agents (
+    job TEXT NOT NULL, agent_id TEXT NOT NULL, host TEXT NOT NULL,
+    registered_ns INTEGER NOT NULL, last_seen_ns INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, key_hash TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, agent_id));
+CREATE TABLE IF NOT EXISTS workers (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, local_rank INTEGER NOT NULL,
+    world_size INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, host TEXT NOT NULL,
+    registered_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL, PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS sessions (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL UNIQUE, job TEXT NOT NULL,
+    kind TEXT NOT NULL, reason TEXT NOT NULL, window_s REAL NOT NULL, state TEXT NOT NULL,
+    opened_ns INTEGER NOT NULL, deadline_ns INTEGER NOT NULL, closed_ns INTEGER NOT NULL DEFAULT 0,
+    expected TEXT NOT NULL, joins INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '',
+    schema_version INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS sessions_job ON sessions (job, state);
+CREATE TABLE IF NOT EXISTS hang_snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, session TEXT NOT NULL,
+    rank INTEGER NOT NULL, taken_ns INTEGER NOT NULL, body TEXT NOT NULL,
+    received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS hang_session ON hang_snapshots (session, rank);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, iteration INTEGER NOT NULL,
+    phase TEXT NOT NULL, last_event_age_s REAL NOT NULL, alive INTEGER NOT NULL,
+    iteration_ms REAL NOT NULL, received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL,
+    PRIMARY KEY (job, rank));
+CREATE TABLE IF NOT EXISTS reports (
+    session TEXT PRIMARY KEY, job TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    created_ns INTEGER NOT NULL, body TEXT NOT NULL, schema_version INTEGER NOT NULL);
+"""

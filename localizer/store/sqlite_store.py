@@ -7,7 +7,9 @@ acknowledges an upload only after it is on disk (``synchronous=FULL``): a locali
 Tables: ``agents`` and ``workers`` (registrations), ``sessions``, ``pattern_batches`` (each upload's
 columnar bytes) and ``patterns`` (which batch holds each rank's latest patterns:
 ``perftracker.localizer.store.pattern_store``), ``hang_snapshots``, ``heartbeats`` (latest per rank) and ``reports``
-(``perftracker.localizer.store.event_store``). Nothing read back is unpickled: bodies are JSON, zlib-compressed JSON
+(``perftracker.localizer.store.event_store``). The Store keeps the registrations and sessions and
+owns two parts for the rest, ``patterns`` (``PatternTables``) and ``events`` (``EventTables``), which
+share its connection and write through its transactions (perftracker.localizer.store.access). Nothing read back is unpickled: bodies are JSON, zlib-compressed JSON
 or the columnar wire form, and are validated as they are on arrival.
 """
 
@@ -27,9 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.localizer.store.event_store import EventTables
-from perftracker.localizer.store.pattern_store import PATTERN_DDL, PatternTables
+from perftracker.localizer.store.pattern_store import (
+    PATTERN_DDL,
+    PatternTables,
+    add_pattern_columns,
+)
 from perftracker.localizer.store.records import (  # noqa: F401 - re-exported: the store's row types
     SESSION_COLUMNS,
+    STORE_DDL,
     STORE_SCHEMA_VERSION,
     HeartbeatRecord,
     SessionRecord,
@@ -37,49 +44,17 @@ from perftracker.localizer.store.records import (  # noqa: F401 - re-exported: t
 )
 
 from perftracker.errors import PerftrackerError, SchemaError
+from perftracker.model import HangSnapshot, PatternSet, Report
 from perftracker.rundir import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
-
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS agents (
-    job TEXT NOT NULL, agent_id TEXT NOT NULL, host TEXT NOT NULL,
-    registered_ns INTEGER NOT NULL, last_seen_ns INTEGER NOT NULL,
-    schema_version INTEGER NOT NULL, key_hash TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, agent_id));
-CREATE TABLE IF NOT EXISTS workers (
-    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, local_rank INTEGER NOT NULL,
-    world_size INTEGER NOT NULL, pid INTEGER NOT NULL, tid INTEGER NOT NULL, host TEXT NOT NULL,
-    registered_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL, PRIMARY KEY (job, rank));
-CREATE TABLE IF NOT EXISTS sessions (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, session TEXT NOT NULL UNIQUE, job TEXT NOT NULL,
-    kind TEXT NOT NULL, reason TEXT NOT NULL, window_s REAL NOT NULL, state TEXT NOT NULL,
-    opened_ns INTEGER NOT NULL, deadline_ns INTEGER NOT NULL, closed_ns INTEGER NOT NULL DEFAULT 0,
-    expected TEXT NOT NULL, joins INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '',
-    schema_version INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS sessions_job ON sessions (job, state);
-CREATE TABLE IF NOT EXISTS hang_snapshots (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, session TEXT NOT NULL,
-    rank INTEGER NOT NULL, taken_ns INTEGER NOT NULL, body TEXT NOT NULL,
-    received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS hang_session ON hang_snapshots (session, rank);
-CREATE TABLE IF NOT EXISTS heartbeats (
-    job TEXT NOT NULL, rank INTEGER NOT NULL, agent_id TEXT NOT NULL, iteration INTEGER NOT NULL,
-    phase TEXT NOT NULL, last_event_age_s REAL NOT NULL, alive INTEGER NOT NULL,
-    iteration_ms REAL NOT NULL, received_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL,
-    PRIMARY KEY (job, rank));
-CREATE TABLE IF NOT EXISTS reports (
-    session TEXT PRIMARY KEY, job TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
-    created_ns INTEGER NOT NULL, body TEXT NOT NULL, schema_version INTEGER NOT NULL);
-"""
 
 
 class StoreError(PerftrackerError):
     """The store file cannot be opened or written (disk full, wrong version, not a database)."""
 
 
-class Store(PatternTables, EventTables):
+class Store:
     """A thread-safe handle on one sqlite store. Every write commits before it returns.
 
     Session rows read outside a transaction are cached (parsing ``expected`` of a 100,000-rank job
@@ -95,6 +70,8 @@ class Store(PatternTables, EventTables):
         self._records_gen = 0  # bumped after each commit that changed a session row
         self._records_lock = threading.Lock()
         self._expected_memo: dict[str, tuple[str, tuple[int, ...]]] = {}  # session -> (JSON, parsed)
+        self.patterns = PatternTables(self.transaction, self._query)  # uploads (columnar)
+        self.events = EventTables(self.transaction, self._query)  # heartbeats, hang snapshots, reports
         try:
             make_private_dir(self.path.parent)  # 0700 when we create it
             self._private_files()  # 0600 (sqlite gives its -wal and -shm files the database's mode)
@@ -102,7 +79,7 @@ class Store(PatternTables, EventTables):
                                        timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(_DDL + PATTERN_DDL)
+            self._db.executescript(STORE_DDL + PATTERN_DDL)
             self._check_version()
             self._add_columns()
             # WAL: readers see the last commit and never wait for a writer's fsync
@@ -134,7 +111,7 @@ class Store(PatternTables, EventTables):
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(agents)")}
         if "key_hash" not in cols:
             self._db.execute("ALTER TABLE agents ADD COLUMN key_hash TEXT NOT NULL DEFAULT ''")
-        self._add_pattern_columns(self._db)
+        add_pattern_columns(self._db)
 
     def close(self) -> None:
         with self._lock, self._rlock:
@@ -403,3 +380,34 @@ class Store(PatternTables, EventTables):
             if len(rows) < page:
                 return
             after = rows[-1].seq
+
+    # ---------------------------------------------------------------- the parts' tables, by their usual names
+    def put_patterns(self, ps: PatternSet, now_ns: int, body: bytes | None = None) -> None:
+        self.patterns.put_patterns(ps, now_ns, body)
+
+    def pattern_ranks(self, session: str) -> list[int]:
+        return self.patterns.pattern_ranks(session)
+
+    def pattern_sets(self, session: str, skip: Sequence[int] = ()) -> list[PatternSet]:
+        return self.patterns.pattern_sets(session, skip)
+
+    def put_heartbeats(self, beats: Sequence[HeartbeatRecord]) -> None:
+        self.events.put_heartbeats(beats)
+
+    def heartbeats(self, job: str) -> list[HeartbeatRecord]:
+        return self.events.heartbeats(job)
+
+    def put_hang_snapshot(self, snap: HangSnapshot, session: str, now_ns: int) -> None:
+        self.events.put_hang_snapshot(snap, session, now_ns)
+
+    def hang_snapshots(self, session: str) -> list[HangSnapshot]:
+        return self.events.hang_snapshots(session)
+
+    def put_report(self, report: Report) -> None:
+        self.events.put_report(report)
+
+    def get_report(self, session: str) -> Report | None:
+        return self.events.get_report(session)
+
+    def get_report_dict(self, session: str) -> dict[str, Any] | None:
+        return self.events.get_report_dict(session)

@@ -24,8 +24,9 @@ window) and ``Runtime.stop()`` (``perftracker.deactivate()``) end any open windo
 cancelled, a running one is stopped in the training thread and discarded (its result is not
 written: that could take a minute), and at exit a writer thread is cancelled at its next throttle
 check and waited for at most ``exit_wait_s``. Each discarded window logs one line and delivers a
-``WindowResult`` with an error. That machinery is in perftracker/runtime/window_exit.py; the writer is in
-perftracker/runtime/window_writer.py.
+``WindowResult`` with an error. ``ProfileWindow`` owns the state machine and two parts that it
+calls: its ``WindowWriter`` (perftracker/runtime/window_writer.py: paths, writer thread, conversion
+child) and its ``WindowExit`` (perftracker/runtime/window_exit.py: the exit and deactivation path).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _nvtx() -> Any:
     return nvtx
 
 
-class ProfileWindow(WindowWriter, WindowExit):
+class ProfileWindow:
     """One profile window at a time for this training process (see the module docstring)."""
 
     def __init__(
@@ -90,15 +91,19 @@ class ProfileWindow(WindowWriter, WindowExit):
         self._lock = threading.Lock()
         self._state = _IDLE
         self._cur: _Active | None = None
-        self._finisher: threading.Thread | None = None
-        self._cancel = threading.Event()  # set at exit: the writer stops at its next throttle check
-        self._hurry = threading.Event()  # set at exit: the writer stops yielding (window_exit.py)
+        self.writer = WindowWriter(self.identity, self.out_dir, self.options, self._deliver)
+        self.exit_path = WindowExit(self)
         _register(self)
 
     # ---------------------------------------------------------------- any thread
     @property
     def state(self) -> str:
         return self._state
+
+    @property
+    def current(self) -> _Active | None:
+        """The window armed, running or being written; None when idle."""
+        return self._cur
 
     def arm(self, session: str, window_s: float, on_done: Callable[[WindowResult], None]) -> bool:
         """Profile ``window_s`` from the next iteration boundary. False (+ a log line) if busy."""
@@ -114,12 +119,20 @@ class ProfileWindow(WindowWriter, WindowExit):
         self._profiling(True, window_s)
         if self.options.spawn_sampler:
             try:
-                cur.sampler = SamplerProcess.spawn(self._pid(), self._training_tid(), window_s,
-                                                   self._path(session, "samples"), self.options.sampler_args,
+                cur.sampler = SamplerProcess.spawn(self.writer.pid(), self.writer.training_tid(), window_s,
+                                                   self.writer.path(session, "samples"), self.options.sampler_args,
                                                    self.options.helper_cpus)
             except (OSError, PerftrackerError) as exc:
                 log.warning("perftracker: sampler process not started (%s); window goes on without samples", exc)
         return True
+
+    def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
+        """End this window now (exit hook, deactivate); never raises (``WindowExit.shutdown``)."""
+        self.exit_path.shutdown(reason, writer_wait_s)
+
+    def finish_at_exit(self, wait_s: float) -> None:
+        """Interpreter exit: hand this window over within ``wait_s``, else discard it; never raises."""
+        self.exit_path.finish_at_exit(wait_s)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block (not in the training thread!) until no window is armed, running or being written."""
@@ -234,7 +247,7 @@ class ProfileWindow(WindowWriter, WindowExit):
                 log.warning("perftracker: %s; sampling Python stacks in a thread instead", exc)
                 self._remote_warned = True
             return None
-        path = self._path(cur.session, "pystacks")
+        path = self.writer.path(cur.session, "pystacks")
         path.unlink(missing_ok=True)
         assert cur.sampler is not None
         req = {"path": str(path), "period_us": self.options.stack_period_us, "layout": json.loads(layout.to_json())}
@@ -299,16 +312,13 @@ class ProfileWindow(WindowWriter, WindowExit):
         t1 = time.monotonic_ns()
         # with a conversion child, the result is kept until the child has written the file: if the
         # child fails, the writer thread converts it (window_writer.py, _wait_child)
-        child = self._fork_writer(cur, result, end_ns) if result is not None and self._use_fork() else None
+        child = self.writer.fork(cur, result, end_ns) if result is not None and self.writer.use_fork() else None
         blocking_ns = time.monotonic_ns() - t0
         log.info("perftracker: window %s stopped: %.3f s blocked (profiler stop %.3f s, fork %.3f s)",
                  cur.session, blocking_ns / 1e9, (t1 - t0) / 1e9, (blocking_ns - (t1 - t0)) / 1e9)
         # the result goes in a list that the writer empties: Thread keeps its args until the thread
-        # ends, and the profiler result's destructor must run before delivery (see _finish)
-        self._finisher = threading.Thread(target=self._finish, args=(cur, [result], end_ns, blocking_ns, child),
-                                          name="perftracker-window-writer", daemon=True)
-        self._finisher.start()
-
+        # ends, and the profiler result's destructor must run before delivery (WindowWriter.finish)
+        self.writer.start(cur, [result], end_ns, blocking_ns, child)
 
     def _abort(self, cur: _Active, error: str) -> None:
         if self._claim(cur, (_ARMED, _ACTIVE)) is not None:
@@ -358,12 +368,16 @@ class ProfileWindow(WindowWriter, WindowExit):
         try:
             self._release(cur)
         finally:
-            with self._lock:
-                if self._cur is cur:
-                    self._cur, self._state = None, _IDLE
+            self._idle(cur)
             self._profiling(False)
         log.info("perftracker: window %s: training resumed; profiler stopped and its data dropped (%.2f s)",
                  cur.session, time.monotonic() - t0)
+
+    def _idle(self, cur: _Active) -> None:
+        """Back to idle if ``cur`` is still this window's (no delivery: it was reported already)."""
+        with self._lock:
+            if self._cur is cur:
+                self._cur, self._state = None, _IDLE
 
     def _deliver(self, cur: _Active, res: WindowResult) -> None:
         with self._lock:
@@ -403,19 +417,6 @@ class ProfileWindow(WindowWriter, WindowExit):
             rt.add_boundary_listener(self.on_boundary)
             self._runtime = rt
             self._hooked = True
-
-    def _pid(self) -> int:
-        return int(getattr(self.identity, "pid", 0) or os.getpid())
-
-    def _training_tid(self) -> int:
-        tid = getattr(self.identity, "training_tid", 0)
-        return int(tid or threading.main_thread().native_id or threading.get_native_id())
-
-    def _path(self, session: str, what: str) -> Path:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        rank = int(getattr(self.identity, "rank", 0))
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
-        return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
 
 
 def __getattr__(name: str) -> object:  # the worker's own path moved to perftracker/runtime/window_local.py

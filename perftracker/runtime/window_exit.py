@@ -4,9 +4,9 @@ Why this is needed: a Kineto profiler still enabled when the interpreter finaliz
 process (SIGSEGV, rc 139), and a daemon writer thread still inside torch's C++ code at that moment
 aborts it (SIGABRT). No iteration boundary will come to close an open window in either case, so
 every ``ProfileWindow`` registers here, one ``atexit`` hook (registered with the first window) ends
-them all, and ``Runtime.stop()`` calls ``shutdown_all`` too. ``WindowExit`` is a mixin of
-``ProfileWindow`` (perftracker/runtime/window.py), which owns the state machine; ``shutdown_all`` is
-re-exported there (``perftracker.runtime.window.shutdown_all``).
+them all, and ``Runtime.stop()`` calls ``shutdown_all`` too. Each ``ProfileWindow``
+(perftracker/runtime/window.py), which owns the state machine, owns a ``WindowExit`` and calls it;
+``shutdown_all`` is re-exported there (``perftracker.runtime.window.shutdown_all``).
 
 **A window near the end of training still yields a report** (issue 16). At interpreter exit
 (``finish_at_exit``) the window is not thrown away:
@@ -29,74 +29,82 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from perftracker.runtime.window_writer import (
     _ACTIVE,
     _ARMED,
     _FINISHING,
-    _IDLE,
     _OVERRUN,
     WindowOptions,
     WindowResult,
+    WindowWriter,
     _Active,
 )
 
 log = logging.getLogger("perftracker.runtime.window")  # one logger for the window's lines, whichever module
 
 
-class WindowExit:
-    """The exit half of ``ProfileWindow``: uses its lock, state, ``_claim``, ``_release`` and
-    ``_deliver``."""
+class _Window(Protocol):
+    """What the exit path needs of the window it ends: ``ProfileWindow`` (perftracker/runtime/window.py),
+    which owns the state machine and its lock."""
 
     options: WindowOptions
-    _lock: threading.Lock
-    _state: str
-    _cur: _Active | None
-    _finisher: threading.Thread | None
-    _cancel: threading.Event  # set at exit: the writer stops at its next check
-    _hurry: threading.Event  # set at exit: the writer stops yielding to training
+    writer: WindowWriter
 
-    if TYPE_CHECKING:  # provided by ProfileWindow (perftracker/runtime/window.py)
-        def _claim(self, cur: _Active, states: tuple[str, ...], to: str = ...) -> str | None: ...
-        def _release(self, cur: _Active) -> Any: ...
-        def _deliver(self, cur: _Active, res: WindowResult) -> None: ...
-        def _finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int,
-                    child: int | None) -> None: ...
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def current(self) -> _Active | None: ...
+
+    def _claim(self, cur: _Active, states: tuple[str, ...], to: str = ...) -> str | None: ...
+
+    def _release(self, cur: _Active) -> Any: ...
+
+    def _deliver(self, cur: _Active, res: WindowResult) -> None: ...
+
+    def _idle(self, cur: _Active) -> None: ...
+
+
+class WindowExit:
+    """The exit part of a ``ProfileWindow``: ends it at interpreter exit or deactivation (see the
+    module docstring). The window owns it and calls ``shutdown`` and ``finish_at_exit``."""
+
+    def __init__(self, window: _Window) -> None:
+        self._win = window
 
     def shutdown(self, reason: str = "process exiting", writer_wait_s: float | None = None) -> None:
-        """End this window now (exit hook, deactivate); never raises.
+        """End the window now (exit hook, deactivate); never raises.
 
         Armed: cancelled. Running: profiler, samplers, GC callback, switch interval and NVTX undone
         (the profiler only from the thread that started it, the training thread), result discarded.
         Being written: with ``writer_wait_s`` (exit), the writer is cancelled and waited for that long.
         """
-        cur = self._cur
+        win, writer = self._win, self._win.writer
+        cur = win.current
         if cur is None:
             if writer_wait_s is not None:
-                self._join_writer(writer_wait_s, "")
+                writer.join(writer_wait_s, "")
             return
-        prev = self._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
+        prev = win._claim(cur, (_ARMED, _ACTIVE, _OVERRUN))
         if prev == _OVERRUN:  # already reported; only the profiler is left (training thread only)
             cur.overrun_done.wait(1.0)
             try:
                 if threading.get_ident() == cur.thread_ident:
-                    self._release(cur)
+                    win._release(cur)
             except Exception:  # noqa: BLE001
                 log.debug("perftracker: releasing an abandoned window failed", exc_info=True)
-            with self._lock:
-                if self._cur is cur:
-                    self._cur, self._state = None, _IDLE
+            win._idle(cur)
             return
         if prev is None:
             if writer_wait_s is not None:
-                self._cancel.set()
-                self._hurry.set()
-                self._join_writer(writer_wait_s, cur.session)
+                writer.cancelled.set()
+                writer.hurried.set()
+                writer.join(writer_wait_s, cur.session)
             return
         t0 = time.monotonic()
         error = f"discarded: {reason}"
@@ -107,7 +115,7 @@ class WindowExit:
                 # does nothing, so leave it to that thread and undo the rest.
                 cur.capture = None
                 error += " (the profiler stays on in the training thread)"
-            self._release(cur)
+            win._release(cur)
         except Exception as exc:  # noqa: BLE001 - exit path: never raise
             error += f"; cleanup: {type(exc).__name__}: {exc}"
         if cur.sampler is not None:
@@ -117,17 +125,18 @@ class WindowExit:
                 pass
         log.warning("perftracker: window %s %s (%s, %.2f s)", cur.session, error,
                     "was running" if prev == _ACTIVE else "had not started", time.monotonic() - t0)
-        self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
+        win._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
 
     def finish_at_exit(self, wait_s: float) -> None:
-        """Interpreter exit: hand this window to the agent if it can be done in ``wait_s`` (see the
+        """Interpreter exit: hand the window to the agent if it can be done in ``wait_s`` (see the
         module doc), else discard it; never raises."""
         t0 = time.monotonic()
-        cur = self._cur
+        win, writer = self._win, self._win.writer
+        cur = win.current
         if cur is None:
-            self._join_writer(wait_s, "")
+            writer.join(wait_s, "")
             return
-        state = self._state
+        state = win.state
         if state == _ACTIVE:
             if not self._cut_at_exit(cur):
                 self.shutdown("process exiting", wait_s)
@@ -135,79 +144,63 @@ class WindowExit:
         elif state != _FINISHING:
             self.shutdown("process exiting", wait_s)
             return
-        self._hurry_writer()
-        fin = self._finisher
+        writer.hurry()
+        fin = writer.thread
         if fin is not None and fin.is_alive() and fin is not threading.current_thread():
             fin.join(max(0.0, wait_s - (time.monotonic() - t0)))
             if fin.is_alive():
                 log.warning("perftracker: window %s: not written within the exit delay (%.1f s, "
                             "PERFTRACKER_EXIT_DELAY_S); cancelling it", cur.session, wait_s)
-                self._cancel.set()
-                self._join_writer(1.0, cur.session)
-        if self._cur is None:
+                writer.cancelled.set()
+                writer.join(1.0, cur.session)
+        if win.current is None:
             log.info("perftracker: window %s handed over at exit after %.2f s", cur.session, time.monotonic() - t0)
-
-    def _hurry_writer(self) -> None:
-        """Training is over: the writer stops yielding the GIL (Throttle) and, where the OS lets an
-        unprivileged process raise a thread's priority back, the CPU (nice 0)."""
-        self._hurry.set()
-        tid = getattr(self, "_writer_tid", 0)
-        if tid:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, 0)
-            except (OSError, AttributeError):
-                pass
 
     def _cut_at_exit(self, cur: _Active) -> bool:
         """A running window at exit, in the training thread: stop the profiler and cut the window at
         its last complete iteration, then write it (hurried). False when that cannot be done."""
+        win = self._win
         if cur.capture is None or not cur.capture.started or threading.get_ident() != cur.thread_ident \
                 or len(cur.boundaries_ns) < 2:
             return False
-        if self._claim(cur, (_ACTIVE,)) is None:
+        if win._claim(cur, (_ACTIVE,)) is None:
             return False
         t0 = time.monotonic_ns()
         end_ns = cur.boundaries_ns[-1]
         try:
-            result = self._release(cur)
+            result = win._release(cur)
         except Exception as exc:  # noqa: BLE001 - exit path: never raise
             error = f"discarded: process exiting; cleanup: {type(exc).__name__}: {exc}"
             log.warning("perftracker: window %s %s", cur.session, error)
             if cur.sampler is not None:
                 cur.sampler.close(timeout_s=0.5)
-            self._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
+            win._deliver(cur, WindowResult(cur.session, None, cur.start_ns, cur.start_ns, error=error))
             return True
         log.info("perftracker: window %s cut at exit at its last complete iteration (%d iterations)",
                  cur.session, len(cur.boundaries_ns) - 1)
-        self._hurry.set()
-        self._finisher = threading.Thread(target=self._finish,
-                                          args=(cur, [result], end_ns, time.monotonic_ns() - t0, None),
-                                          name="perftracker-window-writer", daemon=True)
+        win.writer.hurried.set()
+        holder = [result]  # the writer empties it (see WindowWriter.finish)
         del result
-        self._finisher.start()
+        win.writer.start(cur, holder, end_ns, time.monotonic_ns() - t0, None)
         return True
 
-    def _join_writer(self, wait_s: float, session: str) -> None:
-        """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
 
-        A daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter
-        finalizes is ended by pthread_exit on its way back to the GIL, which unwinds through a C++
-        destructor and aborts the whole process ("terminate called without an active exception").
-        """
-        fin = self._finisher
-        if fin is None or not fin.is_alive() or fin is threading.current_thread():
-            return
-        fin.join(wait_s)
-        if fin.is_alive():
-            log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
+class _Exiting(Protocol):
+    """A window as the process-wide exit hook sees it (``ProfileWindow``)."""
+
+    options: WindowOptions
+
+    def shutdown(self, reason: str = ..., writer_wait_s: float | None = ...) -> None: ...
+
+    def finish_at_exit(self, wait_s: float) -> None: ...
 
 
-_windows: weakref.WeakSet[WindowExit] = weakref.WeakSet()
+_windows: weakref.WeakSet[_Exiting] = weakref.WeakSet()
 _windows_lock = threading.Lock()
 _atexit_registered = False
 
 
-def _register(win: WindowExit) -> None:
+def _register(win: _Exiting) -> None:
     """Called by every new window: the exit hook must find it, and is registered once, lazily, so
     that a process that never profiles has no hook."""
     global _atexit_registered

@@ -1,7 +1,9 @@
 """The profile window's writer: after the window, turn the profiler result and stack samples into
 a ``RawWindow`` file off the training thread (a throttled thread, or optionally a forked child),
-collect the sampler process's file and deliver the ``WindowResult``. A mixin of ``ProfileWindow``
-(perftracker/runtime/window.py), which owns the state machine.
+collect the sampler process's file and deliver the ``WindowResult``. ``ProfileWindow``
+(perftracker/runtime/window.py) owns one ``WindowWriter`` and the state machine; the writer owns its
+thread, the conversion child and the two events the exit path (perftracker/runtime/window_exit.py)
+sets: ``cancelled`` and ``hurried``.
 """
 
 from __future__ import annotations
@@ -106,24 +108,76 @@ class _Active:
 
 
 class WindowWriter:
-    """The writer half of ``ProfileWindow`` (uses its options, identity, paths and ``_deliver``)."""
+    """The writer part of a ``ProfileWindow``: the files' paths, the writer thread, the conversion
+    child. ``deliver(cur, result)`` (the window's) ends the window once the file is written."""
 
-    options: WindowOptions
-    identity: Any
-    _cancel: threading.Event
-    _hurry: threading.Event
-    _writer_tid: int = 0  # the writer thread's native id (the exit path restores its priority)
-    _child_pid: int = 0  # the conversion child while the writer waits for it
+    def __init__(self, identity: Any, out_dir: Path, options: WindowOptions,
+                 deliver: Callable[[_Active, WindowResult], None]) -> None:
+        self.identity = identity
+        self.out_dir = out_dir
+        self.options = options
+        self._deliver = deliver
+        self.cancelled = threading.Event()  # set at exit: the writer stops at its next throttle check
+        self.hurried = threading.Event()  # set at exit: the writer stops yielding (window_exit.py)
+        self.thread: threading.Thread | None = None  # the latest writer thread
+        self.tid = 0  # the writer thread's native id (the exit path restores its priority)
+        self.child_pid = 0  # the conversion child while the writer waits for it
 
-    def _use_fork(self) -> bool:
+    # ---------------------------------------------------------------- paths
+    def path(self, session: str, what: str) -> Path:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        rank = int(getattr(self.identity, "rank", 0))
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
+        return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
+
+    def pid(self) -> int:
+        return int(getattr(self.identity, "pid", 0) or os.getpid())
+
+    def training_tid(self) -> int:
+        tid = getattr(self.identity, "training_tid", 0)
+        return int(tid or threading.main_thread().native_id or threading.get_native_id())
+
+    # ---------------------------------------------------------------- the window's thread
+    def start(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int, child: int | None) -> None:
+        """Start the writer thread on ``holder`` (``[profiler result or None]``, see ``finish``)."""
+        self.thread = threading.Thread(target=self.finish, args=(cur, holder, end_ns, blocking_ns, child),
+                                       name="perftracker-window-writer", daemon=True)
+        self.thread.start()
+
+    def hurry(self) -> None:
+        """Training is over: the writer stops yielding the GIL (Throttle) and, where the OS lets an
+        unprivileged process raise a thread's priority back, the CPU (nice 0)."""
+        self.hurried.set()
+        tid = self.tid
+        if tid:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, 0)
+            except (OSError, AttributeError):
+                pass
+
+    def join(self, wait_s: float, session: str) -> None:
+        """Exit: wait (at most ``wait_s``) for the writer thread, also one that already delivered.
+
+        A daemon thread still inside torch's C++ code (which releases the GIL) when the interpreter
+        finalizes is ended by pthread_exit on its way back to the GIL, which unwinds through a C++
+        destructor and aborts the whole process ("terminate called without an active exception").
+        """
+        fin = self.thread
+        if fin is None or not fin.is_alive() or fin is threading.current_thread():
+            return
+        fin.join(wait_s)
+        if fin.is_alive():
+            log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
+
+    def use_fork(self) -> bool:
         # The child only reads the profiler result's host memory and numpy; it never calls CUDA (as
         # a DataLoader worker forked from a CUDA process). Not verified on GPU hardware.
         return self.options.writer == "fork" and hasattr(os, "fork")
 
-    def _fork_writer(self, cur: _Active, result: Any, end_ns: int) -> int | None:
+    def fork(self, cur: _Active, result: Any, end_ns: int) -> int | None:
         """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training
         beyond the fork itself. Returns the child's pid, or None (then a thread writes)."""
-        path = self._path(cur.session, "raw")
+        path = self.path(cur.session, "raw")
         try:
             path.unlink(missing_ok=True)  # the file's presence is the child's success (saved atomically)
             pid = os.fork()
@@ -134,7 +188,7 @@ class WindowWriter:
             code = 1
             try:
                 _lower_priority(0, self.options.child_nice, self.options.helper_cpus, idle=True)
-                self._build(cur, result, end_ns).save(path)
+                self.build(cur, result, end_ns).save(path)
                 code = 0
             except BaseException as exc:  # noqa: BLE001
                 try:
@@ -143,34 +197,34 @@ class WindowWriter:
                     pass
             finally:
                 os._exit(code)
-        self._child_pid = pid
+        self.child_pid = pid
         return pid
 
     # ---------------------------------------------------------------- writer thread
-    def _finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int, child: int | None) -> None:
+    def finish(self, cur: _Active, holder: list[Any], end_ns: int, blocking_ns: int, child: int | None) -> None:
         """The writer thread. ``holder`` is ``[profiler result or None]``; it is emptied before the
         result is delivered, so that the result's C++ destructor has run by then: the process may
         exit as soon as ``on_done`` returns, and a daemon thread still in torch's C++ code at
         finalization aborts the process."""
         result = holder.pop() if holder else None
-        self._writer_tid = threading.get_native_id()
-        if not self._hurry.is_set():  # the writer yields the CPU to training as well as the GIL (Throttle)
-            _lower_priority(self._writer_tid, self.options.writer_nice, self.options.helper_cpus)
+        self.tid = threading.get_native_id()
+        if not self.hurried.is_set():  # the writer yields the CPU to training as well as the GIL (Throttle)
+            _lower_priority(self.tid, self.options.writer_nice, self.options.helper_cpus)
         res = WindowResult(cur.session, None, cur.start_ns, end_ns, error="unfinished", blocking_ns=blocking_ns)
         try:
             samples_path = None
             if cur.sampler is not None:
                 cur.sampler.send(f"end {end_ns}")
-            raw_path = self._path(cur.session, "raw")
+            raw_path = self.path(cur.session, "raw")
             if self.options.writer_gate is not None:
-                self.options.writer_gate(self._hurry)
+                self.options.writer_gate(self.hurried)
             if child is not None and self._wait_child(cur, child, raw_path):
                 rows = _count_rows(raw_path)
             else:
-                if self._cancel.is_set():  # exiting already: do not start a build (it may take a minute)
+                if self.cancelled.is_set():  # exiting already: do not start a build (it may take a minute)
                     raise Cancelled("cancelled before writing")
-                raw = self._build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self._cancel,
-                                                                hurry=self._hurry))
+                raw = self.build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self.cancelled,
+                                                               hurry=self.hurried))
                 raw.save(raw_path)
                 rows = len(raw)
                 del raw
@@ -201,8 +255,8 @@ class WindowWriter:
     def _wait_child(self, cur: _Active, pid: int, raw_path: Path) -> bool:
         """Wait for the conversion child. True: it wrote ``raw_path``. False (logged): it failed,
         was killed or took longer than ``child_timeout_s`` (then killed); the caller still holds the
-        profiler result and converts it itself, so no window is lost. At exit (``_hurry``) the child
-        is reniced to 0 where the OS allows it; on ``_cancel`` it is killed and Cancelled raised."""
+        profiler result and converts it itself, so no window is lost. At exit (``hurried``) the child
+        is reniced to 0 where the OS allows it; on ``cancelled`` it is killed and Cancelled raised."""
         opts = self.options
         t0 = time.monotonic()
         nice = opts.child_nice
@@ -225,11 +279,11 @@ class WindowWriter:
                     log.warning("perftracker: window %s: the conversion child failed (%s); converting "
                                 "in this process", cur.session, why)
                     return False
-                if self._cancel.is_set():
+                if self.cancelled.is_set():
                     _kill(pid)
                     raise Cancelled("cancelled while the child converted")
                 waited_s = time.monotonic() - t0
-                want = 0 if self._hurry.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
+                want = 0 if self.hurried.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
                 if want < nice:
                     try:  # back from SCHED_IDLE, at a higher priority
                         os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
@@ -244,11 +298,11 @@ class WindowWriter:
                     return False
                 time.sleep(0.05)
         finally:
-            self._child_pid = 0
+            self.child_pid = 0
             err.unlink(missing_ok=True)
 
-    def _build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
-        tid = self._training_tid()
+    def build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
+        tid = self.training_tid()
         krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
                  if result is not None else None)
         pyexec = None
@@ -266,7 +320,7 @@ class WindowWriter:
         meta = WindowMeta(
             job=str(getattr(self.identity, "job", "")), session=cur.session,
             rank=int(getattr(self.identity, "rank", 0)), world_size=int(getattr(self.identity, "world_size", 1)),
-            host=str(getattr(self.identity, "host", "")), pid=self._pid(), training_tid=tid,
+            host=str(getattr(self.identity, "host", "")), pid=self.pid(), training_tid=tid,
             window_start_ns=cur.start_ns, window_end_ns=end_ns,
             local_rank=int(getattr(self.identity, "local_rank", -1)),
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),

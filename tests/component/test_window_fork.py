@@ -26,9 +26,9 @@ def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult
     win: ProfileWindow
 
     def _gate(_hurry: threading.Event) -> None:
-        pids.append(win._child_pid)
+        pids.append(win.writer.child_pid)
         if gate is not None:
-            gate(win, win._child_pid)
+            gate(win, win.writer.child_pid)
 
     win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(writer="fork", writer_gate=_gate, **opts))
     done: list[WindowResult] = []
@@ -119,7 +119,7 @@ def test_exit_cancels_a_busy_child(tmp_path: Path) -> None:
     def gate(win: ProfileWindow, pid: int) -> None:
         pids.append(pid)
         os.kill(pid, signal.SIGSTOP)  # a child that would never finish
-        win._cancel.set()  # what the exit hook does once its wait is over
+        win.writer.cancelled.set()  # what the exit hook does once its wait is over
 
     _, res, _ = _run(tmp_path, gate=gate)
     assert res.error.startswith("discarded") and res.raw_path is None

@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""\
     # script can wait for the definite state "finishing" (it never races a fast writer to "idle").
     # "too-slow": the writer waits until the exit hook cancels it (a build longer than the delay).
     gate = {"running": None, "writing": lambda exiting: exiting.wait(120),
-            "too-slow": lambda exiting: holder[0]._cancel.wait(120)}[mode]
+            "too-slow": lambda exiting: holder[0].writer.cancelled.wait(120)}[mode]
     opts = WindowOptions(spawn_sampler=(mode == "running"), writer_duty=0.02,
                          exit_wait_s=1.0 if mode == "too-slow" else 30.0, writer_gate=gate)
     win = ProfileWindow(rt.identity, out_dir, runtime=rt, options=opts)
@@ -259,7 +259,7 @@ def test_shutdown_waits_for_a_cancelled_writer(tmp_path: Path) -> None:
     t0 = time.monotonic()
     win.shutdown("process exiting", writer_wait_s=20.0)
     assert time.monotonic() - t0 < 20.0
-    assert not win._finisher.is_alive()  # shutdown returned once the writer ended, not at the limit
+    assert not win.writer.thread.is_alive()  # shutdown returned once the writer ended, not at the limit
     assert win.state == "idle" and len(done) == 1, (win.state, done)
     assert done[0].error == "discarded: process exiting" and done[0].raw_path is None, done
     assert not list(tmp_path.glob("*.raw.npz"))

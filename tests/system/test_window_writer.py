@@ -43,7 +43,7 @@ class _Raw:
 
 def _window(tmp_path: Path) -> ProfileWindow:
     win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(spawn_sampler=False))
-    win._build = lambda cur, result, end_ns, throttle=None: _Raw()  # type: ignore[method-assign]
+    win.writer.build = lambda cur, result, end_ns, throttle=None: _Raw()  # type: ignore[method-assign]
     return win
 
 
@@ -59,7 +59,7 @@ def _tracked(session: str) -> tuple[_Active, list[_Result], list[tuple[WindowRes
 def test_result_is_freed_before_on_done(tmp_path: Path) -> None:
     win = _window(tmp_path)
     cur, holder, seen = _tracked("s1")
-    t = threading.Thread(target=win._finish, args=(cur, holder, 5, 1, None))
+    t = threading.Thread(target=win.writer.finish, args=(cur, holder, 5, 1, None))
     t.start()
     t.join(10)
     assert len(seen) == 1
@@ -75,9 +75,9 @@ def test_result_is_freed_before_on_done_when_writing_fails(tmp_path: Path) -> No
     def boom(cur, result, end_ns, throttle=None):  # type: ignore[no-untyped-def]
         raise OSError(28, "No space left on device")
 
-    win._build = boom  # type: ignore[method-assign]
+    win.writer.build = boom  # type: ignore[method-assign]
     cur, holder, seen = _tracked("s2")
-    win._finish(cur, holder, 5, 1, None)
+    win.writer.finish(cur, holder, 5, 1, None)
     assert len(seen) == 1 and "No space left" in seen[0][0].error and seen[0][1]
 
 
@@ -92,16 +92,16 @@ def test_exit_hook_waits_for_a_writer_that_already_delivered(tmp_path: Path) -> 
     def finish_then_linger() -> None:  # delivered, but the thread is still running
         release.wait(20)
 
-    win._finisher = threading.Thread(target=finish_then_linger)
-    win._finisher.start()
-    assert win.state == "idle" and win._finisher.is_alive()
+    win.writer.thread = threading.Thread(target=finish_then_linger)
+    win.writer.thread.start()
+    assert win.state == "idle" and win.writer.thread.is_alive()
     # the writer ends only after shutdown has been called (and only if it waits does it see that
     # end): no reliance on how long shutdown took
     threading.Timer(0.3, release.set).start()
     t0 = time.monotonic()
     win.shutdown("process exiting", writer_wait_s=15.0)
     waited_s = time.monotonic() - t0
-    assert not win._finisher.is_alive()
+    assert not win.writer.thread.is_alive()
     assert waited_s < 15.0
 
 
