@@ -6,7 +6,7 @@ On import, detection is activated from the environment (``Config.from_env``) unl
 ``PERFTRACKER_*`` value or any other activation error is logged and leaves training untouched.
 
 Public API: ``activate(config=None)``, ``deactivate()``, ``trigger(reason)``, ``status()``.
-The import stays light: torch, numpy, psutil, nvtx and the standard library only.
+The import stays light: torch, numpy, nvtx and the standard library only.
 """
 
 from __future__ import annotations
