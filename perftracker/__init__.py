@@ -14,10 +14,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from perftracker.config import Config
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.role import TRAINING, current_role
+
+if TYPE_CHECKING:  # the runtime loads on activation, not on import
+    from perftracker.runtime.runtime import Runtime
 
 __all__ = ["Config", "PerftrackerError", "activate", "deactivate", "status", "trigger"]
 __version__ = "0.1.0"
@@ -25,7 +29,7 @@ __version__ = "0.1.0"
 log = logging.getLogger(__name__)
 
 
-def activate(config: Config | None = None):  # type: ignore[no-untyped-def]
+def activate(config: Config | None = None) -> Runtime:
     """Start detection in this process (idempotent with no config); returns the Runtime."""
     from perftracker.runtime import runtime
 

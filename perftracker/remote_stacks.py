@@ -220,7 +220,7 @@ class RemoteStackReader:
             top = self._top()
             got = self._walk(top) if top else None
             # the same innermost frame (address and code) after the walk as before it
-            if got and self._top() == top and self.mem.word(top + _FRAME_CODE) == self._first_code:
+            if top and got and self._top() == top and self.mem.word(top + _FRAME_CODE) == self._first_code:
                 return got
         self.torn += 1
         return None

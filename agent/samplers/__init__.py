@@ -52,7 +52,8 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             nvml_ok = nvml.unavailable_reason() is None
             nsys = NsysSampler(options.gpu_index, options.nsys_frequency_hz, options.gpu_lock_dir,
                                fallback=nvml if nvml_ok else None)
-            candidates = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}[name]
+            by_name: dict[str, list[Sampler]] = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}
+            candidates = by_name[name]
         else:
             log.warning("unknown sampler %r ignored", name)
         for cand in candidates:

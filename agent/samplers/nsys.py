@@ -97,8 +97,8 @@ def read_gpu_metrics(path: str | Path, realtime_offset_ns: int, gpu_type_id: int
         if kind is None:
             continue
         bucket = per.setdefault(kind, {})
-        t = int(ts)
-        bucket[t] = max(bucket.get(t, 0.0), float(value) / 100.0)  # max over RX/TX (and links)
+        at = int(ts)
+        bucket[at] = max(bucket.get(at, 0.0), float(value) / 100.0)  # max over RX/TX (and links)
     out: dict[str, UtilSeries] = {}
     for kind, samples in per.items():
         t = np.array(sorted(samples), np.int64)

@@ -102,7 +102,8 @@ def critical_runs(values: np.ndarray, group: np.ndarray, n_groups: int, max_zero
 
 def _sample_starts(t: np.ndarray, period_ns: int) -> np.ndarray:
     """t_{i-1} for each sample i: sample i covers (t_{i-1}, t_i]; the first covers one period."""
-    return np.r_[t[0] - max(int(period_ns), 1), t[:-1]]
+    starts: np.ndarray = np.r_[t[0] - max(int(period_ns), 1), t[:-1]]
+    return starts
 
 
 def samples_inside(owner: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray, series: UtilSeries

@@ -283,7 +283,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
                            series, opt.max_zero_run)
         mu_f[sel_funcs] = util.mu[sel_funcs]
         sigma_f[sel_funcs] = util.sigma[sel_funcs]
-        for f in np.flatnonzero(sel_funcs):
+        for f in np.flatnonzero(sel_funcs).tolist():
             resource_f[f] = series.resource
 
     patterns = []

@@ -63,10 +63,10 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         raise InputError(f"pattern sets from different sessions: {sessions[:5]}")
     seen: dict[int, int] = {}
     dups = []
-    for p in sets:
-        if p.rank in seen:
-            dups.append(p.rank)
-        seen[p.rank] = 1
+    for s in sets:
+        if s.rank in seen:
+            dups.append(s.rank)
+        seen[s.rank] = 1
     if dups:
         raise InputError(f"duplicate ranks in session {sessions[0]!r}: {sorted(set(dups))[:20]}")
 

@@ -30,7 +30,8 @@ def distance_from_expectation(values: np.ndarray, lo: np.ndarray, hi: np.ndarray
     lo = np.asarray(lo, dtype=np.float64).reshape(3, 1)
     hi = np.asarray(hi, dtype=np.float64).reshape(3, 1)
     per_dim = np.maximum(np.maximum(lo - x, x - hi), 0.0)
-    return per_dim.sum(axis=0)
+    out: np.ndarray = per_dim.sum(axis=0)
+    return out
 
 
 def outside_expectation(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -168,7 +169,7 @@ def _grid_pass(x: np.ndarray, unit: np.ndarray, y: np.ndarray, eps: float, g: in
     A worker's cell index is floor(x · unit · g · (1 − 2⁻⁴⁰)): P̂ lies within ~1e-12 of that cell, and
     the cell decisions keep a margin of 1e-9 from ε, so this never changes a decision."""
     n = x.shape[1]
-    cell_id = np.zeros(n, dtype=np.int64 if g > 1024 else np.int32)
+    cell_id: np.ndarray = np.zeros(n, dtype=np.int64 if g > 1024 else np.int32)
     shrink = 1.0 - 2.0 ** -40  # keeps x = max inside the last cell without a clamp pass
     for d in range(3):
         c = (x[d] * (unit[d] * g * shrink)).astype(cell_id.dtype)

@@ -103,6 +103,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         median = _median_triple(arr, verdicts, f, medians)
         exp_idx = np.flatnonzero(by_exp)
         diff_only = by_diff & ~by_exp
+        groups: list[tuple[np.ndarray, tuple[str, ...]]]
         if exp_idx.size > common_fraction * n and diff_only.any():
             groups = [(exp_idx, ("expectation",)), (np.flatnonzero(diff_only), ("differential",))]
         else:
@@ -190,8 +191,8 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         if owner is None:
             cause = cause_of_lateness(beta, causes, lg.late, lg.waiting, arr.worker_window_s, opts)
             f = lg.f if cause is None else cause[0]
-            waiting = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
-            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",), waiting, arr.n_workers, 1.0)
+            of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
+            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",), of_waiters, arr.n_workers, 1.0)
             owner.kind = "specific"  # compared with the ranks that wait for it, never "random"
             drafts.append(owner)
             culprits.append(owner)

@@ -14,7 +14,7 @@ from typing import TextIO
 from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -83,7 +83,7 @@ def _header(report: Report) -> Panel:
     steps = step_times_text(report)
     if steps:
         grid.add_row("step time", steps)
-    parts: list[object] = [grid]
+    parts: list[RenderableType] = [grid]
     if report.summary:
         parts = [Text(report.summary, style="bold"), Text(""), grid]
     return Panel(Group(*parts), title="perftracker report", title_align="left", box=box.ROUNDED)
@@ -123,7 +123,7 @@ def _pattern_table(f: Finding, samples: bool = True) -> Table:
 
 def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Panel:
     first = group[0]
-    body: list[object] = []
+    body: list[RenderableType] = []
     if first.key != first.label:
         body.append(Text(_short_stack(first.key), style="dim"))
     for f in group:

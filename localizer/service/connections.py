@@ -27,7 +27,7 @@ import resource
 import ssl
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -89,9 +89,10 @@ class _Guarded(asyncio.Protocol):
         self.since = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream server's connection: a whole Transport (asyncio's or uvloop's), not a BaseTransport
+        self.transport = whole = cast(asyncio.Transport, transport)
         if not self.guard.admit(self):
-            transport.abort()
+            whole.abort()
             return
         self._timer = asyncio.get_running_loop().call_later(self.guard.header_timeout_s, self._timeout)
         self._inner_connected = True

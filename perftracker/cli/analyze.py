@@ -158,8 +158,8 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
             raise InputError(f"rank {ps.rank} appears twice: {seen[ps.rank]} and {f} "
                              "(use --rank-from-filename if the files are named by rank)")
         seen[ps.rank] = f
-    named = [r for _, _, r in skipped if r is not None]
-    world = max(len(results), max([*seen, *named]) + 1)
+    named_ranks = [r for _, _, r in skipped if r is not None]
+    world = max(len(results), max([*seen, *named_ranks]) + 1)
     sets = [dataclasses.replace(ps, world_size=max(ps.world_size, world)) for ps in results.values()]
     return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
 
@@ -192,7 +192,7 @@ def localize_summaries(summ: Summaries, directory: Path, expect: str | None = No
 def run(args: argparse.Namespace) -> int:
     if args.output:
         output.check_writable(args.output)
-    localize = None
+    localize: Callable[..., object] | None = None  # None: print per-rank patterns
     if not args.patterns:
         try:
             from perftracker.localizer.diagnose.localize import localize

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from perftracker import __version__
 from perftracker.cli import output
@@ -47,7 +48,7 @@ _SUMMARIES: dict[str, str] = {
 log = logging.getLogger("perftracker")
 
 
-def _load(name: str):  # type: ignore[no-untyped-def]
+def _load(name: str) -> ModuleType:
     return importlib.import_module(f"perftracker.cli.{COMMANDS[name]}")
 
 

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -273,12 +274,12 @@ class SlowBackward(torch.autograd.Function):
     """Identity in forward; runs the 'backward' faults during backward."""
 
     @staticmethod
-    def forward(ctx, x, injector):  # type: ignore[no-untyped-def]
+    def forward(ctx, x, injector):
         ctx.injector = injector
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+    def backward(ctx, grad):
         ctx.injector.at("backward")
         return grad, None
 
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     injector = Injector(parse_faults(argv, ranks), rank, args.seed)
 
     dataset = SyntheticDataset(size=max(256, args.batch_size * 64) * world, in_dim=args.in_dim, seed=args.seed)
-    sampler = DistributedSampler(dataset, world, rank, seed=args.seed) if distributed else None
+    sampler: DistributedSampler[int] | None = (
+        DistributedSampler(dataset, world, rank, seed=args.seed) if distributed else None)
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
@@ -405,19 +407,25 @@ def save_checkpoint(model: nn.Module, pause_s: float) -> None:
     time.sleep(max(0.0, pause_s - (time.perf_counter() - t0)))
 
 
+def _items(value: object) -> list[Any]:
+    """A list field of ``perftracker.status()`` (a dict of plain values)."""
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
 def print_summary(rank: int, world: int, iters: int, elapsed_s: float) -> None:
     st = perftracker.status()
-    times = [round(float(t), 2) for t in st.get("recent_iteration_ms", [])]  # type: ignore[union-attr]
+    times = [round(float(t), 2) for t in _items(st.get("recent_iteration_ms"))]
+    triggers = _items(st.get("triggers"))
     mean = st.get("recent_mean_ms")
     low = st.get("recent_min_ms")
     # one write per line: the ranks share torchrun's stdout pipe, and print() writes the text and
     # its newline separately, so two ranks' lines could run together
     _line(
         f"[rank {rank}/{world}] {iters} iterations in {elapsed_s:.1f} s; perftracker phase={st['phase']} "
-        f"mode={st.get('mode')} iteration={st['iteration']} sequence={' '.join(st['sequence'])}"  # type: ignore[arg-type]
+        f"mode={st.get('mode')} iteration={st['iteration']} sequence={' '.join(_items(st['sequence']))}"
         + (f" recent mean={mean:.1f} ms min={low:.1f} ms" if mean is not None and low is not None else "")
-        + f" triggers={len(st.get('triggers', []))}"  # type: ignore[arg-type]
-        + f" trigger_iterations={[t.get('iteration') for t in st.get('triggers', [])]}"  # type: ignore[union-attr]
+        + f" triggers={len(triggers)}"
+        + f" trigger_iterations={[t.get('iteration') for t in triggers]}"
     )
     if rank == 0 and times:
         _line(f"[rank 0] last {len(times)} iteration times (ms): {times}")

@@ -143,7 +143,8 @@ def _save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> Path:
     """Write ``arrays`` as an .npz at ``path`` via a temporary file, so a reader never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
+        # numpy's stub lets ** fill savez's allow_pickle (a bool, and only since numpy 2.1)
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
     tmp.replace(path)
     return path
 
@@ -175,11 +176,12 @@ class SampleSet:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         arrays: dict[str, np.ndarray] = {}
-        meta = {"schema_version": self.schema_version, "series": {}}
+        series: dict[str, dict[str, object]] = {}
         for name, s in self.series.items():
             arrays[f"t_{name}"] = np.asarray(s.t_ns, dtype=np.int64)
             arrays[f"v_{name}"] = np.asarray(s.value, dtype=np.float32)
-            meta["series"][name] = {"period_ns": int(s.period_ns), "source": s.source}
+            series[name] = {"period_ns": int(s.period_ns), "source": s.source}
+        meta = {"schema_version": self.schema_version, "series": series}
         arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         return _save_npz_atomic(path, arrays)
 

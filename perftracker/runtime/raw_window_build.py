@@ -201,9 +201,7 @@ def build_raw_window(
     cols = {k: v[order] for k, v in cols.items()}
     p = cols["parent"]
     cols["parent"] = np.where(p >= 0, new_index[np.maximum(p, 0)], -1).astype(np.int32)
-    names = tuple(it.names)
-    stacks = tuple(it.stacks)
-    return RawWindow(meta=meta, columns=cols, names=names, stacks=stacks)
+    return RawWindow(meta=meta, columns=cols, names=tuple(it.names), stacks=tuple(it.stacks))
 
 
 def _tracer_parents_and_stacks(kineto: KinetoRows, name_id: np.ndarray, base: int, parent: np.ndarray,

@@ -96,6 +96,8 @@ def validate(msg: Any) -> MessageType:
         raise WireError(f"message: expected a JSON object, got {type(msg).__name__}")
     raw_type = msg.get("type")
     try:
+        if not isinstance(raw_type, str):
+            raise ValueError(raw_type)
         kind = MessageType(raw_type)
     except ValueError:
         raise WireError(f"message: unknown type {raw_type!r}") from None
