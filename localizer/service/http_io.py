@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from perftracker.localizer.service import strict_json
 from perftracker.localizer.service.tokens import job_allowed
 from perftracker.localizer.service.validate import RequestError
 
 from perftracker.errors import PerftrackerError, SchemaError
 from perftracker.model import PatternSet
+from perftracker.wire import strict_json
 from perftracker.wire.patterns import (
     COLUMNS_CONTENT_TYPE,
     PatternBatch,
@@ -43,7 +43,7 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
-    """A JSON answer that strict parsers accept (no NaN/Infinity: perftracker.localizer.service.strict_json)."""
+    """A JSON answer that strict parsers accept (no NaN/Infinity: perftracker.wire.strict_json)."""
     return web.json_response(data, status=status, dumps=strict_json.dumps)
 
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from perftracker.localizer.k8s.cluster import ClusterLink
 from perftracker.localizer.service.sessions import SessionManager
-from perftracker.localizer.service.strict_json import dumps as strict_dumps
 from perftracker.localizer.store.writer import GroupCommit
 
 from perftracker.model import Report
 from perftracker.rundir import make_private_dir, write_private
+from perftracker.wire.strict_json import dumps as strict_dumps
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from perftracker.localizer.service import strict_json
 from perftracker.localizer.store.access import Query, Transaction
 from perftracker.localizer.store.records import STORE_SCHEMA_VERSION, HeartbeatRecord
 
 from perftracker.model import HangSnapshot, Report
+from perftracker.wire import strict_json
 
 
 class EventTables:
