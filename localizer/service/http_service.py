@@ -4,7 +4,7 @@ Every request except ``GET /v1/healthz`` needs ``Authorization: Bearer <token>``
 Bodies over ``max_body_bytes`` get 413 before they are read. Bodies are JSON; patterns also come
 as zlib-compressed JSON (``application/x-perftracker-patterns+zlib``, inflated with a bound) or, one
 upload per node, in the columnar form (``application/x-perftracker-columns``,
-``perftracker.wire.patterns``), validated with numpy and kept as arrays (``perftracker.localizer.diagnose.columns``);
+``perftracker.wire.patterns``), validated with numpy and kept as arrays (``perftracker.localizer.service.columns``);
 JSON goes through the request schemas in ``perftracker.localizer.service.validate`` and the model's ``from_dict``. Nothing from
 the network is ever unpickled. Errors are JSON ``{"error": message}`` with a 4xx status. The
 middlewares and body decoding are ``perftracker.localizer.service.http_io``; this module holds the app, its lifecycle

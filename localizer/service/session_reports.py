@@ -1,7 +1,7 @@
 """The reports that close a session, built from its stored uploads (the CPU-heavy step).
 
 ``build_slowdown_report`` runs the localizer over the session's uploads, held as arrays
-(``perftracker.localizer.diagnose.columns``: no Python object per pattern); ``build_hang_report``
+(``perftracker.localizer.service.columns``: no Python object per pattern); ``build_hang_report``
 hands its hang snapshots and the ranks' liveness (from heartbeats) to ``perftracker.localizer.diagnose.hang_diagnosis``. Both
 stages are imported lazily (numpy/statsmodels). The session state machine is perftracker.localizer.service.sessions.
 """
@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from perftracker.localizer.diagnose.columns import SessionColumns
+from perftracker.localizer.service.columns import SessionColumns
 from perftracker.localizer.store.sqlite_store import HeartbeatRecord, SessionRecord
 
 from perftracker.model import HangSnapshot, Report

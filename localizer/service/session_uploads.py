@@ -5,7 +5,7 @@ it and calls it; it owns the in-memory views of the uploads (which ranks uploade
 outstanding, the columns). An upload is a ``PatternBatch`` (one node's
 ranks, parsed once on arrival: ``perftracker.wire.patterns``). It is checked against its session
 (404/409/422), persisted in the writer's transaction, then, once committed, counted and appended
-to the session's columns (``perftracker.localizer.diagnose.columns``). Localizing a slowdown session reads those arrays,
+to the session's columns (``perftracker.localizer.service.columns``). Localizing a slowdown session reads those arrays,
 or, when the bounded cache let them go or the process restarted, the stored columnar bodies.
 
 Every per-upload step is O(ranks of the upload), not O(ranks of the job): the expected ranks are a
@@ -19,7 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from perftracker.localizer.diagnose.columns import ColumnCache, SessionColumns, columns_of
+from perftracker.localizer.service.columns import ColumnCache, SessionColumns, columns_of
 from perftracker.localizer.service.validate import RequestError
 from perftracker.localizer.store.records import SessionRecord
 from perftracker.localizer.store.sqlite_store import Store

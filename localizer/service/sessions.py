@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perftracker.localizer.diagnose.columns import ColumnCache
+from perftracker.localizer.service.columns import ColumnCache
 from perftracker.localizer.service.ownership import Ownership, hash_key
 from perftracker.localizer.service.session_hangs import HangSessions
 from perftracker.localizer.service.session_options import SessionOptions

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from perftracker.agent.daemon.localizer_client import Uplink, UplinkError
-from perftracker.localizer.diagnose.columns import ColumnCache
+from perftracker.localizer.service.columns import ColumnCache
 from perftracker.localizer.service.http_service import ServiceOptions
 from perftracker.localizer.service.sessions import OPEN, SessionManager, SessionOptions
 from perftracker.localizer.service.tokens import check_token, parse_job_tokens

@@ -1,5 +1,5 @@
 """The columnar wire form (perftracker.wire.patterns), the session columns built from it
-(perftracker.localizer.diagnose.columns) and the store's group commit (acknowledged only after the commit)."""
+(perftracker.localizer.service.columns) and the store's group commit (acknowledged only after the commit)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
-from perftracker.localizer.diagnose.columns import SessionColumns
+from perftracker.localizer.service.columns import SessionColumns
 from perftracker.localizer.store.writer import GroupCommit
 
 from perftracker.errors import InputError, SchemaError
