@@ -21,17 +21,16 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from perftracker.agent.daemon.agent_metrics import Metrics
 from perftracker.agent.daemon.localizer_link import Upstream
-from perftracker.agent.daemon.window_session import SessionRun, WindowOptions, WindowRunner
+from perftracker.agent.daemon.options import AgentOptions
+from perftracker.agent.daemon.window_session import SessionRun, WindowRunner
 from perftracker.agent.daemon.worker_exits import (
     error_file_of,
     is_failure,
@@ -59,24 +58,6 @@ from perftracker.wire.frames import MessageType
 log = logging.getLogger(__name__)
 
 AGENT_INFO = "agent.json"
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    run_dir: str
-    agent_id: str = ""  # default: <host>-<pid>
-    host: str = field(default_factory=socket.gethostname)
-    poll_timeout_s: float = 20.0  # long-poll duration
-    heartbeat_s: float = 2.0  # heartbeat period to the localizer
-    register_debounce_s: float = 0.3  # gather workers registering together into one registration
-    idle_exit_s: float = 0.0  # >0: exit when no worker has been connected this long (and nothing is running)
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = None  # None: no metrics endpoint; 0: any free port
-    # None: the run dir and socket are this user's only (0700/0600). A gid: workers of another uid in
-    # that group may connect (an agent running as root for nsys, a trainer as uid 10001): the run dir
-    # becomes 0750 and the socket 0660 with that group, and windows/ 2770 (the workers write there).
-    socket_gid: int | None = None
-    window: WindowOptions = field(default_factory=WindowOptions)
 
 
 def death_snapshot(w: Worker, status: Any, oom: bool, failed_ns: int) -> HangSnapshot:

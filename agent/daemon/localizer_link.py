@@ -14,17 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from perftracker.agent.daemon.agent_metrics import Metrics
+from perftracker.agent.daemon.options import AgentOptions
 from perftracker.agent.daemon.workers import SILENT_AFTER_S, Worker, liveness, select_job
 
 from perftracker.errors import PerftrackerError
 from perftracker.model import HangSnapshot
 from perftracker.warnonce import WarnOnce
-
-if TYPE_CHECKING:
-    from perftracker.agent.daemon.daemon import AgentOptions
 
 log = logging.getLogger(__name__)
 

@@ -102,8 +102,9 @@ def _embedded_idle(uplink: Any) -> bool:
 
 
 async def serve(args: argparse.Namespace) -> int:
-    from perftracker.agent.daemon.daemon import AgentDaemon, AgentOptions
+    from perftracker.agent.daemon.daemon import AgentDaemon
     from perftracker.agent.daemon.localizer_client import Uplink, resolve_token
+    from perftracker.agent.daemon.options import AgentOptions
     from perftracker.agent.daemon.window_session import WindowOptions
     from perftracker.runtime.autostart import acquire_agent_lock
 

@@ -30,12 +30,14 @@ def identity_fields(runtime: Any) -> dict[str, Any]:
 
 
 def current_phase() -> str:
-    """The detector's phase from ``perftracker.status()``; "" when it cannot tell."""
+    """The detector's phase, as ``perftracker.status()`` says it (this process's runtime, else the
+    last one, else "inactive"); "" when it cannot tell. Read from the runtime module, not the
+    package: the package's import starts the channel that imports this module."""
     try:
-        import perftracker
+        from perftracker.runtime.runtime import get_runtime, last_runtime
 
-        st = perftracker.status()  # type: ignore[attr-defined]
-        return str(st.get("phase", "")) if isinstance(st, Mapping) else str(getattr(st, "phase", ""))
+        rt = get_runtime() or last_runtime()
+        return "inactive" if rt is None else str(rt.status().get("phase", ""))
     except Exception:  # status() is best-effort here
         return ""
 

@@ -417,11 +417,3 @@ class ProfileWindow:
             rt.add_boundary_listener(self.on_boundary)
             self._runtime = rt
             self._hooked = True
-
-
-def __getattr__(name: str) -> object:  # the worker's own path moved to perftracker/runtime/window_local.py
-    if name in ("run_local_window", "LocalWindowSink"):
-        from perftracker.runtime import window_local
-
-        return getattr(window_local, name)
-    raise AttributeError(name)
