@@ -13,7 +13,7 @@ import hmac
 import logging
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from perftracker.localizer.service.tokens import job_allowed
@@ -39,7 +39,12 @@ HEALTHZ = "/v1/healthz"  # the one path without auth
 SCOPE: web.RequestKey[tuple[str, ...] | None] = web.RequestKey("scope", object)  # type: ignore[arg-type]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+class Middleware(Protocol):
+    """What ``web.Application(middlewares=...)`` takes: called with named ``request`` and ``handler``."""
+
+    def __call__(self, request: web.Request, handler: Handler) -> Awaitable[web.StreamResponse]: ...
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:

@@ -303,7 +303,8 @@ class AgentChannel:
             self._take_wanted_snapshots()
             self._flush(sock)
             timeout = max(0.0, min(next_beat, next_stats, next_blocked) - time.monotonic())
-            readable, _, _ = select.select([sock, self._wake_r], [], [], timeout)
+            watched: list[socket.socket | int] = [sock, self._wake_r]
+            readable, _, _ = select.select(watched, [], [], timeout)
             if self._wake_r in readable:
                 try:
                     while os.read(self._wake_r, 4096):

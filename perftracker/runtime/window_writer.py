@@ -304,7 +304,7 @@ class WindowWriter:
     def build(self, cur: _Active, result: Any, end_ns: int, throttle: Throttle | None = None) -> Any:
         tid = self.training_tid()
         krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
-                 if result is not None else None)
+                 if result is not None and cur.capture is not None else None)  # a result: a capture ran
         pyexec = None
         if cur.pystacks_path is not None:
             got = _load_remote_stacks(cur.pystacks_path, cur.session)
