@@ -1,4 +1,5 @@
-"""perftracker.agent.kineto on real traces (shared dlrm 8-rank GPU traces, a fresh torch.profiler export) and bad files."""
+"""perftracker.agent.kineto on real traces (shared dlrm 8-rank GPU traces) and bad files (a fresh
+torch.profiler export, in a child process: tests/component/test_kineto_export.py)."""
 
 from __future__ import annotations
 
@@ -126,73 +127,3 @@ def test_rank_from_file_name_when_distributed_info_missing(dlrm_dir: Path, tmp_p
     # the flag wins over distributedInfo
     assert read_kineto_trace(dlrm_files(dlrm_dir)[2], prefer_filename=True).meta.rank == 2
 
-
-def _busy(n: int) -> int:
-    acc = 0
-    for i in range(n):
-        acc += i * i
-    return acc
-
-
-def _garbage() -> None:
-    for _ in range(3000):
-        a: list[object] = []
-        a.append(a)
-
-
-_PROFILE_SCRIPT = """
-import gc, sys, threading
-import torch
-from torch.profiler import ProfilerActivity, profile
-
-
-def _busy(n):
-    s = 0
-    for i in range(n):
-        s += i * i
-    return s
-
-
-def _garbage():
-    for _ in range(2000):
-        a = []
-        a.append(a)
-
-
-cfg = torch._C._profiler._ExperimentalConfig(record_python_gc_info=True)
-x = torch.randn(128, 128)
-with profile(activities=[ProfilerActivity.CPU], with_stack=True, experimental_config=cfg) as prof:
-    for _ in range(3):
-        _busy(20000)
-        torch.mm(x, x)
-        _garbage()
-        gc.collect()
-prof.export_chrome_trace(sys.argv[1])
-print(threading.get_native_id())
-"""
-
-
-def test_fresh_torch_profiler_export_with_stacks_and_gc(tmp_path: Path) -> None:
-    """A trace that torch 2.13 writes now, with Python stacks and GC events. Profiled in a child
-    process: torch's in-process profiler state (Python tracer, GC callbacks) would otherwise leak
-    into later tests that run profile windows in the pytest process."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "profile_job.py"
-    script.write_text(_PROFILE_SCRIPT)
-    out = tmp_path / "rank0.pt.trace.json"
-    env = dict(__import__("os").environ, PERFTRACKER_DISABLE="1")
-    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    raw = read_kineto_trace(out)
-    assert raw.meta.training_tid == int(proc.stdout.split()[-1])
-    kinds = set(raw.col("kind").tolist())
-    assert {EventKind.PYTHON, EventKind.CPU_OP, EventKind.GC} <= kinds
-    ps = summarize_window(raw)
-    keys = {p.key: p for p in ps.patterns}
-    assert "Python GC" in keys and keys["Python GC"].category is Category.PYTHON
-    busy = [p for p in ps.patterns if p.key.endswith("_busy")]
-    assert busy and busy[0].category is Category.PYTHON and ";" in busy[0].key
-    assert "profile_job.py" in busy[0].key.split(";")[-1]
-    assert keys["aten::mm"].category is Category.COMPUTE

@@ -118,31 +118,6 @@ def test_pattern_budget_floor_and_roundtrip() -> None:
     assert len(small.to_bytes()) <= 1500 and len(small.patterns) < len(ps.patterns)
 
 
-def test_command_line_entry_point(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    raw = raw_window([(K.PYTHON, "f", T, 0, 40), (K.PYTHON, "g", T, 40, 100)], window=(0, 100))
-    raw_path = raw.save(tmp_path / "w.npz")
-    samples("cpu", 10, [1.0] * 10).save(tmp_path / "s.npz")
-    out = tmp_path / "p.bin"
-    cmd = [sys.executable, "-m", "perftracker.agent.summarize.summarizer", str(raw_path), "--samples", str(tmp_path / "s.npz"),
-           "--out", str(out)]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    p = by_key(PatternSet.from_bytes(out.read_bytes()))
-    assert p["g"].beta == pytest.approx(0.6) and p["g"].mu == pytest.approx(1.0)
-    r = subprocess.run(cmd[:-1] + [str(tmp_path / "p.json")], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and PatternSet.from_dict(json.loads((tmp_path / "p.json").read_text())).rank == 0
-    (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    r = subprocess.run(cmd[:3] + [str(tmp_path / "bad.npz"), "--out", str(out)], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
-    assert r.returncode == 1 and "bad.npz" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-
-
 def test_executions_shorter_than_a_period_take_overlapping_samples_weighted_by_overlap() -> None:
     # "op" runs 3 ns in each 10 ns sample (never a whole sample inside); sample values alternate
     # 1.0 / 0.5, and one execution straddles two samples (7 ns in a 1.0 sample, 2 ns in a 0.5 one)
@@ -173,3 +148,4 @@ def test_short_executions_in_zero_samples_add_nothing_and_long_ones_keep_algorit
     # whole samples inside (15, 60]: (20,30] .. (50,60] -> 0.2, 0.4, 0.6, 0.8; the straddling
     # (10,20] sample (1.0) is left out
     assert p["aten::long"].mu == pytest.approx(0.5)
+

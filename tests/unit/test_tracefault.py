@@ -1,8 +1,8 @@
 """The trace mutator (bench/tracefault) and the GPU fault bench (bench/gpu_faults.py).
 
 Unit tests of the re-timing rules on tiny hand-built Kineto traces (each rule: a case where the
-delay must propagate and one where it must not), the identity check on the real dlrm traces, and
-two scenarios of bench/gpu_scenarios run end to end through `perftracker analyze`'s code path.
+delay must propagate and one where it must not) and the identity check on the real dlrm traces
+(two scenarios of bench/gpu_scenarios end to end: tests/system/test_gpu_faults_quick.py).
 The dlrm traces are real V100 recordings (the conftest's dlrm_dir); the hand-built ones are in
 Kineto's format only.
 """
@@ -21,8 +21,6 @@ from bench.tracefault.faults import GpuFault
 from bench.tracefault.mutate import mutate_dir, retime
 from bench.tracefault.traces import RankTrace, read_trace_dir, tile
 from perftracker.errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[2]
 
 PID, TID = 100, 100
 
@@ -306,21 +304,3 @@ def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer(dlrm_dir: Path) -
         if e.gpu and not e.nccl and e.rank != 7:
             assert slow_t[2 * i + 1] - slow_t[2 * i] == pytest.approx(base[2 * i + 1] - base[2 * i])
 
-
-def test_two_suite_scenarios_run_end_to_end(tmp_path: Path, dlrm_dir: Path) -> None:
-    from bench import gpu_faults
-    from bench.tracefault.scenario import load_gpu_scenario
-
-    outs = [gpu_faults.run_one(load_gpu_scenario(REPO / "bench" / "gpu_scenarios" / f, dlrm_dir), tmp_path, 2)
-            for f in ("clean.toml", "slow-gpu-r2.toml")]
-    clean, fault = outs
-    assert not clean.error and not fault.error
-    assert clean.mutation is not None and abs(clean.mutation.slowdown) < 1e-9
-    assert fault.mutation is not None and 0.10 <= fault.mutation.slowdown <= 0.40
-    assert clean.report is not None and fault.report is not None
-    assert fault.score.expected == {(2, "compute")}
-    row = gpu_faults.table(outs).splitlines()[-1]
-    assert row.startswith("slow-gpu-r2") and "%" in row
-    summary = gpu_faults.summary(outs)
-    assert set(summary) >= {"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max"}
-    assert summary["scenarios"] == 2
