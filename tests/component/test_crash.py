@@ -233,34 +233,8 @@ def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> 
 
 
 # ------------------------------------------------------------------------------------------------
-# end to end: `perftracker run` on a real single-process job
+# `perftracker run`'s wait for its command (end to end on a real job: tests/system/test_crash_run.py)
 # ------------------------------------------------------------------------------------------------
-
-
-def _perftracker_run_status(tmp_path: Path, *train_args: str) -> tuple[int, str]:
-    from tests.agent_helpers import env_for_tests
-
-    train = Path(__file__).resolve().parents[2] / "perftracker" / "examples" / "train.py"
-    out = subprocess.run([sys.executable, "-m", "perftracker", "run", "--", sys.executable, str(train), "--quiet",
-                          *train_args], cwd=tmp_path, env=env_for_tests(), capture_output=True, text=True,
-                         timeout=240)
-    return out.returncode, out.stdout
-
-
-def _perftracker_run(tmp_path: Path, *train_args: str) -> str:
-    return _perftracker_run_status(tmp_path, *train_args)[1]
-
-
-@pytest.mark.timeout(300)
-def test_single_process_crash_gives_a_crash_report_and_a_normal_exit_none(tmp_path: Path) -> None:
-    crashed = _perftracker_run(tmp_path, "--iters", "100000", "--fault", "raise:at_iter=20")
-    assert "(crash, crash: rank 0 RuntimeError: injected fault" in crashed, crashed
-    assert "crash: rank 0 (a single-process job) failed with RuntimeError: injected fault: raise at iteration" \
-        in crashed and "perftracker/examples/train.py:" in crashed and "in crash via main > forward" in crashed, crashed
-    assert "hang" not in crashed.split("done, complete:", 1)[-1], crashed
-    (tmp_path / "normal").mkdir()
-    normal = _perftracker_run(tmp_path / "normal", "--iters", "30")  # another runs dir: a fresh store
-    assert "no session was triggered" in normal, normal
 
 
 def test_run_keeps_a_failed_command_a_zombie_for_the_agent_and_reaps_a_clean_one_at_once() -> None:
@@ -286,20 +260,3 @@ def test_run_keeps_a_failed_command_a_zombie_for_the_agent_and_reaps_a_clean_one
     clean = subprocess.Popen([sys.executable, "-c", "pass"])
     assert wait_keeping_failed_zombie(clean, hold_s=30.0) == 0  # a clean exit: no hold (30 s would time out)
 
-
-@pytest.mark.timeout(300)
-def test_single_process_nonzero_exit_under_perftracker_run_is_a_crash_with_its_status(tmp_path: Path) -> None:
-    # at iteration 2 the channel has not registered yet (it looks every 0.5 s): it registers at exit
-    code, out = _perftracker_run_status(tmp_path, "--iters", "100000", "--fault", "exit:at_iter=2,code=3")
-    assert code == 3, out
-    assert "crash: rank 0 (a single-process job) ended with exit status 3, at iteration 2" in out, out
-    assert "hang" not in out.split("done, complete:", 1)[-1], out
-
-
-@pytest.mark.timeout(300)
-def test_single_process_crash_before_its_first_iteration_is_a_crash(tmp_path: Path) -> None:
-    code, out = _perftracker_run_status(tmp_path, "--iters", "100000", "--fault", "raise:at_iter=0")
-    assert code != 0, out
-    assert "crash: rank 0 (a single-process job) failed with RuntimeError: injected fault: raise at iteration 0" \
-        in out and "before its first iteration completed" in out, out
-    assert "hang" not in out.split("done, complete:", 1)[-1], out
