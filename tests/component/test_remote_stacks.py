@@ -1,5 +1,6 @@
 """Python stacks read from outside the training process (perftracker/remote_stacks.py, run by the
-sampler process): the same executions as the in-process sampler gives, and a fallback to it."""
+sampler process): the executions of the training loop's calls, and a fallback to the in-process
+sampler (how closely the executions match the calls: tests/accuracy/test_stack_sampling.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import window_workload as ww
 
 from perftracker import remote_stacks
 from perftracker.errors import PerftrackerError
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from tests.component import test_window as tw
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="remote stacks are built for CPython 3.11")
 
@@ -65,44 +66,15 @@ def test_reads_another_process_stack(tmp_path: Path) -> None:
     assert reader.sample() is None  # the process is gone: no stack, no exception
 
 
-def _window(tmp_path: Path, fallback: bool = False) -> tuple[RawWindow, WindowResult]:
-    win = ProfileWindow(tw._Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
-    done: list[WindowResult] = []
-    tw.CALLS.clear()
-    assert win.arm("r", 1.5, done.append)
-    threads: set[str] = set()
-
-    def body() -> None:
-        tw.outer()
-        tw.other()
-        if win.state == "active":
-            threads.update(t.name for t in threading.enumerate())
-
-    tw._drive(win, done, body=body)
-    res = done[0]
-    assert threads and ("perftracker-stack-sampler" in threads) == fallback
-    assert res.error == "" and res.raw_path is not None and res.samples_path is not None
-    return RawWindow.load(res.raw_path), res
-
-
 @pytest.mark.timeout(120)
 def test_remote_stacks_give_the_executions(tmp_path: Path) -> None:
-    raw, res = _window(tmp_path)
-    m = raw.meta
+    """(one execution per call, and each function's share of the window:
+    tests/accuracy/test_stack_sampling.py)"""
+    raw, _ = ww.remote_stacks_window(tmp_path)
     names = raw.names
-    py = raw.col("kind") == EventKind.PYTHON
-    T = m.window_ns
     for func in ("outer", "inner", "other"):
-        ids = [i for i, n in enumerate(names) if n.endswith(f": {func}") and tw.__file__ in n]
-        sel = py & np.isin(raw.col("name_id"), ids)
-        beta = float((raw.col("end_ns")[sel] - raw.col("start_ns")[sel]).sum() / T)
-        lo, hi = m.window_start_ns, m.window_end_ns
-        truth = sum(max(0, min(e, hi) - max(s, lo)) for f, s, e in tw.CALLS if f == func) / T
-        assert truth > 0.05
-        assert abs(beta - truth) < 0.2 * truth + 0.02, (func, beta, truth)
-        assert int(sel.sum()) >= res.iterations - 2  # one execution per call
-    inner_ids = [i for i, n in enumerate(names) if n.endswith(": inner") and tw.__file__ in n]
-    for r in np.nonzero(py & np.isin(raw.col("name_id"), inner_ids))[0]:
+        assert ww.executions(raw, func).any(), func  # each function was sampled
+    for r in np.nonzero(ww.executions(raw, "inner"))[0]:
         p = raw.col("parent")[r]
         assert p >= 0 and names[raw.col("name_id")[p]].endswith(": outer")
     assert not (tmp_path / "r-rank3.pystacks.npz").exists()  # consumed into the raw file
@@ -116,7 +88,7 @@ def test_no_calibration_falls_back_to_the_thread(tmp_path: Path, monkeypatch: py
 
     monkeypatch.setattr(remote_stacks, "calibrate", refuse)
     with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
-        raw, _ = _window(tmp_path, fallback=True)
+        raw, _ = ww.remote_stacks_window(tmp_path, fallback=True)
     assert "sampling Python stacks in a thread instead" in caplog.text
     assert (raw.col("kind") == EventKind.PYTHON).sum() > 0  # the thread sampled them
 
@@ -127,21 +99,21 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
     """The sampler process dies mid-window: the window is still written (ops, GC), without Python
     rows, with a warning; nothing raises."""
     monkeypatch.setattr("perftracker.runtime.window_writer.REMOTE_STACKS_WAIT_S", 1.0)
-    win = ProfileWindow(tw._Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
+    win = ProfileWindow(ww.Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True))
     done: list[WindowResult] = []
     assert win.arm("dead", 1.0, done.append)
     killed: list[int] = []
 
     def body() -> None:
-        tw.outer()
-        tw.other()
+        ww.outer()
+        ww.other()
         cur = win._cur
         if win.state == "active" and not killed and cur is not None and cur.sampler is not None:
             killed.append(cur.sampler.proc.pid)
             cur.sampler.proc.kill()
 
     with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
-        tw._drive(win, done, body=body)
+        ww.drive(win, done, body=body)
     res = done[0]
     assert killed and res.error == "" and res.raw_path is not None
     raw = RawWindow.load(res.raw_path)

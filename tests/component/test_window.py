@@ -1,4 +1,7 @@
-"""ProfileWindow: boundaries, refusal of a second trigger, profiler failure, cleanup, NVTX, stacks."""
+"""ProfileWindow: boundaries, refusal of a second trigger, profiler failure, cleanup, NVTX, stacks.
+
+The training loop and its ground truth: tests/window_workload.py; how closely the sampled Python
+executions match the calls: tests/accuracy/test_stack_sampling.py."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import gc
 import logging
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,71 +16,21 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from window_workload import (
+    Ident,
+    drive,
+    executions,
+    no_profiler_state,
+    outer,
+    spin,
+    window_with_stacks,
+)
 
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime import window_local
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 
 
-class _Ident:
-    rank, world_size, local_rank, host, job = 3, 4, 1, "h", "j"
-    pid = os.getpid()
-    training_tid = threading.get_native_id()
-
-
-def _spin(ms: float) -> None:
-    t = time.perf_counter()
-    while time.perf_counter() - t < ms / 1000:
-        pass
-
-
-CALLS: list[tuple[str, int, int]] = []  # ground truth: (function, start_ns, end_ns) of every call
-
-
-def outer() -> None:  # 30 ms self + inner()
-    t0 = time.monotonic_ns()
-    _spin(30)
-    inner()
-    CALLS.append(("outer", t0, time.monotonic_ns()))
-
-
-def inner() -> None:
-    t0 = time.monotonic_ns()
-    _spin(10)
-    torch.ones(64, 64).matmul(torch.ones(64, 64))
-    CALLS.append(("inner", t0, time.monotonic_ns()))
-
-
-def other() -> None:
-    t0 = time.monotonic_ns()
-    _spin(10)
-    CALLS.append(("other", t0, time.monotonic_ns()))
-
-
-def _drive(win: ProfileWindow, done: list[WindowResult], limit_s: float = 90.0, body=None) -> int:
-    """Train until the window armed now has delivered its result."""
-    it = 0
-    want = len(done) + 1
-    deadline = time.monotonic() + limit_s
-    while len(done) < want and time.monotonic() < deadline:
-        (body or (lambda: (outer(), other())))()
-        it += 1
-        win.on_boundary(time.monotonic_ns(), it)
-    return it
-
-
-def _no_profiler_state(before_switch: float, callbacks_before: int) -> None:
-    assert not torch.autograd.profiler._is_profiler_enabled
-    assert not torch._C._autograd._profiler_enabled()
-    assert sys.getswitchinterval() == pytest.approx(before_switch)
-    assert len(gc.callbacks) == callbacks_before
-    assert not [t for t in threading.enumerate() if t.name == "perftracker-stack-sampler"]
-
-
-# One rerun: a 1.5 s window of a real stack-sampler thread on a shared 2-core host. A sampler that
-# gets no CPU for longer than a whole 10 ms call cannot see that call (a documented limit of
-# sampling), and the assertions below count only the merges they can prove.
-@pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("reader", [True, False], ids=["memory_reader", "frame_objects"])
 def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                         monkeypatch: pytest.MonkeyPatch, reader: bool) -> None:
@@ -87,42 +39,16 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
     another thread is what crashes 3.11 now and then); elsewhere, or with stack_reader=False, it
     walks them."""
     switch, ncb = sys.getswitchinterval(), len(gc.callbacks)
-    frames_asked: list[int] = []
-    real_current_frames = sys._current_frames
-
-    def current_frames() -> dict:
-        frames_asked.append(threading.get_ident())
-        return real_current_frames()
-
-    monkeypatch.setattr(sys, "_current_frames", current_frames)
-    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(stack_reader=reader))
-    done: list[WindowResult] = []
-    assert win.arm("s1", 1.5, done.append)
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
-        assert not win.arm("s2", 1.0, done.append)  # armed, not started: still refused
-    assert "ignored" in caplog.text and "s2" in caplog.text
-    seen_active = False
-
-    def body() -> None:
-        nonlocal seen_active
-        outer()
-        other()
-        if win.state == "active" and not seen_active:
-            seen_active = True
-            assert not win.arm("s3", 1.0, done.append)  # a second trigger during the window
-            gc.collect(0)  # a (young-generation) GC pause inside the window
-
-    _drive(win, done, body=body)
-    assert seen_active and len(done) == 1
+    win, done, frames_asked = window_with_stacks(tmp_path, caplog, monkeypatch, reader)
     uses_memory = reader and sys.version_info[:2] == (3, 11)
     assert bool(frames_asked) != uses_memory, len(frames_asked)
     res = done[0]
     assert res.error == "" and res.session == "s1" and res.raw_path is not None
     assert res.end_ns - res.start_ns >= 1.5e9
-    _no_profiler_state(switch, ncb)
+    no_profiler_state(switch, ncb)
     raw = RawWindow.load(res.raw_path)
     m = raw.meta
-    assert (m.rank, m.world_size, m.local_rank, m.host, m.pid, m.training_tid) == (3, 4, 1, "h", os.getpid(), _Ident.training_tid)
+    assert (m.rank, m.world_size, m.local_rank, m.host, m.pid, m.training_tid) == (3, 4, 1, "h", os.getpid(), Ident.training_tid)
     assert (m.window_start_ns, m.window_end_ns) == (res.start_ns, res.end_ns)
     assert len(m.iteration_ms) == res.iterations >= 5
     # it stopped at the FIRST boundary after window_s: the one before was still inside
@@ -138,54 +64,11 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
     parents = raw.col("parent")[ops & np.isin(raw.col("name_id"), mm)]
     assert all(raw.names[raw.col("name_id")[p]] == "aten::matmul" for p in parents if p >= 0)
 
-    # Python executions: enough for beta. outer() runs 40 of every ~50 ms, inner() 10, other() 10.
-    names = raw.names
-    py = kinds == EventKind.PYTHON
-    T = m.window_ns
-
-    def share(func: str) -> tuple[float, np.ndarray, np.ndarray]:
-        ids = [i for i, n in enumerate(names) if n.endswith(f": {func}") and __file__ in n]
-        sel = py & np.isin(raw.col("name_id"), ids)
-        s, e = raw.col("start_ns")[sel], raw.col("end_ns")[sel]
-        return float((e - s).sum() / T), s, e
-
-    def calls_covered(func: str, s: np.ndarray, e: np.ndarray) -> list[int]:
-        """Per sampled execution, how many true calls (whole, inside the window) start inside it."""
-        lo, hi = m.window_start_ns, m.window_end_ns
-        starts = np.array([c0 for f, c0, c1 in CALLS if f == func and c0 >= lo and c1 <= hi])
-        return [int(((starts >= a - 1_000_000) & (starts <= b)).sum()) for a, b in zip(s, e, strict=True)]
-
-    def truth(func: str) -> float:
-        lo, hi = m.window_start_ns, m.window_end_ns
-        return sum(max(0, min(e, hi) - max(s, lo)) for f, s, e in CALLS if f == func) / T
-
-    for func in ("outer", "inner", "other"):
-        beta, s, e = share(func)
-        n = len(s)
-        expected = truth(func)
-        assert expected > 0.05
-        # 20% held in every earlier run; on an idle 2-core host inner()
-        # (10 ms of its ~52 ms iteration) read +33-45% in 8 of 12 isolated runs (0.26-0.27 against
-        # 0.19-0.20; outer() and other() stayed within 10%), with older code too.
-        # Cause not found (not the matmul's OpenMP threads: one thread changed nothing). docs/profile-window.md:
-        # "Known limit: sampled Python durations".
-        tol = 0.5 if func == "inner" else 0.2
-        assert abs(beta - expected) < tol * expected + 0.02, (func, beta, expected)
-        # one execution per call (calls are > 1 ms apart), except where the sampler thread got no
-        # CPU for longer than the gap between two calls of func (~10 ms): both calls then show the
-        # same frame (CPython reuses it) in consecutive samples, and read as one execution. That
-        # happened once in a full-suite run on the 2-core host (25 executions for 30 iterations).
-        # Such a merge is counted only where the execution really spans the calls it merged.
-        # A call can also be missed whole when the sampler thread got no CPU for its 10 ms: on the CI
-        # host of 2026-11-27 other() showed 23 executions for 26 iterations, twice. So up to 15 % of
-        # the calls (at least 2) may be missing; a reader that loses stacks loses far more.
-        covered = calls_covered(func, s, e)
-        merged = sum(k - 1 for k in covered if k > 1)
-        assert n + merged >= res.iterations - max(2, int(0.15 * res.iterations)), (func, n, merged, res.iterations)
-        assert merged <= 0.25 * res.iterations, (func, covered)  # a merge is the exception
     # parent links and stacks: every inner() execution sits in an outer() execution
-    inner_ids = [i for i, n in enumerate(names) if n.endswith(": inner") and __file__ in n]
-    rows = np.nonzero(py & np.isin(raw.col("name_id"), inner_ids))[0]
+    names = raw.names
+    for func in ("outer", "inner", "other"):
+        assert executions(raw, func).any(), func  # each function was sampled
+    rows = np.nonzero(executions(raw, "inner"))[0]
     for r in rows:
         p = raw.col("parent")[r]
         assert p >= 0 and names[raw.col("name_id")[p]].endswith(": outer")
@@ -196,14 +79,14 @@ def test_window_rows_stacks_and_cleanup(tmp_path: Path, caplog: pytest.LogCaptur
     assert gc_rows.sum() >= 1 and set(raw.col("tid")[gc_rows].tolist()) == {m.training_tid}
     # a later window works again: nothing left armed
     assert win.arm("s4", 0.2, done.append)
-    _drive(win, done)
+    drive(win, done)
     assert len(done) == 2 and done[1].error == ""
-    _no_profiler_state(switch, ncb)
+    no_profiler_state(switch, ncb)
 
 
 def test_profiler_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     switch, ncb = sys.getswitchinterval(), len(gc.callbacks)
-    win = ProfileWindow(_Ident(), tmp_path)
+    win = ProfileWindow(Ident(), tmp_path)
     done: list[WindowResult] = []
     with torch.profiler.profile() as other_prof:  # another profiler is already active
         assert win.arm("busy", 0.5, done.append)
@@ -220,19 +103,19 @@ def test_profiler_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptu
     assert len(done) == 1 and done[0].raw_path is None
     assert "another profiler" in done[0].error
     assert "profiling skipped, training continues" in caplog.text and "another profiler" in caplog.text
-    _no_profiler_state(switch, ncb)
+    no_profiler_state(switch, ncb)
     assert win.arm("again", 0.2, done.append)  # and the window is usable afterwards
-    _drive(win, done)
+    drive(win, done)
     assert done[-1].error == ""
 
 
 def test_write_failure_is_reported_not_raised(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    win = ProfileWindow(_Ident(), blocker / "sub", options=WindowOptions(writer="thread"))
+    win = ProfileWindow(Ident(), blocker / "sub", options=WindowOptions(writer="thread"))
     done: list[WindowResult] = []
     assert win.arm("w", 0.2, done.append)
-    _drive(win, done)
+    drive(win, done)
     assert done and done[0].error and done[0].raw_path is None
     assert not torch._C._autograd._profiler_enabled()
 
@@ -245,10 +128,10 @@ def test_nvtx_ranges_wrap_window_and_iterations(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(nvtx, "end_range", lambda rid: calls.append(("end", str(rid))))
     monkeypatch.setattr(nvtx, "push_range", lambda message=None, domain=None, **k: calls.append(("push", message)))
     monkeypatch.setattr(nvtx, "pop_range", lambda domain=None: calls.append(("pop", "")))
-    win = ProfileWindow(_Ident(), tmp_path)
+    win = ProfileWindow(Ident(), tmp_path)
     done: list[WindowResult] = []
     assert win.arm("nv", 0.3, done.append)
-    _drive(win, done)
+    drive(win, done)
     assert calls[0] == ("start", "perftracker window nv") and calls[-1] == ("end", "7")
     pushes = [c for c in calls if c[0] == "push"]
     assert len(pushes) == len([c for c in calls if c[0] == "pop"]) == done[0].iterations
@@ -262,9 +145,9 @@ import torch
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime.window import ProfileWindow, WindowOptions
 sys.path.insert(0, sys.argv[2])
-from test_window import _Ident, outer
+from window_workload import Ident, outer
 
-win = ProfileWindow(_Ident(), sys.argv[1], options=WindowOptions(stacks="tracer", writer_duty=1.0))
+win = ProfileWindow(Ident(), sys.argv[1], options=WindowOptions(stacks="tracer", writer_duty=1.0))
 done = []
 assert win.arm("tr", 0.3, done.append)
 it = 0
@@ -296,7 +179,7 @@ def test_tracer_mode_runs_and_gives_python_rows(tmp_path: Path) -> None:
     script = tmp_path / "tracer_job.py"
     script.write_text(_TRACER_SCRIPT)
     env = dict(os.environ, PERFTRACKER_DISABLE="1")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)],
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), str(Path(__file__).parents[1])],
                           capture_output=True, text=True, timeout=400, env=env)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
@@ -318,7 +201,7 @@ def test_runtime_boundaries_drive_the_window(tmp_path: Path, clean_env: dict[str
             model(x).sum().backward()
             opt.step()
             opt.zero_grad()
-            _spin(5)
+            spin(5)
             if i == 3:
                 armed = win.arm("rt", 0.3, done.append)
             if done:
@@ -341,7 +224,7 @@ def _train_until_local_window(rt: Any, out_dir: Path) -> WindowResult:
     while not sink.results and time.monotonic() < deadline:
         model(torch.randn(4, 8)).sum().backward()
         opt.step()
-        _spin(5)
+        spin(5)
         if not triggered and rt.iteration >= 3:
             triggered = rt.trigger("manual")
     assert sink.results, "no window result"

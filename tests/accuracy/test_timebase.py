@@ -2,7 +2,7 @@
 
 A loop alternates a pure-Python busy function with a Python function that sleeps. The window
 profiles it and the real sampler process (``python -m perftracker.agent.samplers``) samples the training
-thread (perf task-clock where permitted, else schedstat; tests/component/test_samplers.py checks both
+thread (perf task-clock where permitted, else schedstat; tests/accuracy/test_cpu_sources.py checks both
 sources against the thread's own clocks). Inside each busy execution (found in the window's rows,
 from the stack sampler and from a Kineto ``record_function`` annotation) the sampled CPU
 utilization must match the thread's true CPU share for that call, counted as the source counts it
