@@ -2,9 +2,9 @@
 
 ``import perftracker`` turns detection on only in a training process. perftracker's own processes
 say what they are in ``PERFTRACKER_ROLE``, set by whoever starts them (``child_env``): the node
-agent and its sampler and summarizer processes, the localizer. The ``perftracker`` console script is
-the one process that cannot set it before the package is imported, so it is recognized by its
-program name. Anything else is a training process.
+agent and its sampler and summarizer processes, the localizer. The ``perftracker`` program itself (the console script, or ``python -m
+perftracker...``) cannot set it before the package is imported, so it is recognized by its program
+name. Anything else is a training process.
 """
 
 from __future__ import annotations
@@ -31,10 +31,28 @@ def current_role(environ: Mapping[str, str] | None = None, program: str | None =
     value = env.get(ROLE_ENV, "").strip().lower()
     if value in ROLES:
         return value
-    prog = sys.argv[0] if program is None and sys.argv else (program or "")
-    if os.path.basename(prog) == "perftracker":  # the console script's own program name
-        return CLI
+    if program is None:
+        program = _program_name()
+    if program == "perftracker" or program.startswith("perftracker."):
+        return CLI  # the perftracker program itself: the console script or `python -m perftracker...`
     return TRAINING
+
+
+def _program_name() -> str:
+    """``perftracker`` for the console script, the module for ``python -m MODULE``, else the script.
+
+    While ``python -m`` imports the module's packages ``sys.argv[0]`` is still ``-m``, so the module
+    comes from ``sys.orig_argv``."""
+    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
+    i = 1
+    while i < len(argv) - 1:
+        arg = argv[i]
+        if arg == "-m":
+            return argv[i + 1]
+        if arg == "-c" or not arg.startswith("-"):
+            break
+        i += 2 if arg in ("-X", "-W") else 1  # the interpreter options that take a value
+    return os.path.basename(sys.argv[0]) if sys.argv else ""
 
 
 def child_env(role: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
