@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.agent.daemon.agent_metrics import Metrics
-from perftracker.agent.daemon.localizer_link import Upstream
+from perftracker.agent.daemon.localizer_client import TriggerNotice
+from perftracker.agent.daemon.localizer_link import LocalizerUplink, Upstream
 from perftracker.agent.daemon.options import AgentOptions
 from perftracker.agent.daemon.window_session import SessionRun, WindowRunner
 from perftracker.agent.daemon.worker_exits import (
+    ExitStatus,
     error_file_of,
     is_failure,
     memory_cgroup,
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 AGENT_INFO = "agent.json"
 
 
-def death_snapshot(w: Worker, status: Any, oom: bool, failed_ns: int) -> HangSnapshot:
+def death_snapshot(w: Worker, status: ExitStatus | None, oom: bool, failed_ns: int) -> HangSnapshot:
     """The crash snapshot the agent sends for a worker that failed without sending its own: how it
     ended (perftracker.agent.daemon.worker_exits), its last iteration and idle time from its heartbeats; no stack."""
     if oom:
@@ -81,7 +83,8 @@ def death_snapshot(w: Worker, status: Any, oom: bool, failed_ns: int) -> HangSna
 
 
 class AgentDaemon:
-    def __init__(self, options: AgentOptions, uplink: Any, idle_check: Callable[[], bool] | None = None) -> None:
+    def __init__(self, options: AgentOptions, uplink: LocalizerUplink,
+                 idle_check: Callable[[], bool] | None = None) -> None:
         self.options = options
         self.uplink = uplink
         self.agent_id = options.agent_id or f"{options.host}-{os.getpid()}"
@@ -97,7 +100,7 @@ class AgentDaemon:
         self._stopped = asyncio.Event()
         self.upstream = Upstream(options, self.agent_id, uplink, self.metrics, self.workers, self._spawn,
                                  self._on_notice)
-        self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream.call)
+        self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream)
         self._last_connected = time.monotonic()
         self._warn_once = WarnOnce(log)
         self._metrics_server: Any = None
@@ -152,7 +155,7 @@ class AgentDaemon:
 
     def write_info(self, **extra: Any) -> None:
         info = {"pid": os.getpid(), "agent_id": self.agent_id, "socket": self.socket_path,
-                "metrics_url": self.metrics_url, "localizer_url": getattr(self.uplink, "url", ""),
+                "metrics_url": self.metrics_url, "localizer_url": self.uplink.url,
                 "started_wall_ns": time.time_ns(), **extra}
         path = Path(self.options.run_dir) / AGENT_INFO
         try:
@@ -376,14 +379,13 @@ class AgentDaemon:
         await self.upstream.upload_snapshot(w, snap.to_dict())
 
     # ------------------------------------------------------------------ sessions
-    def _on_notice(self, job: str, notice: Any) -> None:
+    def _on_notice(self, job: str, notice: TriggerNotice) -> None:
         if not isinstance(notice.session, str) or not SESSION_RE.match(notice.session):
             self._warn_once(f"bad-session-{job}", "ignoring session id %r from the localizer: not a safe name",
                             str(notice.session)[:80])
             return
         if notice.session not in self.sessions:
-            self.start_session(job, notice.session, float(notice.window_s), notice.reason,
-                               getattr(notice, "kind", "slowdown"))
+            self.start_session(job, notice.session, float(notice.window_s), notice.reason, notice.kind)
 
     def start_session(self, job: str, session: str, window_s: float, reason: str, kind: str = "slowdown") -> SessionRun:
         run = SessionRun(session, job, window_s, reason, kind)

@@ -1,9 +1,9 @@
 """The agent's localizer-facing side: job registration, heartbeats, triggers, hang snapshots, the long poll.
 
-The localizer client is duck-typed (perftracker.agent.daemon.localizer_client.Uplink: blocking calls, each run here in a daemon
-thread of its own), so the embedded default can point it at an in-process localizer without this
-package importing ``localizer``. Every call failure is logged (once per kind) and retried by the
-loop that made it; nothing here raises into the agent.
+The localizer client is a ``LocalizerUplink`` (perftracker.agent.daemon.localizer_client.Uplink:
+blocking calls, each run here in a daemon thread of its own), so the embedded default can point it
+at an in-process localizer without this package importing ``localizer``. Every call failure is
+logged (once per kind) and retried by the loop that made it; nothing here raises into the agent.
 """
 
 from __future__ import annotations
@@ -13,20 +13,45 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, ParamSpec, Protocol, TypeVar, cast
 
 from perftracker.agent.daemon.agent_metrics import Metrics
+from perftracker.agent.daemon.localizer_client import TriggerNotice
 from perftracker.agent.daemon.options import AgentOptions
 from perftracker.agent.daemon.workers import SILENT_AFTER_S, Worker, liveness, select_job
 
 from perftracker.errors import PerftrackerError
-from perftracker.model import HangSnapshot
+from perftracker.model import HangSnapshot, PatternSet
 from perftracker.warnonce import WarnOnce
 
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine[Any, Any, Any], str], "asyncio.Task[Any]"]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class LocalizerUplink(Protocol):
+    """The localizer as the agent calls it (``Uplink``, perftracker.agent.daemon.localizer_client):
+    blocking calls that raise a PerftrackerError when the localizer refuses or cannot be reached."""
+
+    @property
+    def url(self) -> str: ...
+
+    def register(self, job: str, agent_id: str, host: str, workers: Sequence[Mapping[str, Any]]) -> object: ...
+
+    def heartbeat(self, job: str, agent_id: str, ranks: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def create_trigger(self, job: str, reason: str = ..., window_s: float | None = ...) -> tuple[str, bool]: ...
+
+    def upload_hang_snapshot(self, snap: HangSnapshot) -> object: ...
+
+    def poll_trigger(self, job: str, after: str | None = ..., timeout_s: float = ...) -> TriggerNotice | None: ...
+
+    def upload_patterns(self, ps: PatternSet, compressed: bool = ...) -> object: ...
+
+    def upload_pattern_batch(self, sets: Sequence[PatternSet]) -> object: ...
 
 
 class Upstream:
@@ -36,9 +61,9 @@ class Upstream:
     daemon tracks; ``on_notice(job, notice)`` receives each session notice the long poll returns.
     """
 
-    def __init__(self, options: AgentOptions, agent_id: str, uplink: Any, metrics: Metrics,
+    def __init__(self, options: AgentOptions, agent_id: str, uplink: LocalizerUplink, metrics: Metrics,
                  workers: Mapping[tuple[str, int], Worker], spawn: Spawn,
-                 on_notice: Callable[[str, Any], None]) -> None:
+                 on_notice: Callable[[str, TriggerNotice], None]) -> None:
         self.options = options
         self.agent_id = agent_id
         self.uplink = uplink
@@ -50,21 +75,23 @@ class Upstream:
         self._register_pending: dict[str, asyncio.TimerHandle] = {}
         self._registered: dict[str, frozenset[int]] = {}
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``uplink.<method>(*args, **kwargs)``, awaited without blocking the loop."""
-        fn = getattr(self.uplink, method)
-        if asyncio.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
+    async def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """``fn(*args, **kwargs)``, a blocking call of the uplink, awaited without blocking the loop."""
         # A daemon thread per blocking call (not the default executor): a long poll in flight must
         # not hold up the agent's exit.
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[R] = loop.create_future()
 
-        def settle(ok: bool, value: Any) -> None:
-            if not fut.done():
-                (fut.set_result if ok else fut.set_exception)(value)
+        def settle(ok: bool, value: object) -> None:
+            if fut.done():
+                return
+            if ok:
+                fut.set_result(cast(R, value))
+            else:
+                fut.set_exception(cast(BaseException, value))
 
         def work() -> None:
+            res: object
             try:
                 res, ok = fn(*args, **kwargs), True
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
@@ -72,8 +99,16 @@ class Upstream:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, ok, res)
 
-        threading.Thread(target=work, name=f"uplink-{method}", daemon=True).start()
+        threading.Thread(target=work, name=f"uplink-{fn.__name__}", daemon=True).start()
         return await fut
+
+    async def upload_patterns(self, ps: PatternSet) -> None:
+        """One rank's PatternSet (perftracker.agent.daemon.window_session)."""
+        await self.call(self.uplink.upload_patterns, ps)
+
+    async def upload_pattern_batch(self, sets: Sequence[PatternSet]) -> None:
+        """One node's PatternSets of one session, in one request (perftracker.agent.daemon.window_session)."""
+        await self.call(self.uplink.upload_pattern_batch, sets)
 
     # ------------------------------------------------------------------ registration and heartbeats
     def schedule_register(self, job: str) -> None:
@@ -90,7 +125,7 @@ class Upstream:
         workers = select_job(self.workers.values(), job, connected=False)
         ranks = frozenset(w.rank for w in workers)
         try:
-            await self.call("register", job, self.agent_id, self.options.host, [w.info() for w in workers])
+            await self.call(self.uplink.register, job, self.agent_id, self.options.host, [w.info() for w in workers])
             self._registered[job] = ranks
             self.warn_once.clear("register")
         except PerftrackerError as exc:
@@ -123,7 +158,7 @@ class Upstream:
                     if w.work_session and alive:
                         ranks[-1]["working_on"] = w.work_session
                 try:
-                    await self.call("heartbeat", job, self.agent_id, ranks)
+                    await self.call(self.uplink.heartbeat, job, self.agent_id, ranks)
                     self.warn_once.clear("heartbeat")
                 except PerftrackerError as exc:
                     self.warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
@@ -132,8 +167,8 @@ class Upstream:
     async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
         try:
-            session, joined = await self.call("create_trigger", w.job, describe_trigger(w.rank, reason, detail),
-                                              window_s)
+            session, joined = await self.call(self.uplink.create_trigger, w.job,
+                                              describe_trigger(w.rank, reason, detail), window_s)
             log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
         except PerftrackerError as exc:
             self.warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
@@ -148,7 +183,7 @@ class Upstream:
             await self.register_job(w.job)
         try:
             snap = HangSnapshot.from_dict(snapshot)
-            await self.call("upload_hang_snapshot", snap)
+            await self.call(self.uplink.upload_hang_snapshot, snap)
             self.metrics.upload("hang_snapshot", ok=True)
             log.info("uploaded a hang snapshot of rank %d (job %s)", w.rank, w.job)
         except PerftrackerError as exc:
@@ -165,7 +200,7 @@ class Upstream:
                 await asyncio.sleep(1)
                 continue
             try:
-                notice = await self.call("poll_trigger", job, after, self.options.poll_timeout_s)
+                notice = await self.call(self.uplink.poll_trigger, job, after, self.options.poll_timeout_s)
                 delay = 0.5
                 self.warn_once.clear("poll")
             except PerftrackerError as exc:

@@ -24,15 +24,17 @@ import os
 import re
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from perftracker.agent.daemon import helper_processes as processing
 from perftracker.agent.daemon.agent_metrics import Metrics
+from perftracker.agent.daemon.workers import Worker
 
 from perftracker.errors import PerftrackerError
+from perftracker.model import PatternSet
 from perftracker.rundir import RunDirError, ensure_private_dir
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
@@ -69,14 +71,22 @@ class SessionRun:
     pending: dict[int, tuple[Any, list[Path]]] = field(default_factory=dict)
 
 
-class WindowRunner:
-    """Runs sessions for the daemon. ``call(method, *args)`` reaches the localizer uplink."""
+class PatternUploader(Protocol):
+    """Where the node's patterns go: the localizer (``Upstream``, perftracker.agent.daemon.localizer_link).
+    Both raise a PerftrackerError when the upload fails."""
 
-    def __init__(self, run_dir: str, options: WindowOptions, metrics: Metrics,
-                 call: Callable[..., Awaitable[Any]]) -> None:
+    async def upload_patterns(self, ps: PatternSet) -> None: ...
+
+    async def upload_pattern_batch(self, sets: Sequence[PatternSet]) -> None: ...
+
+
+class WindowRunner:
+    """Runs sessions for the daemon; ``uploader`` takes the summarized patterns to the localizer."""
+
+    def __init__(self, run_dir: str, options: WindowOptions, metrics: Metrics, uploader: PatternUploader) -> None:
         self.options = options
         self.metrics = metrics
-        self.call = call
+        self.uploader = uploader
         self.windows_dir = Path(run_dir) / "windows"  # the workers write their raw windows here
         self.work_dir = Path(run_dir) / "agent"  # the agent's own files (samples, patterns): 0700, ours only
         self._summarize_lock = asyncio.Lock()  # one summarizer at a time: one core
@@ -88,7 +98,7 @@ class WindowRunner:
         # profiled or processed waits for it (the process can run one profile window only)
         self._worker_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
-    async def run_session(self, run: SessionRun, workers: Sequence[Any]) -> None:
+    async def run_session(self, run: SessionRun, workers: Sequence[Worker]) -> None:
         log.info("session %s (%s, %s): %d local worker(s), window %.1f s", run.session, run.kind, run.reason,
                  len(workers), run.window_s)
         if run.kind == "hang":
@@ -107,7 +117,7 @@ class WindowRunner:
             await self.upload_node(run)
         finally:
             for w in workers:
-                if getattr(w, "work_session", "") == run.session:
+                if w.work_session == run.session:
                     w.work_session = ""
         self.metrics.session("uploaded" if not run.failed else "failed")
         log.info("session %s: uploaded ranks %s%s", run.session, sorted(run.uploaded),
@@ -120,7 +130,7 @@ class WindowRunner:
             notice = wire.make_message(MessageType.NOTICE, key="session-failed", text=text)
             await asyncio.gather(*(send(w, notice) for w in workers))
 
-    async def collect(self, run: SessionRun, w: Any) -> None:
+    async def collect(self, run: SessionRun, w: Worker) -> None:
         """Sample the worker over the window, wait for its raw events, summarize and upload; after
         the worker's previous session, if one is still running."""
         lock = self._worker_locks.setdefault((w.job, w.rank), asyncio.Lock())
@@ -129,7 +139,7 @@ class WindowRunner:
         async with lock:
             await self._collect(run, w)
 
-    async def _collect(self, run: SessionRun, w: Any) -> None:
+    async def _collect(self, run: SessionRun, w: Worker) -> None:
         sampler = None
         samples_path: Path | None = None
         if self.options.samplers:
@@ -159,15 +169,15 @@ class WindowRunner:
             run.failed[w.rank] = str(exc)
             log.warning("session %s: %s", run.session, exc)
         finally:
-            if getattr(w, "work_session", "") == run.session and w.rank not in run.pending:
+            if w.work_session == run.session and w.rank not in run.pending:
                 w.work_session = ""  # a summarized rank stays "working on" it until the node's upload
             if sampler is not None:
                 await processing.stop_process(sampler)
-            if getattr(w, "writer", None) is not None:
+            if w.writer is not None:
                 self.prime(w)  # the next session's samplers, started after this window
 
     # ---------------------------------------------------------------- standby samplers
-    def prime(self, w: Any) -> None:
+    def prime(self, w: Worker) -> None:
         """Start a standby samplers process for a worker: it idles until a session moves its start
         to "now", so a session does not wait for a Python process to start (seconds on a busy node)."""
         if self._summarizer is not None and self._summarizer._proc is None:
@@ -194,13 +204,13 @@ class WindowRunner:
             await processing.stop_process(proc)
             path.unlink(missing_ok=True)
 
-    def forget(self, w: Any) -> None:
+    def forget(self, w: Worker) -> None:
         """The worker left: stop its standby samplers."""
         task = self._standby.pop((w.job, w.rank), None)
         if task is not None:
             asyncio.get_running_loop().create_task(self._discard(task))
 
-    async def _take_sampler(self, w: Any, session: str, start_ns: int, end_ns: int) -> tuple[Any, Path]:
+    async def _take_sampler(self, w: Worker, session: str, start_ns: int, end_ns: int) -> tuple[Any, Path]:
         task = self._standby.pop((w.job, w.rank), None)
         if task is not None:
             try:
@@ -223,7 +233,7 @@ class WindowRunner:
         if self._summarizer is not None:
             await self._summarizer.close()
 
-    async def process_window(self, w: Any, session: str, done: dict[str, Any], sampler: Any,
+    async def process_window(self, w: Worker, session: str, done: dict[str, Any], sampler: Any,
                              samples_path: Path | None = None, run: SessionRun | None = None) -> None:
         samples: Path | None = None
         raw = self.worker_file(done.get("raw_path"), "raw_path")  # ProcessingError outside windows/
@@ -251,7 +261,7 @@ class WindowRunner:
             run.pending[w.rank] = (ps, files)
             return
         try:
-            await self.call("upload_patterns", ps)
+            await self.uploader.upload_patterns(ps)
         except PerftrackerError as exc:
             self.metrics.upload("patterns", ok=False)
             raise processing.ProcessingError(f"upload of rank {w.rank}'s patterns failed: {exc}") from None
@@ -268,7 +278,7 @@ class WindowRunner:
         sets = [run.pending[r][0] for r in ranks]
         t0 = time.monotonic()
         try:
-            await self.call("upload_pattern_batch", sets)
+            await self.uploader.upload_pattern_batch(sets)
         except PerftrackerError as exc:
             self.metrics.upload("patterns", ok=False)
             for r in ranks:
@@ -330,9 +340,9 @@ def session_dir_name(session: str) -> str:
     return session
 
 
-async def send(w: Any, msg: dict[str, Any]) -> None:
+async def send(w: Worker, msg: dict[str, Any]) -> None:
     """Send to a worker if it is connected; a lost connection is only logged."""
-    writer = getattr(w, "writer", None)
+    writer = w.writer
     if writer is None:
         return
     try:

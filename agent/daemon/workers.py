@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from perftracker.agent.daemon.worker_exits import MemoryCgroup
+
 SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
 FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
 
@@ -36,7 +38,7 @@ class Worker:
     min_ms: float = 0.0
     work_session: str = ""  # the session whose window this agent is still profiling/summarizing/uploading
     last_seen: float = field(default_factory=time.monotonic)
-    cgroup: Any = None  # perftracker.agent.daemon.worker_exits.MemoryCgroup: its memory cgroup and OOM kill count when last read
+    cgroup: MemoryCgroup | None = None  # its memory cgroup and OOM kill count when last read
     error_file: str = ""  # TORCHELASTIC_ERROR_FILE from its environment
     crash_sent: bool = False  # it sent its own crash snapshot (an uncaught exception)
 

@@ -18,10 +18,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Protocol
 
 from aiohttp import web
+from perftracker.localizer.service.localize_runner import LocalizeRunner
 from perftracker.localizer.service.sessions import DONE, FAILED, LOCALIZING, OPEN
+from perftracker.localizer.store.sqlite_store import Store
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -109,7 +111,20 @@ class LocalizerMetrics:
         return resp
 
 
-def install(service: Any) -> LocalizerMetrics:
+class MeteredService(Protocol):
+    """The service as ``install`` sees it (a LocalizerService, perftracker.localizer.service.http_service)."""
+
+    @property
+    def app(self) -> web.Application: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def localize_runner(self) -> LocalizeRunner: ...
+
+
+def install(service: MeteredService) -> LocalizerMetrics:
     """Serve ``GET /metrics`` on ``service.app`` (a LocalizerService whose app is not yet started)."""
     metrics = LocalizerMetrics(service.store.session_counts)
     service.app.middlewares.append(metrics.middleware)

@@ -15,10 +15,13 @@ import logging
 import os
 import signal
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perftracker.config import Config
 from perftracker.errors import ConfigError
+
+if TYPE_CHECKING:  # the agent loads when the command runs
+    from perftracker.agent.daemon.localizer_client import Uplink
 
 HELP = "run the node agent (sidecar)"
 DESCRIPTION = """Run the node agent: training processes connect to <run-dir>/agent.sock; the agent
@@ -93,7 +96,7 @@ def missing_dependency(run_dir: str, exc: ImportError) -> int:
     return EXIT_MISSING_DEPENDENCY
 
 
-def _embedded_idle(uplink: Any) -> bool:
+def _embedded_idle(uplink: Uplink) -> bool:
     """True when the localizer has no open or localizing session (so an idle agent may exit)."""
     try:
         return not any(s.get("state") in ("open", "localizing") for s in uplink.list_sessions())

@@ -11,10 +11,10 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 
 from perftracker.config import Config
 from perftracker.errors import TransportError
+from perftracker.runtime.protocols import WorkerState
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
 
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class AgentConnector:
     """Connects to the agent at ``path``; at most one autostart attempt per ``autostart_every_s``."""
 
-    def __init__(self, path: str, runtime: Any, config: Config, connect_timeout_s: float,
+    def __init__(self, path: str, runtime: WorkerState, config: Config, connect_timeout_s: float,
                  autostart_every_s: float, warn_once: WarnOnce) -> None:
         self.path = path
         self.runtime = runtime
@@ -47,7 +47,7 @@ class AgentConnector:
                 self._last_autostart = now
                 from perftracker.runtime import autostart
 
-                announce = int(getattr(getattr(self.runtime, "identity", None), "local_rank", 0) or 0) == 0
+                announce = int(self.runtime.identity.local_rank or 0) == 0
                 if not autostart.ensure_agent(self.config, announce=announce):
                     self._autostart_failed = True
                     return None  # ensure_agent said why, in one line (local rank 0)
@@ -64,7 +64,7 @@ class AgentConnector:
 
     def autostart_pending(self) -> bool:
         return (self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules
-                and int(getattr(self.runtime, "iteration", 0) or 0) < 1)
+                and int(self.runtime.iteration or 0) < 1)
 
     def may_autostart(self) -> bool:
         """Start an agent only for a process that trains (one iteration done), never inside a
@@ -74,7 +74,7 @@ class AgentConnector:
         if "_pytest" in sys.modules and "PERFTRACKER_AUTOSTART_AGENT" not in os.environ:
             return False
         try:
-            return int(getattr(self.runtime, "iteration", 0) or 0) >= 1
+            return int(self.runtime.iteration or 0) >= 1
         except Exception:  # noqa: BLE001
             return False
 

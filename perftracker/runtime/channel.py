@@ -43,6 +43,7 @@ from perftracker.runtime.channel_messages import (
     window_done_message,
     window_failed_message,
 )
+from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
 from perftracker.wire.frames import MessageType
@@ -77,17 +78,17 @@ class AgentChannel:
 
     def __init__(
         self,
-        runtime: Any,
+        runtime: ChannelRuntime,
         config: Config,
         options: ChannelOptions | None = None,
-        window_factory: Callable[[], Any] | None = None,
+        window_factory: Callable[[], ArmableWindow] | None = None,
     ) -> None:
         self.runtime = runtime
         self.config = config
         self.options = options or ChannelOptions()
         self.path = wire.socket_path(config.run_dir)
         self._window_factory = window_factory or self._default_window
-        self._window: Any = None
+        self._window: ArmableWindow | None = None
         self._quiet_until = 0.0  # monotonic s: until then the blocked limit is longer (profile window)
         self._quiet_extra_s = 0.0  # ... by this much: the window's length
         self._out: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.options.queue_max)
@@ -170,7 +171,7 @@ class AgentChannel:
                 return
             from perftracker.runtime import exit_capture as crash
 
-            tid = int(getattr(self.runtime.identity, "training_tid", 0) or 0)
+            tid = int(self.runtime.identity.training_tid or 0)
             ending = crash.ending_exception(tid)
             wait_s = self.options.exit_flush_s
             if ending is not None:
@@ -205,11 +206,8 @@ class AgentChannel:
     def _settle_at_exit(self, exiting: bool) -> bool:
         """Settle the identity now, waiting at most 1 s on the default store; whether it is settled.
         ``exiting``: settle even without a completed iteration (a crash at setup)."""
-        settle = getattr(self.runtime, "settle_identity", None)
-        if settle is None:
-            return False
         try:
-            return bool(settle(store_wait_s=1.0, exiting=exiting))
+            return bool(self.runtime.settle_identity(store_wait_s=1.0, exiting=exiting))
         except Exception as exc:  # noqa: BLE001
             log.debug("perftracker: identity not settled at exit: %r", exc)
             return False
@@ -260,11 +258,8 @@ class AgentChannel:
     def _identity_settled(self) -> bool:
         """Register only under the real identity (perftracker/runtime/identity.py): a process whose rank is
         not known yet (before init_process_group, an mp.spawn parent, a DataLoader worker) waits."""
-        settle = getattr(self.runtime, "settle_identity", None)
-        if settle is None:
-            return True
         try:
-            return bool(settle())
+            return bool(self.runtime.settle_identity())
         except Exception as exc:  # noqa: BLE001 - never kill the channel thread
             self._warn_once("settle", "perftracker: could not settle this process's identity: %r", exc)
             return False
@@ -347,14 +342,11 @@ class AgentChannel:
         rank is alive, sends heartbeats and its snapshot shows perftracker's own window code (a
         pause), where a stopped peer is silent and procfs says so (localizer/diagnose/hang_diagnosis.py).
         """
-        check = getattr(self.runtime, "check_blocked", None)
-        if check is None:
-            return
         try:
             if time.monotonic() < self._quiet_until:
-                check(extra_s=self._quiet_extra_s)
+                self.runtime.check_blocked(extra_s=self._quiet_extra_s)
             else:
-                check()
+                self.runtime.check_blocked()
         except Exception as exc:  # noqa: BLE001
             self._warn_once("check-blocked", "perftracker: blocked check failed: %r", exc)
 
@@ -374,12 +366,12 @@ class AgentChannel:
         """An agent-side failure that means no report will come: one line in the training log, once
         per kind, on local rank 0 only (the other ranks of the node log it at debug level)."""
         line = " ".join(text.split())[:500]  # one line, whatever the agent sent
-        if int(getattr(self.runtime.identity, "local_rank", 0)) == 0:
+        if int(self.runtime.identity.local_rank) == 0:
             self._warn_once(f"notice-{key}", "%s", line)
         else:
             log.debug("%s", line)
 
-    def _default_window(self) -> Any:
+    def _default_window(self) -> ArmableWindow:
         from perftracker.runtime.window import ProfileWindow, WindowOptions
 
         out_dir = os.path.join(self.config.run_dir, "windows")
@@ -393,7 +385,7 @@ class AgentChannel:
         self._quiet_until = max(self._quiet_until, time.monotonic() + window_s + grace_s)
         self._quiet_extra_s = max(window_s, 0.0)
 
-        def done(result: Any) -> None:
+        def done(result: FinishedWindow) -> None:
             self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)
             try:
                 self._enqueue(window_done_message(result, session))
@@ -431,7 +423,7 @@ _channel: AgentChannel | None = None
 _channel_lock = threading.Lock()
 
 
-def start_channel(runtime: Any, config: Config, options: ChannelOptions | None = None) -> AgentChannel | None:
+def start_channel(runtime: ChannelRuntime, config: Config, options: ChannelOptions | None = None) -> AgentChannel | None:
     """Connect this training process to its node agent (once per process) and make the channel the
     runtime's trigger sink. Never raises; returns None when disabled or on failure."""
     global _channel

@@ -11,11 +11,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from perftracker.model import HangSnapshot
+from perftracker.runtime.protocols import ChannelRuntime, FinishedWindow, WorkerState
 from perftracker.wire import frames as wire
 from perftracker.wire.frames import MessageType
 
 
-def identity_fields(runtime: Any) -> dict[str, Any]:
+def identity_fields(runtime: WorkerState) -> dict[str, Any]:
     """The worker's identity as REGISTER carries it."""
     ident = runtime.identity
     return {
@@ -57,7 +59,7 @@ def json_safe(detail: Mapping[str, object]) -> dict[str, Any]:
     return out
 
 
-def register_message(runtime: Any) -> dict[str, Any]:
+def register_message(runtime: WorkerState) -> dict[str, Any]:
     return wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **identity_fields(runtime))
 
 
@@ -71,14 +73,14 @@ def blocked_message(detail: Mapping[str, object]) -> dict[str, Any]:
     return wire.make_message(MessageType.BLOCKED, detail=json_safe(detail))
 
 
-def heartbeat_message(runtime: Any) -> dict[str, Any]:
+def heartbeat_message(runtime: ChannelRuntime) -> dict[str, Any]:
     """HEARTBEAT: iteration, phase, and the time since the last hook event (``idle_s``)."""
     last = None
     try:
         last = runtime.last_event()
     except Exception:  # noqa: BLE001 - best effort
         pass
-    fields: dict[str, Any] = {"iteration": int(getattr(runtime, "iteration", 0) or 0), "phase": current_phase(),
+    fields: dict[str, Any] = {"iteration": int(runtime.iteration or 0), "phase": current_phase(),
                               "t_ns": time.monotonic_ns(), "wall_ns": time.time_ns()}
     if last:
         fields["last_event"] = str(last[0])
@@ -86,7 +88,7 @@ def heartbeat_message(runtime: Any) -> dict[str, Any]:
     return wire.make_message(MessageType.HEARTBEAT, **fields)
 
 
-def iter_stats_message(runtime: Any, recent_iterations: int) -> dict[str, Any] | None:
+def iter_stats_message(runtime: ChannelRuntime, recent_iterations: int) -> dict[str, Any] | None:
     """ITER_STATS over the last ``recent_iterations`` iteration times; None when there are none."""
     try:
         recent = [float(x) for x in list(runtime.recent_iteration_ms())[-recent_iterations:]]
@@ -96,19 +98,17 @@ def iter_stats_message(runtime: Any, recent_iterations: int) -> dict[str, Any] |
     if not recent:
         return None
     return wire.make_message(
-        MessageType.ITER_STATS, iteration=int(getattr(runtime, "iteration", 0) or 0), recent_ms=recent,
+        MessageType.ITER_STATS, iteration=int(runtime.iteration or 0), recent_ms=recent,
         mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=current_phase(),
     )
 
 
-def window_done_message(result: Any, session: str) -> dict[str, Any]:
-    """WINDOW_DONE from a ProfileWindow's WindowResult (any object with its attributes)."""
+def window_done_message(result: FinishedWindow, session: str) -> dict[str, Any]:
+    """WINDOW_DONE from a ProfileWindow's WindowResult (``session`` when it names none)."""
     return wire.make_message(
-        MessageType.WINDOW_DONE, session=str(getattr(result, "session", session) or session),
-        raw_path=str(getattr(result, "raw_path", "") or ""),
-        start_ns=int(getattr(result, "start_ns", 0) or 0), end_ns=int(getattr(result, "end_ns", 0) or 0),
-        error=str(getattr(result, "error", "") or ""),
-        samples_path=str(getattr(result, "samples_path", "") or ""),
+        MessageType.WINDOW_DONE, session=str(result.session or session), raw_path=str(result.raw_path or ""),
+        start_ns=int(result.start_ns or 0), end_ns=int(result.end_ns or 0), error=str(result.error or ""),
+        samples_path=str(result.samples_path or ""),
     )
 
 
@@ -118,6 +118,6 @@ def window_failed_message(session: str, error: str) -> dict[str, Any]:
                              error=error)
 
 
-def snapshot_message(snapshot: Any) -> dict[str, Any]:
+def snapshot_message(snapshot: HangSnapshot) -> dict[str, Any]:
     """HANG_SNAPSHOT carrying a HangSnapshot."""
     return wire.make_message(MessageType.HANG_SNAPSHOT, snapshot=snapshot.to_dict())

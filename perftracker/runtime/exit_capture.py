@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from perftracker.model import HangSnapshot
+from perftracker.runtime.protocols import SnapshotRuntime
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def ending_exception(training_tid: int = 0) -> tuple[BaseException, int] | None:
     return None
 
 
-def crash_snapshot(runtime: Any, exc: BaseException, failed_ns: int = 0, session: str = "") -> HangSnapshot | None:
+def crash_snapshot(runtime: SnapshotRuntime, exc: BaseException, failed_ns: int = 0, session: str = "") -> HangSnapshot | None:
     """The crash snapshot of ``exc``: the exit snapshot (perftracker.runtime.hang_capture.exit_snapshot) marked as a
     failure. None when it cannot be built; never raises."""
     try:

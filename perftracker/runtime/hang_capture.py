@@ -35,8 +35,8 @@ import threading
 import time
 from itertools import islice
 from types import CodeType, FrameType
-from typing import Any
 
+from perftracker.clock import Clock
 from perftracker.model import Frame, HangSnapshot
 from perftracker.model.frames import (  # noqa: F401 - re-exported for the capture's callers
     COLLECTIVE_PREFIX,
@@ -48,6 +48,7 @@ from perftracker.model.frames import (  # noqa: F401 - re-exported for the captu
     is_user_frame,
     recognise_collective,
 )
+from perftracker.runtime.protocols import SnapshotRuntime
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,12 @@ MAX_FRAMES = 128  # deeper stacks keep their innermost frames
 _CALLEE = re.compile(r"[\w.]+(?:(?:\(.*\)|\[.*\])[\w.]*)*")  # a.b, m(x).sum, d["k"].f
 
 
-def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
+def take_snapshot(runtime: SnapshotRuntime, session: str = "") -> HangSnapshot:
     """Snapshot the runtime's training thread. Call it from any other thread; it never raises.
 
-    ``runtime`` is a ``perftracker.runtime.runtime.Runtime`` (duck-typed: ``identity``, ``iteration``,
-    ``last_event()`` and optionally ``clock``). Once an unhandled exception has ended the main
+    ``runtime`` is a ``perftracker.runtime.runtime.Runtime`` (what is read: ``SnapshotRuntime``, its
+    ``identity``, ``iteration``, ``last_event()`` and, if it has one, ``clock``; one that fails to
+    answer gives a partial snapshot). Once an unhandled exception has ended the main
     thread (``sys.last_value``; the process is exiting, its stack shows only exit handlers or
     nothing), the snapshot comes from that exception's traceback.
     """
@@ -72,13 +74,12 @@ def take_snapshot(runtime: Any, session: str = "") -> HangSnapshot:
     return _snapshot(runtime, session, read_stack=True)
 
 
-def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:
-    ident = getattr(runtime, "identity", None)
+def _snapshot(runtime: SnapshotRuntime, session: str, read_stack: bool) -> HangSnapshot:
+    job, rank, world_size, host, pid, native_tid = _identity_of(runtime)
     taken_ns = time.time_ns()
     stack: tuple[Frame, ...] = ()
     current_op = ""
     kernel_state = ""
-    native_tid = int(getattr(ident, "training_tid", 0) or 0)
     try:
         frame, native_tid = _training_frame(native_tid) if read_stack else (None, 0)
         if frame is not None:
@@ -91,21 +92,21 @@ def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:
     try:
         last = runtime.last_event()
         if last is not None:
-            clock = getattr(runtime, "clock", None)
+            clock: Clock | None = getattr(runtime, "clock", None)  # optional (SnapshotRuntime)
             now_ns = clock.now_ns() if clock is not None else time.monotonic_ns()
             last_kind, idle_s = str(last[0]), max(0.0, (now_ns - int(last[1])) / 1e9)
     except Exception:
         log.warning("hang snapshot: runtime.last_event() failed", exc_info=True)
     try:
-        last_iteration = int(getattr(runtime, "iteration", -1))
+        last_iteration = int(runtime.iteration)
     except Exception:
         last_iteration = -1
     return HangSnapshot(
-        job=str(getattr(ident, "job", "") or ""),
-        rank=int(getattr(ident, "rank", 0) or 0),
-        world_size=int(getattr(ident, "world_size", 1) or 1),
-        host=str(getattr(ident, "host", "") or ""),
-        pid=int(getattr(ident, "pid", 0) or os.getpid()),
+        job=job,
+        rank=rank,
+        world_size=world_size,
+        host=host,
+        pid=pid,
         taken_ns=taken_ns,
         last_iteration=last_iteration,
         idle_s=round(idle_s, 3),
@@ -117,7 +118,19 @@ def _snapshot(runtime: Any, session: str, read_stack: bool) -> HangSnapshot:
     )
 
 
-def exit_snapshot(runtime: Any, exc: BaseException, session: str = "",
+def _identity_of(runtime: SnapshotRuntime) -> tuple[str, int, int, str, int, int]:
+    """(job, rank, world_size, host, pid, training tid) of the runtime's identity; defaults (this
+    process's pid, tid 0: the main thread) when the identity cannot be read: a snapshot is taken anyway."""
+    try:
+        ident = runtime.identity
+        return (str(ident.job or ""), int(ident.rank or 0), int(ident.world_size or 1), str(ident.host or ""),
+                int(ident.pid or os.getpid()), int(ident.training_tid or 0))
+    except Exception:  # never disturb training: a partial snapshot beats none
+        log.debug("hang snapshot: could not read the runtime's identity", exc_info=True)
+        return "", 0, 1, "", os.getpid(), 0
+
+
+def exit_snapshot(runtime: SnapshotRuntime, exc: BaseException, session: str = "",
                   distributed: bool | None = None) -> HangSnapshot | None:
     """A snapshot of where an exception ended the training thread (call it at exit); never raises.
 

@@ -45,6 +45,7 @@ from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.runtime import stack_sampler as stacks_mod
 from perftracker.runtime.profiler import KinetoCapture
+from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window_exit import WindowExit, _register, shutdown_all
 from perftracker.runtime.window_writer import (
@@ -75,11 +76,11 @@ class ProfileWindow:
 
     def __init__(
         self,
-        runtime_identity: Any,
+        runtime_identity: WorkerIdentity,
         out_dir: str | Path,
         clock: Clock | None = None,
         options: WindowOptions | None = None,
-        runtime: Any = None,
+        runtime: WindowRuntime | None = None,
     ) -> None:
         self.identity = runtime_identity
         self.out_dir = Path(out_dir)
@@ -395,10 +396,10 @@ class ProfileWindow:
     # ---------------------------------------------------------------- helpers
     def _profiling(self, active: bool, window_s: float | None = None) -> None:
         """Tell the detector that its iteration times are (or stop being) perturbed by this window."""
-        detector = getattr(self._runtime, "detector", None)
-        if detector is not None:
+        rt = self._runtime
+        if rt is not None:
             try:
-                detector.set_profiling(active, window_s)
+                rt.detector.set_profiling(active, window_s)
             except Exception:  # noqa: BLE001 - never into the training loop
                 log.debug("perftracker: detector.set_profiling failed", exc_info=True)
 

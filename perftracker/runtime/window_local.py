@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
+from perftracker.runtime.protocols import LocalRuntime
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ _local_lock = threading.Lock()
 
 
 def run_local_window(
-    runtime: Any,
+    runtime: LocalRuntime,
     session: str,
     window_s: float,
     out_dir: str | Path,
@@ -29,12 +29,10 @@ def run_local_window(
     global _local
     with _local_lock:
         if _local is None or _local.out_dir != Path(out_dir) or _local._runtime is not runtime:
-            config = getattr(runtime, "config", None)
+            config = runtime.config
             opts = options or WindowOptions(
-                spawn_sampler=True, stacks=getattr(config, "window_stacks", "sample"),
-                stack_period_us=getattr(config, "window_stack_period_us", 1000),
-                writer=getattr(config, "window_writer", WindowOptions.writer),
-                exit_wait_s=getattr(config, "exit_delay_s", WindowOptions.exit_wait_s))
+                spawn_sampler=True, stacks=config.window_stacks, stack_period_us=config.window_stack_period_us,
+                writer=config.window_writer, exit_wait_s=config.exit_delay_s)
             _local = ProfileWindow(runtime.identity, out_dir, options=opts, runtime=runtime)
         win = _local
 
@@ -50,7 +48,7 @@ def run_local_window(
 class LocalWindowSink:
     """A TriggerSink that profiles a window locally on every trigger (no agent needed)."""
 
-    def __init__(self, runtime: Any, out_dir: str | Path, window_s: float | None = None,
+    def __init__(self, runtime: LocalRuntime, out_dir: str | Path, window_s: float | None = None,
                  on_done: Callable[[WindowResult], None] | None = None) -> None:
         self.runtime = runtime
         self.out_dir = Path(out_dir)
@@ -58,11 +56,10 @@ class LocalWindowSink:
         self.on_done = on_done
         self.results: list[WindowResult] = []
 
-    def on_trigger(self, reason: str, detail: Any) -> None:
+    def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
         window_s = self.window_s if self.window_s is not None else float(self.runtime.config.window_s)
-        get = detail.get if hasattr(detail, "get") else (lambda key, default=None: default)
         # Every rank triggered at the same iteration names the same session.
-        session = str(get("session", "") or f"local-it{get('iteration', 0)}")
+        session = str(detail.get("session", "") or f"local-it{detail.get('iteration', 0)}")
 
         def _done(res: WindowResult) -> None:
             self.results.append(res)
@@ -71,5 +68,5 @@ class LocalWindowSink:
 
         run_local_window(self.runtime, session, window_s, self.out_dir, _done)
 
-    def on_blocked(self, detail: Any) -> None:
+    def on_blocked(self, detail: Mapping[str, object]) -> None:
         log.warning("perftracker: training looks blocked: %s", dict(detail))

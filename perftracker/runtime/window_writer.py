@@ -22,6 +22,7 @@ from typing import Any
 from perftracker.model.raw_window import WindowMeta
 from perftracker.runtime import stack_sampler as stacks_mod
 from perftracker.runtime.profiler import KinetoCapture, kineto_rows
+from perftracker.runtime.protocols import WorkerIdentity
 from perftracker.runtime.raw_window_build import build_raw_window
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.throttle import Cancelled, Throttle
@@ -111,7 +112,7 @@ class WindowWriter:
     """The writer part of a ``ProfileWindow``: the files' paths, the writer thread, the conversion
     child. ``deliver(cur, result)`` (the window's) ends the window once the file is written."""
 
-    def __init__(self, identity: Any, out_dir: Path, options: WindowOptions,
+    def __init__(self, identity: WorkerIdentity, out_dir: Path, options: WindowOptions,
                  deliver: Callable[[_Active, WindowResult], None]) -> None:
         self.identity = identity
         self.out_dir = out_dir
@@ -126,15 +127,15 @@ class WindowWriter:
     # ---------------------------------------------------------------- paths
     def path(self, session: str, what: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        rank = int(getattr(self.identity, "rank", 0))
+        rank = int(self.identity.rank)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
         return self.out_dir / f"{safe}-rank{rank}.{what}.npz"
 
     def pid(self) -> int:
-        return int(getattr(self.identity, "pid", 0) or os.getpid())
+        return int(self.identity.pid or os.getpid())
 
     def training_tid(self) -> int:
-        tid = getattr(self.identity, "training_tid", 0)
+        tid = self.identity.training_tid
         return int(tid or threading.main_thread().native_id or threading.get_native_id())
 
     # ---------------------------------------------------------------- the window's thread
@@ -317,12 +318,11 @@ class WindowWriter:
             pyexec = stacks_mod.python_executions(ss.t_ns, ss.samples, cur.start_ns, end_ns, ss.period_ns,
                                                   throttle.tick if throttle is not None else None)
         b = cur.boundaries_ns
+        ident = self.identity
         meta = WindowMeta(
-            job=str(getattr(self.identity, "job", "")), session=cur.session,
-            rank=int(getattr(self.identity, "rank", 0)), world_size=int(getattr(self.identity, "world_size", 1)),
-            host=str(getattr(self.identity, "host", "")), pid=self.pid(), training_tid=tid,
-            window_start_ns=cur.start_ns, window_end_ns=end_ns,
-            local_rank=int(getattr(self.identity, "local_rank", -1)),
+            job=str(ident.job), session=cur.session, rank=int(ident.rank), world_size=int(ident.world_size),
+            host=str(ident.host), pid=self.pid(), training_tid=tid,
+            window_start_ns=cur.start_ns, window_end_ns=end_ns, local_rank=int(ident.local_rank),
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
         )
         return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)

@@ -43,6 +43,13 @@ class Runtime:
     def set_sink(self, sink: Any) -> None:
         self.sink = sink
 
+    def settle_identity(self, store_wait_s: float = 30.0, exiting: bool = False) -> bool:
+        return True  # the identity above is the real one
+
+    def check_blocked(self, now_ns: int | None = None, notify: bool = True,
+                      extra_s: float = 0.0) -> dict[str, object] | None:
+        return None  # never blocked
+
 
 class Window:
     """Stand-in ProfileWindow: arm() returns at once and reports from another thread, like the real one."""
@@ -54,7 +61,8 @@ class Window:
         if self.armed and self.armed[-1][0] == "busy":
             return False
         self.armed.append((session, window_s))
-        res = SimpleNamespace(raw_path=f"/x/{session}.npz", start_ns=1, end_ns=2, session=session, error="")
+        res = SimpleNamespace(raw_path=f"/x/{session}.npz", start_ns=1, end_ns=2, session=session, error="",
+                              samples_path=None)
         threading.Timer(0.05, on_done, args=(res,)).start()
         return True
 
