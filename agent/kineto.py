@@ -134,9 +134,10 @@ def read_kineto_trace(path: str | Path, *, rank: int | None = None, prefer_filen
 
 def window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str = "", session: str = "kineto"
                       ) -> RawWindow:
-    """The RawWindow of a parsed trace document (``load_trace_json``) whose rank is resolved."""
+    """The RawWindow of a parsed trace document (``load_trace_json``) whose rank is resolved, with
+    the process groups the trace names (``process_groups``)."""
     with _gc_paused():
-        return _window_from_trace(doc, path, who, job, session)
+        return with_process_groups(doc, _window_from_trace(doc, path, who, job, session))
 
 
 def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str, session: str) -> RawWindow:
@@ -231,3 +232,100 @@ def _training_tid(tids: np.ndarray, devs: np.ndarray, pid: int, step_tids: Count
         vals, counts = np.unique(cpu, return_counts=True)
         return int(vals[np.argmax(counts)])
     return 0
+
+
+# --- process groups (issue 28) ------------------------------------------------------------------
+# PyTorch >= 2.2 writes the job's process groups into ``distributedInfo.pg_config`` (name,
+# description, size, member ranks) and, on each NCCL kernel and on ``record_param_comms``, the
+# collective's ``Process Group Name``, ``Process Group Ranks`` (a list, or a string such as
+# "[1, 3]"), ``Collective name``, ``Seq`` and, for point-to-point transfers, ``Src Rank`` /
+# ``Dst Rank`` (global ranks). ``process_groups`` reads both into the ``WindowMeta`` fields
+# ``process_groups`` and ``comm``. Nothing is trusted: a field of the wrong type or out of range is
+# dropped (the event then names no group, the group no members), never an error. A gloo trace
+# under torch 2.13 has ``pg_config`` only: its events name no group.
+
+MAX_COMM_EVENTS = 200_000  # rows of WindowMeta.comm kept per window (the earliest)
+_PG_MAX_RANK = 10_000_000  # as MAX_RANK
+_PG_MAX_TIME_US = 2**62 / 1000  # as MAX_TIME_US
+_PG_MAX_SPAN_US = 86_400e6  # as MAX_SPAN_US
+
+
+def _pg_ranks(v: Any) -> tuple[int, ...]:
+    """A member list: a JSON list of ints or its string form "[1, 3]"; () when it is neither."""
+    if isinstance(v, str):
+        body = v.strip()
+        if not (body.startswith("[") and body.endswith("]")):
+            return ()
+        parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
+        if len(parts) > _PG_MAX_RANK or not all(p.isdigit() and len(p) <= 8 for p in parts):
+            return ()
+        v = [int(p) for p in parts]
+    if not isinstance(v, list) or len(v) > _PG_MAX_RANK:
+        return ()
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _PG_MAX_RANK for x in v):
+        return ()
+    return tuple(v)
+
+
+def _pg_int(v: Any, default: int = -1) -> int:
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int) and -1 <= v < 2**62:
+        return v
+    if isinstance(v, str) and v.strip().isdigit() and len(v.strip()) <= 18:
+        return int(v.strip())
+    return default
+
+
+def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int, ...]], ...],
+                                                  tuple[tuple[str, int, int, str, str, int, int, int], ...]]:
+    """(groups, comm rows) of a parsed trace document; see ``WindowMeta``."""
+    info = doc.get("distributedInfo")
+    groups: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+    if isinstance(info, dict) and isinstance(info.get("pg_config"), list):
+        for g in info["pg_config"]:
+            if not isinstance(g, dict) or not isinstance(g.get("pg_name"), (str, int)) or isinstance(g.get("pg_name"), bool):
+                continue
+            name = str(g["pg_name"])[:200]
+            desc = g.get("pg_desc")
+            groups[name] = (name, str(desc)[:200] if isinstance(desc, str) else "", _pg_ranks(g.get("ranks")))
+    comm: list[tuple[str, int, int, str, str, int, int, int]] = []
+    events = doc.get("traceEvents")
+    for ev in events if isinstance(events, list) else ():
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        args = ev.get("args")
+        if not isinstance(args, dict) or "Process Group Name" not in args:
+            continue
+        pg = args.get("Process Group Name")
+        ts, dur = ev.get("ts"), ev.get("dur", 0)
+        if not isinstance(pg, (str, int)) or isinstance(pg, bool) or not isinstance(ts, (int, float)) \
+                or not isinstance(dur, (int, float)) or isinstance(ts, bool) or isinstance(dur, bool):
+            continue
+        if not (abs(ts) <= _PG_MAX_TIME_US and 0 <= dur <= _PG_MAX_SPAN_US):  # NaN and inf fail both
+            continue
+        name = str(pg)[:200]
+        if name not in groups:
+            members = _pg_ranks(args.get("Process Group Ranks"))
+            desc = args.get("Process Group Description")
+            groups[name] = (name, str(desc)[:200] if isinstance(desc, str) else "", members)
+        elif not groups[name][1] and isinstance(args.get("Process Group Description"), str):
+            groups[name] = (name, str(args["Process Group Description"])[:200], groups[name][2])
+        coll = args.get("Collective name")
+        start = int(round(float(ts) * 1000))
+        comm.append((str(ev.get("name", ""))[:500], start, start + int(round(float(dur) * 1000)), name,
+                     str(coll)[:100] if isinstance(coll, str) else "", _pg_int(args.get("Seq")),
+                     _pg_int(args.get("Src Rank")), _pg_int(args.get("Dst Rank"))))
+        if len(comm) >= MAX_COMM_EVENTS:
+            break
+    return tuple(groups.values()), tuple(comm)
+
+
+def with_process_groups(doc: dict[str, Any], raw: RawWindow) -> RawWindow:
+    """``raw`` with the process groups and group-naming communication events of its trace."""
+    groups, comm = process_groups(doc)
+    if not groups and not comm:
+        return raw
+    import dataclasses
+
+    return dataclasses.replace(raw, meta=dataclasses.replace(raw.meta, process_groups=groups, comm=comm))

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
+from perftracker.agent.summarize.groups import steps_ms, worker_groups
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from perftracker.agent.summarize.timeline import (
     Nesting,
@@ -297,8 +298,28 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     if link is not None:
         patterns.append(link)
         patterns.sort(key=lambda p: -p.beta)
-    ps = _pattern_set(raw, tuple(patterns), gpu)
+    ps = _with_groups(_pattern_set(raw, tuple(patterns), gpu), raw, fr)
     return _fit_budget(ps, opt.max_bytes)
+
+
+def _with_groups(ps: PatternSet, raw: RawWindow, fr: Frames) -> PatternSet:
+    """The worker's process groups, its collectives' groups and its compute per step
+    (``perftracker.agent.summarize.groups``)."""
+    meta = raw.meta
+    normalize = {n: cat.normalize_name(n) for n in {c[0] for c in meta.comm}}
+    groups, comm = worker_groups(meta, normalize)
+    kind = raw.col("kind")
+    annotations = np.flatnonzero((kind == EventKind.ANNOTATION) & (raw.col("device") < 0))
+    marks = [i for i in annotations.tolist() if raw.names[int(raw.col("name_id")[i])].startswith("ProfilerStep#")]
+    step_marks = np.stack([raw.col("start_ns")[marks], raw.col("end_ns")[marks]], axis=1) if marks else \
+        np.zeros((0, 2), dtype=np.int64)
+    compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
+    steps, step_group = steps_ms(meta, groups, step_marks, fr.start_ns[compute], fr.end_ns[compute])
+    if not groups and not comm and not steps:
+        return ps
+    import dataclasses
+
+    return dataclasses.replace(ps, groups=groups, comm=comm, steps_ms=steps, step_group=step_group)
 
 
 def link_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int) -> Pattern | None:

@@ -29,6 +29,31 @@ class FunctionInfo:
 
 
 @dataclass(frozen=True, eq=False)
+class GroupInstance:
+    """One process group of the job as the localizer sees it: its members' worker columns, in the
+    group's own order (a pipeline group's order is its stages')."""
+
+    name: str
+    desc: str
+    members: np.ndarray  # (M,) int64 worker columns of the members present
+    p2p: bool = False  # its members send and receive point to point (a pipeline)
+
+
+@dataclass(frozen=True)
+class JobGroups:
+    """The job's process groups, where the workers' PatternSets name them (read from the traces)."""
+
+    groups: tuple[GroupInstance, ...] = ()
+    comm: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # function key -> group indexes
+    steps: np.ndarray | None = None  # (N, K) compute ms per step, NaN where a worker has fewer steps
+    step_group: np.ndarray | None = None  # (N,) index of the group that cut each worker's steps, -1: none
+
+    @property
+    def read(self) -> bool:
+        return bool(self.groups)
+
+
+@dataclass(frozen=True, eq=False)
 class PatternArrays:
     """values[f, d, w]: dimension d (β, μ, σ) of function f on worker w (column w has rank ranks[w])."""
 
@@ -44,6 +69,7 @@ class PatternArrays:
     offline: bool = False  # every worker's patterns come from a trace file (no hardware samples)
     worker_window_s: np.ndarray | None = None  # (N,) each worker's own window; None: all window_s
     stage: np.ndarray | None = None  # (N,) pipeline stage ("pp" coordinate) or -1; None: unknown
+    job_groups: JobGroups = field(default_factory=JobGroups)  # process groups, when the patterns name them
 
     @property
     def n_workers(self) -> int:
@@ -106,6 +132,7 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
     starts = [s.window_start_ns for s in sets]
     ends = [s.window_end_ns for s in sets]
     window_s = max(0.0, (float(np.median(ends)) - float(np.median(starts))) / 1e9)
+    groups = job_groups(sets)
     return PatternArrays(
         job=jobs[0], session=sessions[0], ranks=np.array([s.rank for s in sets], dtype=np.int64),
         functions=tuple(infos), values=values, window_s=window_s, gpu=any(s.gpu for s in sets),
@@ -113,15 +140,69 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         iteration_ms={s.rank: tuple(s.iteration_ms) for s in sets if s.iteration_ms},
         offline=all(s.source != "online" for s in sets),
         worker_window_s=np.array([max(0.0, (s.window_end_ns - s.window_start_ns) / 1e9) for s in sets]),
-        stage=_stages(sets),
+        stage=_stages(sets, groups),
+        job_groups=groups,
     )
 
 
-def _stages(sets: Sequence[PatternSet]) -> np.ndarray | None:
-    """Each worker's pipeline stage from its parallel coordinates ("pp"), or None when none has one."""
-    if not any("pp" in s.coords for s in sets):
+def _stages(sets: Sequence[PatternSet], groups: JobGroups) -> np.ndarray | None:
+    """Each worker's pipeline stage from its parallel coordinates ("pp"), else its position in its
+    point-to-point group (the pipeline's members in stage order); None when neither is known."""
+    if any("pp" in s.coords for s in sets):
+        return np.array([int(s.coords.get("pp", -1)) for s in sets], dtype=np.int64)
+    pipes = [g for g in groups.groups if g.p2p and g.members.size >= 2]
+    if not pipes:
         return None
-    return np.array([int(s.coords.get("pp", -1)) for s in sets], dtype=np.int64)
+    stage = np.full(len(sets), -1, dtype=np.int64)
+    for g in sorted(pipes, key=lambda g: g.members.size):  # the largest pipeline group wins
+        stage[g.members] = np.arange(g.members.size)
+    return stage
+
+
+def job_groups(sets: Sequence[PatternSet]) -> JobGroups:
+    """The process groups the workers' PatternSets name, as worker columns; empty when none does.
+    A group's members are the ranks its description lists that are present (in the group's order);
+    a group named only by its users is the set of workers that name it."""
+    if not any(s.groups for s in sets):
+        return JobGroups()
+    col = {s.rank: w for w, s in enumerate(sets)}
+    index: dict[str, int] = {}
+    desc: list[str] = []
+    ranks: list[tuple[int, ...]] = []
+    p2p: list[bool] = []
+    users: list[list[int]] = []
+    for w, s in enumerate(sets):
+        for g in s.groups:
+            i = index.get(g.name)
+            if i is None:
+                i = index[g.name] = len(desc)
+                desc.append(g.desc)
+                ranks.append(g.ranks)
+                p2p.append(g.p2p)
+                users.append([])
+            p2p[i] = p2p[i] or g.p2p
+            if len(g.ranks) > len(ranks[i]):
+                ranks[i] = g.ranks
+            users[i].append(w)
+    groups = []
+    for name, i in index.items():
+        members = [col[r] for r in ranks[i] if r in col] if ranks[i] else sorted(users[i])
+        groups.append(GroupInstance(name, desc[i], np.array(members, dtype=np.int64), p2p[i]))
+    comm: dict[str, set[int]] = {}
+    for s in sets:
+        for key, names in s.comm.items():
+            comm.setdefault(key, set()).update(index[n] for n in names if n in index)
+    steps = None
+    step_group = None
+    if any(s.steps_ms for s in sets):
+        k = max(len(s.steps_ms) for s in sets)
+        steps = np.full((len(sets), k), np.nan)
+        step_group = np.full(len(sets), -1, dtype=np.int64)
+        for w, s in enumerate(sets):
+            if s.steps_ms and s.step_group in index:
+                steps[w, k - len(s.steps_ms):] = s.steps_ms  # aligned on the last step
+                step_group[w] = index[s.step_group]
+    return JobGroups(tuple(groups), {k: tuple(sorted(v)) for k, v in comm.items()}, steps, step_group)
 
 
 def _check_range(values: np.ndarray, ranks: Sequence[int] | np.ndarray, infos: Sequence[FunctionInfo]) -> None:

@@ -21,6 +21,7 @@ from perftracker.model.patterns import (
     Category,
     Pattern,
     PatternSet,
+    ProcessGroup,
     Triple,
     _pattern_from_row,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "HangSnapshot",
     "Pattern",
     "PatternSet",
+    "ProcessGroup",
     "RankState",
     "Report",
     "TopFunction",

@@ -96,6 +96,58 @@ LINK_KEY = "TCP retransmissions (host link)"
 
 
 @dataclass(frozen=True)
+class ProcessGroup:
+    """One process group a worker belongs to, as its trace (or torch.distributed) describes it.
+
+    ``name`` is the group's unique name (``pg_name``), ``desc`` what it is for
+    (``DATA_PARALLEL_GROUP``, ``PIPELINE_MODEL_PARALLEL_GROUP``, "" when unknown), ``ranks`` its
+    members in the group's own order (global ranks), ``p2p`` whether the worker sent or received
+    point-to-point in it (pipeline send/recv)."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]
+    p2p: bool = False
+
+    def to_list(self) -> list[Any]:
+        return [self.name, self.desc, encode_ranks(self.ranks), self.p2p]
+
+    @classmethod
+    def from_list(cls, row: Any, where: str) -> ProcessGroup:
+        if not isinstance(row, list) or len(row) != 4 or not isinstance(row[0], str) or not isinstance(row[1], str) \
+                or not isinstance(row[3], bool):
+            raise SchemaError(f"{where}: expected [name, desc, ranks, p2p]")
+        return cls(row[0], row[1], decode_ranks(row[2], where), row[3])
+
+
+_MAX_GROUP_RANKS = 10_000_000
+
+
+def encode_ranks(ranks: tuple[int, ...]) -> Any:
+    """Ranks as ``{"start", "stop", "step"}`` when they are an arithmetic run of at least 3 (a
+    data-parallel group of 32 ranks in 3 numbers), else as a list."""
+    if len(ranks) >= 3:
+        step = ranks[1] - ranks[0]
+        if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
+            return {"start": ranks[0], "stop": ranks[-1] + step, "step": step}
+    return list(ranks)
+
+
+def decode_ranks(v: Any, where: str) -> tuple[int, ...]:
+    if isinstance(v, Mapping):
+        start, stop, step = (require(v, k, int, where) for k in ("start", "stop", "step"))
+        if step <= 0 or start < 0 or stop > _MAX_GROUP_RANKS + step or (stop - start) // step > _MAX_GROUP_RANKS:
+            raise SchemaError(f"{where}: bad rank range {start}:{stop}:{step}")
+        return tuple(range(start, stop, step))
+    if not isinstance(v, list) or len(v) > _MAX_GROUP_RANKS:
+        raise SchemaError(f"{where}: ranks must be a list or a range")
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+            raise SchemaError(f"{where}: not a rank: {x!r:.40}")
+    return tuple(v)
+
+
+@dataclass(frozen=True)
 class PatternSet:
     """One worker's patterns for one session, plus its identity."""
 
@@ -113,6 +165,10 @@ class PatternSet:
     source: str = "online"  # "online" | "kineto"
     gpu: bool = False  # whether the window had GPU activity (selects the expected-range profile)
     iteration_ms: tuple[float, ...] = ()  # iteration durations around the window, for the report
+    groups: tuple[ProcessGroup, ...] = ()  # the process groups this worker belongs to (empty: not known)
+    comm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # collective function key -> group names
+    steps_ms: tuple[float, ...] = ()  # compute time per step (between the step group's collectives), ms
+    step_group: str = ""  # the group whose collective instances cut the steps ("" : iteration marks)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -149,7 +205,20 @@ class PatternSet:
             "iteration_ms": [rounded(x) for x in self.iteration_ms],
             "frames": list(frames),
             "patterns": rows,
+            **self._groups_dict(),
         }
+
+    def _groups_dict(self) -> dict[str, Any]:
+        """The process-group fields, only when there are any (older readers never see them)."""
+        out: dict[str, Any] = {}
+        if self.groups:
+            out["groups"] = [g.to_list() for g in self.groups]
+        if self.comm:
+            out["comm"] = {k: list(v) for k, v in self.comm.items()}
+        if self.steps_ms:
+            out["steps_ms"] = [round(float(x), 4) for x in self.steps_ms]
+            out["step_group"] = self.step_group
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PatternSet:
@@ -196,6 +265,11 @@ class PatternSet:
             source=optional(d, "source", str, where, "online"),
             gpu=optional(d, "gpu", bool, where, False),
             iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
+            groups=tuple(ProcessGroup.from_list(g, f"{where}.groups[{i}]")
+                         for i, g in enumerate(optional(d, "groups", list, where, []))),
+            comm=_comm(optional(d, "comm", dict, where, {}), f"{where}.comm"),
+            steps_ms=tuple(_finite(x, f"{where}.steps_ms") for x in optional(d, "steps_ms", list, where, [])),
+            step_group=optional(d, "step_group", str, where, ""),
         )
 
     def to_bytes(self) -> bytes:
@@ -219,6 +293,15 @@ def _finite(v: Any, w: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise SchemaError(f"{w}: not a finite number: {v!r:.40}")
     return float(v)
+
+
+def _comm(d: Mapping[str, Any], w: str) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for k, v in d.items():
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise SchemaError(f"{w}[{k!r:.40}]: expected a list of group names")
+        out[str(k)] = tuple(v)
+    return out
 
 
 def _coord(v: Any, w: str) -> int:

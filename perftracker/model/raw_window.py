@@ -57,6 +57,12 @@ COLUMNS: dict[str, np.dtype[Any]] = {
 }
 
 
+# WindowMeta.comm's fields: the event's name, start and end (ns, the window's clock), its process
+# group's name, the collective's name ("allreduce", "send", ...), its sequence number in the group
+# (-1: none), and the global source and destination ranks of a point-to-point transfer (-1: none)
+COMM_FIELDS = ("name", "start_ns", "end_ns", "group", "collective", "seq", "src", "dst")
+
+
 @dataclass(frozen=True)
 class WindowMeta:
     job: str
@@ -73,6 +79,10 @@ class WindowMeta:
     source: str = "online"  # "online" | "kineto"
     file: str = ""  # where it was read from (offline)
     iteration_ms: tuple[float, ...] = ()
+    # process groups as the trace names them: (name, description, member ranks); empty: not known
+    process_groups: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # one row per communication event that names its group: COMM_FIELDS
+    comm: tuple[tuple[str, int, int, str, str, int, int, int], ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -126,6 +136,10 @@ class RawWindow:
                 meta_d = json.loads(bytes(z["meta_json"]).decode())
                 check_schema_version(meta_d, f"raw window {path}")
                 meta_d["iteration_ms"] = tuple(meta_d.get("iteration_ms", ()))
+                meta_d["process_groups"] = tuple((str(g[0]), str(g[1]), tuple(int(r) for r in g[2]))
+                                                 for g in meta_d.get("process_groups", ()))
+                meta_d["comm"] = tuple((str(c[0]), int(c[1]), int(c[2]), str(c[3]), str(c[4]), int(c[5]), int(c[6]),
+                                        int(c[7])) for c in meta_d.get("comm", ()))
                 meta = WindowMeta(**meta_d)
                 names = tuple(json.loads(bytes(z["names_json"]).decode()))
                 columns = {k: z[f"col_{k}"] for k in COLUMNS}

@@ -1,0 +1,99 @@
+"""A worker's process groups and per-step compute, for the PatternSet (issue 28). Pure numpy.
+
+- ``groups``: the process groups the worker belongs to (``WindowMeta.process_groups`` and the
+  groups its communication events name), each marked ``p2p`` when the worker sent or received
+  point-to-point in it (a ``Src Rank``/``Dst Rank``, or a send/recv collective).
+- ``comm``: per collective function key, the groups its events ran in.
+- ``steps_ms``: the worker's compute time per step, a handful of numbers that let the localizer
+  see who arrives last at each step's synchronization, not only on average over the window. Steps
+  are cut by the iteration marks (``ProfilerStep#N``) when the window holds at least
+  ``MIN_STEPS`` of them, else by the instances of one collective of the worker's largest
+  non-p2p group: the (group, collective) that occurs least often, at least ``MIN_STEPS`` + 1
+  times (a data-parallel all-reduce, reduce-scatter or all-gather runs once per step). Compute is
+  the union of the compute frames' intervals between consecutive boundaries. At most
+  ``MAX_STEPS`` (the last ones) are kept.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from perftracker.model import ProcessGroup
+from perftracker.model.raw_window import WindowMeta
+
+MIN_STEPS = 3
+MAX_STEPS = 64
+_P2P = ("send", "recv", "sendrecv", "isend", "irecv")
+
+
+def worker_groups(meta: WindowMeta, normalize: dict[str, str]) -> tuple[tuple[ProcessGroup, ...],
+                                                                        dict[str, tuple[str, ...]]]:
+    """(the worker's groups, collective function key -> group names). ``normalize`` maps an event
+    name to its function key."""
+    p2p = {c[3] for c in meta.comm if c[6] >= 0 or c[7] >= 0 or c[4].lower() in _P2P}
+    used: dict[str, set[str]] = {}
+    for c in meta.comm:
+        used.setdefault(normalize.get(c[0], c[0]), set()).add(c[3])
+    groups = []
+    for name, desc, ranks in meta.process_groups:
+        if ranks and meta.rank not in ranks:
+            continue
+        groups.append(ProcessGroup(name, desc, tuple(ranks), name in p2p))
+    return tuple(groups), {k: tuple(sorted(v)) for k, v in sorted(used.items())}
+
+
+def step_bounds(meta: WindowMeta, groups: tuple[ProcessGroup, ...], step_marks: np.ndarray
+                ) -> tuple[np.ndarray, str]:
+    """(boundaries in ns, increasing; the group that cut them, "" for iteration marks).
+    ``step_marks``: (k, 2) start and end of the window's iteration marks."""
+    if len(step_marks) >= MIN_STEPS:
+        order = np.argsort(step_marks[:, 0], kind="stable")
+        marks = step_marks[order]
+        return np.r_[marks[:, 0], marks[-1, 1]].astype(np.int64), ""
+    size = {g.name: len(g.ranks) for g in groups if not g.p2p}
+    count = Counter((c[3], c[4]) for c in meta.comm if c[3] in size)
+    best = sorted((n, -size[g], g, coll) for (g, coll), n in count.items() if n > MIN_STEPS)
+    if not best:
+        return np.zeros(0, dtype=np.int64), ""
+    _, _, group, coll = best[0]
+    ends = np.sort(np.array([c[2] for c in meta.comm if c[3] == group and c[4] == coll], dtype=np.int64))
+    return ends, group
+
+
+def busy_between(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The union of the intervals [start, end) inside each [bounds[i], bounds[i+1]), in ns."""
+    if len(bounds) < 2:
+        return np.zeros(0)
+    if len(start_ns) == 0:
+        return np.zeros(len(bounds) - 1)
+    order = np.argsort(start_ns, kind="stable")
+    s, e = start_ns[order].astype(np.int64), end_ns[order].astype(np.int64)
+    reach = np.maximum.accumulate(e)
+    new = np.r_[True, s[1:] > reach[:-1]]  # a new disjoint run starts where no earlier interval reaches
+    run = np.cumsum(new) - 1
+    us = s[new]
+    ue = np.zeros(int(run[-1]) + 1, dtype=np.int64)
+    np.maximum.at(ue, run, e)
+    done = np.r_[0, np.cumsum(ue - us)]
+
+    def busy_until(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(us, t, side="right")  # runs that start at or before t
+        partial = np.where(k > 0, np.clip(t - us[np.maximum(k - 1, 0)], 0, None), 0)
+        full = done[np.maximum(k - 1, 0)]
+        inside = np.minimum(partial, (ue - us)[np.maximum(k - 1, 0)])
+        return np.where(k > 0, full + inside, 0).astype(np.float64)
+
+    b = busy_until(bounds.astype(np.int64))
+    return np.diff(b)
+
+
+def steps_ms(meta: WindowMeta, groups: tuple[ProcessGroup, ...], step_marks: np.ndarray,
+             compute_start: np.ndarray, compute_end: np.ndarray) -> tuple[tuple[float, ...], str]:
+    """(compute per step in ms, the group that cut the steps); () when the window shows too few."""
+    bounds, group = step_bounds(meta, groups, step_marks)
+    if len(bounds) < MIN_STEPS + 1:
+        return (), ""
+    busy = busy_between(compute_start, compute_end, bounds)[-MAX_STEPS:]
+    return tuple(round(float(x) / 1e6, 4) for x in busy), group
