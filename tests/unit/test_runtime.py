@@ -1,11 +1,9 @@
-"""The Runtime contract: listeners, sinks, triggers, blocked polling, identity, import activation."""
+"""The Runtime contract: listeners, sinks, triggers, blocked polling, identity, activation (`import
+perftracker` in a real process: tests/component/test_runtime_import.py)."""
 
 from __future__ import annotations
 
-import json
 import logging
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -190,44 +188,12 @@ def test_real_loop_feeds_runtime_through_hooks(fresh: None) -> None:
     assert sink.triggers[-1][0] == "manual: test"
 
 
-def _import_in_subprocess(env: dict[str, str]) -> dict[str, object]:
-    code = "import json, perftracker; print(json.dumps(perftracker.status()))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return {"status": json.loads(out.stdout.strip().splitlines()[-1]), "stderr": out.stderr}
-
-
-def test_import_activates_from_env_unless_disabled(clean_env: dict[str, str]) -> None:
-    on = _import_in_subprocess(dict(clean_env, PERFTRACKER_DETECTOR_MODE="paper"))
-    assert on["status"]["active"] is True and on["status"]["mode"] == "paper"  # type: ignore[index]
-    off = _import_in_subprocess(dict(clean_env, PERFTRACKER_DISABLE="1"))
-    assert off["status"]["active"] is False  # type: ignore[index]
-    bad = _import_in_subprocess(dict(clean_env, PERFTRACKER_BLOCKED_FACTOR="lots"))
-    assert bad["status"]["active"] is False  # type: ignore[index]
-    assert "PERFTRACKER_BLOCKED_FACTOR" in str(bad["stderr"])
-
-
 def test_default_job_id_carries_the_rendezvous_port() -> None:
     env = {"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "29511"}
     a = identity_from_env(Config(), env).job
     b = identity_from_env(Config(), dict(env, MASTER_PORT="29512")).job
     assert a.endswith("-29511") and b.endswith("-29512") and a != b
     assert identity_from_env(Config(), {"MASTER_PORT": "1"}).job.endswith("-1")
-
-
-def test_perftrackers_own_processes_do_not_activate() -> None:
-    """`python -m perftracker.agent.samplers` and friends import perftracker but never train: no detection, no agent."""
-    import subprocess
-    import sys
-
-    code = "import perftracker.runtime.runtime as r; print(r.get_runtime() is None)"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("PERFTRACKER_")}
-    for module in ("perftracker.agent.samplers", "localizer", "perftracker"):
-        argv = [sys.executable, "-c", f"import sys; sys.orig_argv[:] = ['python', '-m', '{module}']; {code}"]
-        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-        assert out.stdout.strip() == "True", (module, out.stderr[-500:])
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "False", out.stderr[-500:]  # a plain script does activate
 
 
 def test_blocked_limit_plus_a_window_on_the_real_detector() -> None:
@@ -257,3 +223,4 @@ def test_boundary_listeners_see_only_boundaries_that_happen_now() -> None:
     _iterate(rt, clock, 3, 1)
     assert [i for _, i in seen] == [before + 1, before + 2, before + 3]
     assert [t for t, _ in seen] == sorted({t for t, _ in seen}) and seen[-1][0] == clock.now_ns()
+
