@@ -90,17 +90,6 @@ def test_recursive_trace_handler_layout_and_single_trace_rank(dlrm_dir: Path, tm
     assert r.returncode == 1 and "--rank names the rank of one trace file" in r.stderr
 
 
-def test_rank_from_file_name_prefers_rank_and_worker() -> None:
-    from perftracker.agent.kineto import rank_from_filename
-
-    assert rank_from_filename("node1_rank3.json") == 3
-    assert rank_from_filename("host2_worker5.1694128201545.pt.trace.json.gz") == 5
-    assert rank_from_filename("node3-worker_2.json") == 2
-    assert rank_from_filename("rank4_worker1.json") == 4
-    assert rank_from_filename("node1_step12.json") is None
-    assert rank_from_filename("frank3.json") is None
-
-
 def test_ranks_from_file_names_and_duplicates(dlrm_dir: Path, tmp_path: Path) -> None:
     src = sorted(dlrm_dir.glob("*.json.gz"))[0]
     doc = json.load(gzip.open(src))
@@ -128,3 +117,4 @@ def test_ranks_from_file_names_and_duplicates(dlrm_dir: Path, tmp_path: Path) ->
 def test_empty_dir(tmp_path: Path) -> None:
     r = analyze(str(tmp_path))
     assert r.returncode == 1 and "no Kineto trace files" in r.stderr
+

@@ -1,5 +1,6 @@
-"""`perftracker export-trace`: Chrome/Perfetto trace of one rank's raw window with a critical-path
-track; hand-built windows with a known critical path, and a real 8-rank GPU Kineto trace."""
+"""`perftracker export-trace` end to end: Chrome/Perfetto trace of one rank's raw window with a
+critical-path track, from a hand-built window with a known critical path and from a window taken in
+this process (the track itself, and a real 8-rank GPU Kineto trace: tests/unit/test_export_trace_track.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from perftracker.agent.summarize.critical_path import critical_ns
 
-from perftracker.cli.export_trace import CRITICAL_PID, build_trace, critical_intervals
+from perftracker.cli.export_trace import CRITICAL_PID
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,35 +25,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "perftracker", "export-trace", *args], capture_output=True,
                           text=True, timeout=120, env=env, cwd=REPO)
-
-
-def test_critical_intervals_follow_priority_and_holder() -> None:
-    # python 0-100 (level 3), compute c1 20-50 and c2 45-60 (level 0), collective 40-80 (level 2)
-    s = np.array([0, 20, 45, 40])
-    e = np.array([100, 50, 60, 80])
-    lv = np.array([3, 0, 0, 2])
-    a, b, seg = critical_intervals(s, e, lv, 0, 100)
-    assert list(zip(a.tolist(), b.tolist(), seg.tolist(), strict=True)) == [(0, 20, 0), (20, 45, 1), (45, 60, 2), (60, 80, 3), (80, 100, 0)]
-    # clipped to the window
-    a, b, seg = critical_intervals(s, e, lv, 30, 70)
-    assert (a[0], b[-1]) == (30, 70)
-
-
-def test_critical_intervals_agree_with_the_summarizers_critical_ns() -> None:
-    """Per level, the interval lengths add up to the summarizer's critical time."""
-    rng = np.random.default_rng(7)
-    n = 400
-    s = rng.integers(0, 10_000, n)
-    e = s + rng.integers(1, 800, n)
-    lv = rng.integers(0, 4, n)
-    a, b, seg = critical_intervals(s, e, lv, 1000, 9000)
-    crit = critical_ns(s, e, lv, 1000, 9000)
-    for level in range(4):
-        got = int(((b - a) * (lv[seg] == level)).sum())
-        assert got == pytest.approx(crit[lv == level].sum(), abs=1e-6)
-    assert (a[1:] >= b[:-1]).all()  # disjoint, in time order
-    # every interval's holder is really active then
-    assert ((s[seg] <= a) & (e[seg] >= b)).all()
 
 
 def _window(tmp_path: Path) -> Path:
@@ -119,61 +90,6 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
     assert not (tmp_path / "x.json").exists()
 
 
-def test_real_gpu_kineto_window(dlrm_dir: Path, tmp_path: Path) -> None:
-    from perftracker.agent.kineto import read_kineto_trace
-
-    src = sorted(dlrm_dir.glob("worker3_*.json.gz"))[0]
-    raw = read_kineto_trace(src, session="dlrm")
-    trace = build_trace(raw)
-    evs = trace["traceEvents"]
-    json.dumps(trace)  # serializable
-    kernels = [e for e in evs if e["ph"] == "X" and e["cat"] == "kernel"]
-    assert kernels and all(e["pid"] >= (1 << 29) for e in kernels)
-    crit = [e for e in evs if e["pid"] == CRITICAL_PID and e["ph"] == "X"]
-    assert crit
-    window_us = (raw.meta.window_end_ns - raw.meta.window_start_ns) / 1000
-    assert all(0 <= e["ts"] and e["ts"] + e["dur"] <= window_us + 1e-3 for e in crit)
-    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(crit, crit[1:], strict=False))
-    cats = {e["args"]["category"] for e in crit}
-    assert "compute" in cats and "collective" in cats  # GPU kernels and NCCL both hold the path at times
-    # the compute share of the exported track matches the summarizer's compute beta
-    from perftracker.agent.summarize.summarizer import summarize_window
-
-    ps = summarize_window(raw)
-    compute_beta = sum(p.beta for p in ps.patterns if p.category.value == "compute")
-    track_compute = sum(e["dur"] for e in crit if e["args"]["category"] == "compute") / window_us
-    assert track_compute == pytest.approx(compute_beta, abs=0.02)
-
-
-@pytest.mark.parametrize("worker", [3, 4])
-def test_real_gpu_track_agrees_with_the_summarizers_roles(dlrm_dir: Path, worker: int) -> None:
-    """Each function's time on the track, by category, is its critical time in the summarizer (every
-    function kept: no β floor, no byte budget). The dlrm traces have no Python stacks, so the
-    summarizer joins the autograd engine's device thread to the training thread: without that join
-    ``## backward ##`` held the track for 11% (rank 3) to 21% (rank 4) more of the window than its β. Where frames of one
-    level overlap (rank 4: ops of the joined thread over the annotation's edge), the summarizer
-    shares the moment and the track shows one holder, hence the tolerance."""
-    from collections import Counter
-
-    from perftracker.agent.kineto import read_kineto_trace
-    from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
-
-    raw = read_kineto_trace(sorted(dlrm_dir.glob(f"worker{worker}_*.json.gz"))[0], session="dlrm")
-    window_us = (raw.meta.window_end_ns - raw.meta.window_start_ns) / 1000
-    every = SummarizeOptions(beta_floor=0.0, max_patterns=10**6, max_bytes=10**9)
-    beta: Counter[tuple[str, str]] = Counter()
-    for p in summarize_window(raw, options=every).patterns:
-        beta[(p.category.value, p.label)] += p.beta
-    track: Counter[tuple[str, str]] = Counter()
-    for e in build_trace(raw)["traceEvents"]:
-        if e["pid"] == CRITICAL_PID and e["ph"] == "X":
-            track[(e["args"]["category"], e["args"]["function"])] += e["dur"] / window_us
-    assert set(track) <= set(beta)  # every holder is a function of the summarizer, in its category
-    assert track[("python", "## backward ##")] == pytest.approx(beta[("python", "## backward ##")], abs=0.005)
-    worst = max(set(track) | set(beta), key=lambda k: abs(track[k] - beta[k]))
-    assert track[worst] == pytest.approx(beta[worst], abs=0.005), worst
-
-
 def test_real_online_window(tmp_path: Path) -> None:
     """A window taken by perftracker.runtime.window in this process: Python functions and aten ops."""
     import threading
@@ -226,3 +142,4 @@ def test_real_online_window(tmp_path: Path) -> None:
     beta_mm = sum(p.beta for p in summarize_window(raw).patterns if p.key == "aten::mm")
     track_mm = sum(e["dur"] for e in crit if e["name"] == "compute: aten::mm") / window_us
     assert beta_mm > 0 and track_mm == pytest.approx(beta_mm, abs=0.01)
+

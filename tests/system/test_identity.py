@@ -1,5 +1,6 @@
-"""The worker's identity (perftracker/runtime/identity.py): a guess at import, settled from the process group
-(job id agreed through the default store) or from training alone; job ids the localizer accepts."""
+"""The worker's identity (perftracker/runtime/identity.py) in a real 2-rank gloo job: a guess at import,
+settled from the process group (job id agreed through the default store) (without a process group:
+tests/unit/test_job_identity.py)."""
 
 from __future__ import annotations
 
@@ -8,29 +9,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
-from perftracker.localizer.service.validate import _NAME_RE
-
-from perftracker.runtime.identity import provisional_identity, sanitize_job, settle_identity
-
-
-def test_job_ids_are_sanitized_to_what_the_localizer_accepts() -> None:
-    for raw, want in [("train v2", "train_v2"), ("my job/ä", "my_job"), ("ok-1.2_x", "ok-1.2_x"), ("  ", "job")]:
-        got = sanitize_job(raw)
-        assert got == want and _NAME_RE.match(got), (raw, got)
-    assert len(sanitize_job("x" * 500)) == 200
-
-
-def test_a_process_that_does_not_train_never_settles_and_one_that_trains_alone_is_rank_0_of_1() -> None:
-    guess = provisional_identity("", {})
-    assert not guess.settled
-    assert settle_identity(guess, "", iteration=0, environ={}) is None  # a launcher, a DataLoader worker
-    alone = settle_identity(guess, "", iteration=1, environ={})
-    assert alone is not None and alone.settled and (alone.rank, alone.world_size, alone.local_rank) == (0, 1, 0)
-    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "r7"}
-    ranks = settle_identity(provisional_identity("", env), "", iteration=5, environ=env)  # torchrun, no group
-    assert ranks is not None and (ranks.rank, ranks.world_size, ranks.local_rank, ranks.job) == (3, 4, 1, "r7")
-
 
 SPAWN = textwrap.dedent("""\
     import json, os, sys
@@ -67,3 +45,4 @@ def test_ranks_of_a_spawned_job_agree_on_rank_0s_job_id_and_count_local_ranks(tm
     assert [(d["rank"], d["world_size"], d["local_rank"]) for d in idents] == [(0, 2, 0), (1, 2, 1)], idents
     assert {d["job"] for d in idents} == {f"train_v2-{free_port}"}, idents  # rank 0's, sanitized
     assert all(d["settled"] and d["source"] == "process group" for d in idents)
+

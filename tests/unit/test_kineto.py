@@ -127,3 +127,13 @@ def test_rank_from_file_name_when_distributed_info_missing(dlrm_dir: Path, tmp_p
     # the flag wins over distributedInfo
     assert read_kineto_trace(dlrm_files(dlrm_dir)[2], prefer_filename=True).meta.rank == 2
 
+
+def test_rank_from_file_name_prefers_rank_and_worker() -> None:
+    from perftracker.agent.kineto import rank_from_filename
+
+    assert rank_from_filename("node1_rank3.json") == 3
+    assert rank_from_filename("host2_worker5.1694128201545.pt.trace.json.gz") == 5
+    assert rank_from_filename("node3-worker_2.json") == 2
+    assert rank_from_filename("rank4_worker1.json") == 4
+    assert rank_from_filename("node1_step12.json") is None
+    assert rank_from_filename("frank3.json") is None
