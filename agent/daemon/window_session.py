@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import stat
 import time
 from collections.abc import Sequence
@@ -35,14 +34,13 @@ from perftracker.agent.daemon.workers import Worker
 
 from perftracker.errors import PerftrackerError
 from perftracker.model import PatternSet
+from perftracker.model.names import is_name
 from perftracker.rundir import RunDirError, ensure_private_dir
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
 from perftracker.wire.frames import MessageType
 
 log = logging.getLogger(__name__)
-
-SAFE_SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}$")  # no "/", no leading "."
 
 
 @dataclass(frozen=True)
@@ -335,7 +333,7 @@ def _private_dir(path: Path) -> None:
 
 def session_dir_name(session: str) -> str:
     """A session id as a directory name, or ProcessingError: ids come from the localizer."""
-    if not SAFE_SESSION_RE.match(session) or session in (".", ".."):
+    if not is_name(session):  # the one pattern (full match): no "/", never "." or ".."
         raise processing.ProcessingError(f"session id {session[:80]!r} is not a safe name")
     return session
 

@@ -23,6 +23,7 @@ from perftracker.localizer.service.sessions import SessionManager
 from perftracker.localizer.store.writer import GroupCommit
 
 from perftracker.model import Report
+from perftracker.model.names import is_name
 from perftracker.rundir import make_private_dir, write_private
 from perftracker.wire.strict_json import dumps as strict_dumps
 
@@ -135,7 +136,7 @@ class LocalizeRunner:
         return opts
 
     def report_path(self, session: str) -> Path | None:
-        if not self.report_dir:
+        if not self.report_dir or not is_name(session):  # a name is one path component (model/names.py)
             return None
         return Path(self.report_dir).resolve() / f"{session}.json"
 

@@ -8,18 +8,17 @@ into a 4xx JSON answer ``{"error": message}``; nothing here trusts the network.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perftracker.errors import ConfigError, SchemaError
+from perftracker.model.names import MAX_NAME_CHARS, NAME_CHARS, is_name
+from perftracker.model.names import NAME_RE as _NAME_RE  # noqa: F401 - the one pattern (full match)
 
-MAX_NAME_CHARS = 200
 MAX_WORKERS_PER_AGENT = 4096
 MAX_WINDOW_S = 600.0
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.:@+=/-]+$")
 
 
 class RequestError(SchemaError):
@@ -87,9 +86,9 @@ def _str(d: Mapping[str, Any], key: str, where: str, *, name: bool = False, defa
     if not isinstance(v, str):
         raise RequestError(f"{where}.{key}: expected a string, got {type(v).__name__}")
     if name:
-        if not v or len(v) > MAX_NAME_CHARS or not _NAME_RE.match(v):
+        if not is_name(v):
             raise RequestError(f"{where}.{key}: {v[:80]!r} is not a valid name "
-                               f"(1-{MAX_NAME_CHARS} characters of A-Z a-z 0-9 _ . : @ + = / -)")
+                               f"(1-{MAX_NAME_CHARS} characters of {NAME_CHARS}, not . or ..)")
     elif len(v) > 4 * MAX_NAME_CHARS:
         raise RequestError(f"{where}.{key}: longer than {4 * MAX_NAME_CHARS} characters")
     return v
