@@ -11,12 +11,17 @@ world-writable and plant their own ``agent.sock`` or a symlink where we write. H
   above (owned by the worker's user or root) and the socket itself owned by one of them.
 - ``write_private`` writes a file atomically with mode 0600 through a fresh temporary file opened
   with ``O_CREAT | O_EXCL | O_NOFOLLOW``: a planted symlink is never followed, only replaced.
+- ``open_owned`` / ``read_owned`` open a file only when it is a regular file (not a symlink:
+  ``O_NOFOLLOW``) of this user that group and others cannot write (``check_owned_file`` on the open
+  descriptor, so nothing can be swapped in between): the embedded localizer's ``localizer.json``,
+  ``token``, ``localizer.lock`` and ``agent.log``.
 
 Standard library only: the worker imports this inside the training process.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -46,9 +51,11 @@ def _describe_owner(uid: int) -> str:
 
 
 def check_dir(path: str | os.PathLike[str], trusted_owners: tuple[int, ...] | None = None,
-              what: str = "run dir") -> os.stat_result:
+              what: str = "run dir", other: str = "set PERFTRACKER_RUN_DIR to a directory of your own"
+              ) -> os.stat_result:
     """Raise RunDirError unless ``path`` is a directory (not a symlink), owned by one of
-    ``trusted_owners`` (default: this process's effective uid) and not group- or other-writable."""
+    ``trusted_owners`` (default: this process's effective uid) and not group- or other-writable.
+    ``other`` is the way out the message offers besides removing it."""
     owners = trusted_owners if trusted_owners is not None else (os.geteuid(),)
     p = os.fspath(path)
     try:
@@ -56,13 +63,13 @@ def check_dir(path: str | os.PathLike[str], trusted_owners: tuple[int, ...] | No
     except OSError as exc:
         raise RunDirError(f"{what} {p}: cannot inspect it ({exc.strerror})") from None
     if stat.S_ISLNK(st.st_mode):
-        raise RunDirError(f"{what} {p} is a symlink; refusing it (remove it or choose another PERFTRACKER_RUN_DIR)")
+        raise RunDirError(f"{what} {p} is a symlink; refusing it (remove it or {other})")
     if not stat.S_ISDIR(st.st_mode):
         raise RunDirError(f"{what} {p} is not a directory")
     if st.st_uid not in owners:
         raise RunDirError(f"{what} {p} is owned by {_describe_owner(st.st_uid)}, not by this user "
                           f"({_describe_owner(os.geteuid())}); refusing it, since another user may have planted "
-                          f"it (remove it or set PERFTRACKER_RUN_DIR to a directory of your own)")
+                          f"it (remove it or {other})")
     if st.st_mode & 0o022:
         raise RunDirError(f"{what} {p} has mode {stat.S_IMODE(st.st_mode):04o}: writable by group or others; "
                           f"refusing it (chmod 700 it, or remove it and let perftracker create it)")
@@ -131,6 +138,55 @@ def check_agent_socket(path: str | os.PathLike[str]) -> None:
 def open_private(path: str | os.PathLike[str], flags: int = os.O_WRONLY | os.O_TRUNC) -> int:
     """An fd of ``path`` opened for writing with mode 0600, never through a symlink."""
     return os.open(os.fspath(path), flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+
+
+def check_owned_file(fd: int, path: str | os.PathLike[str], what: str = "file") -> os.stat_result:
+    """Raise RunDirError unless the open ``fd`` (of ``path``) is a regular file owned by this
+    process's effective uid and not writable by group or others."""
+    st = os.fstat(fd)
+    p = os.fspath(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise RunDirError(f"{what} {p} is not a regular file; refusing it (remove it)")
+    if st.st_uid != os.geteuid():
+        raise RunDirError(f"{what} {p} is owned by {_describe_owner(st.st_uid)}, not by this user "
+                          f"({_describe_owner(os.geteuid())}); refusing it, since another user may have planted "
+                          f"it (remove it)")
+    if st.st_mode & 0o022:
+        raise RunDirError(f"{what} {p} has mode {stat.S_IMODE(st.st_mode):04o}: writable by group or others; "
+                          f"refusing it (chmod 600 it, or remove it)")
+    return st
+
+
+def open_owned(path: str | os.PathLike[str], flags: int = os.O_RDONLY, what: str = "file") -> int:
+    """An fd of ``path`` opened with ``flags`` (add ``O_CREAT`` to create it, mode 0600), never
+    through a symlink, and only when ``check_owned_file`` accepts it: RunDirError otherwise
+    (a missing file without ``O_CREAT`` raises FileNotFoundError)."""
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, PRIVATE_FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunDirError(f"{what} {p} is a symlink; refusing it (remove it)") from None
+        raise
+    try:
+        check_owned_file(fd, p, what)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_owned(path: str | os.PathLike[str], what: str = "file", max_bytes: int = 1 << 20) -> str | None:
+    """The text of ``path`` (at most ``max_bytes``) when ``open_owned`` accepts it; None when it
+    is missing. RunDirError when it is a symlink, another user's, or writable by others."""
+    try:
+        fd = open_owned(path, os.O_RDONLY, what)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read(max_bytes).decode("utf-8", "replace")
 
 
 def write_private(path: str | os.PathLike[str], data: bytes | str) -> None:

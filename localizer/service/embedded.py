@@ -11,6 +11,14 @@ Files in the runs directory:
   runs directory. A second ``start_embedded`` on the same directory finds the first and returns a
   handle on it (``owned`` False) instead of starting another.
 
+Nothing planted is trusted (issue 33): the runs directory is used only when it is this user's and
+not writable by group or others (``check_runs_dir``), and ``localizer.json``, ``token`` and
+``localizer.lock`` only when each is a regular file of this user, not a symlink, not writable by
+group or others (``perftracker.rundir.open_owned``). Anything else raises ``RunDirError`` (a
+PerftrackerError), one line naming the file, its owner or mode, and the fix. In a shared working
+directory another user's ``perftracker-runs/`` can therefore neither redirect the agent to their
+server nor hand it their token.
+
 Expected ranges: ``start_embedded(..., expect_path=FILE)``, or ``PERFTRACKER_EXPECT=FILE`` in the
 environment, replaces the built-in profiles (the format of ``localizer/diagnose/expected.toml``).
 """
@@ -29,14 +37,15 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from perftracker.localizer.service.http_service import LocalizerService, ServiceOptions
 from perftracker.localizer.service.validate import validate_expect_file
-from perftracker.localizer.store.sqlite_store import Store
 
 from perftracker.errors import PerftrackerError
-from perftracker.rundir import make_private_dir, open_private, write_private
+from perftracker.rundir import check_dir, make_private_dir, open_owned, read_owned, write_private
+
+if TYPE_CHECKING:
+    from perftracker.localizer.service.http_service import ServiceOptions
 
 log = logging.getLogger(__name__)
 
@@ -53,35 +62,67 @@ class EmbeddedError(PerftrackerError):
     """The embedded localizer could not start, or a running one could not be found."""
 
 
+def check_runs_dir(runs_dir: str | Path, other: str = "pass --runs-dir a directory of your own") -> Path:
+    """``runs_dir`` when it is this user's directory and not writable by group or others (see the
+    module doc); RunDirError otherwise, whose fix is to remove it or ``other``."""
+    check_dir(runs_dir, what="runs dir", other=other)
+    return Path(runs_dir)
+
+
+def read_token(runs_dir: str | Path) -> str:
+    """The runs directory's token ("" when there is none); RunDirError when it is not this user's."""
+    if not os.path.lexists(runs_dir):
+        return ""
+    check_runs_dir(runs_dir)
+    return (read_owned(Path(runs_dir) / TOKEN_NAME, what="token file") or "").strip()
+
+
+def read_info(runs_dir: str | Path) -> tuple[str, str] | None:
+    """(url, token) that ``localizer.json`` and ``token`` of ``runs_dir`` name, or None when either
+    is missing or unreadable; RunDirError when the directory or a file is not this user's."""
+    if not os.path.lexists(runs_dir):
+        return None
+    check_runs_dir(runs_dir)
+    text = read_owned(Path(runs_dir) / INFO_NAME, what="embedded localizer file")
+    if text is None:
+        return None
+    try:
+        url = json.loads(text)["url"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    token = read_token(runs_dir)
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not token:
+        return None
+    return url, token
+
+
 def read_or_create_token(runs_dir: Path) -> str:
     """The runs directory's token, created (0600) on first use."""
-    path = runs_dir / TOKEN_NAME
-    if path.is_file():
-        token = path.read_text().strip()
-        if token:
-            return token
-    token = secrets.token_urlsafe(32)
     make_private_dir(runs_dir)
-    write_private(path, token + "\n")
+    token = read_token(runs_dir)
+    if token:
+        return token
+    token = secrets.token_urlsafe(32)
+    write_private(runs_dir / TOKEN_NAME, token + "\n")
     return token
 
 
 def discover(runs_dir: str | Path = DEFAULT_RUNS_DIR, timeout_s: float = 0.0) -> tuple[str, str] | None:
     """(url, token) of a live embedded localizer serving ``runs_dir``, or None.
 
-    Waits up to ``timeout_s`` for one that is starting."""
+    Waits up to ``timeout_s`` for one that is starting. RunDirError when the directory or its
+    files are not this user's (``read_info``)."""
     runs = Path(runs_dir)
     end = time.monotonic() + timeout_s
     while True:
-        try:
-            info = json.loads((runs / INFO_NAME).read_text())
-            url = str(info["url"])
-            token = (runs / TOKEN_NAME).read_text().strip()
-            with _OPENER.open(url + "/v1/healthz", timeout=2) as r:
-                if r.status == 200:
-                    return url, token
-        except (OSError, ValueError, KeyError):
-            pass
+        found = read_info(runs)
+        if found is not None:
+            try:
+                with _OPENER.open(found[0] + "/v1/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return found
+            except (OSError, ValueError):
+                pass
         if time.monotonic() >= end:
             return None
         time.sleep(0.1)
@@ -135,6 +176,9 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
     ``options.expect_path``, else the environment's ``PERFTRACKER_EXPECT``) is an expected-ranges
     TOML file used instead of the built-in profiles; a bad one raises ConfigError before anything
     starts. Returns once it answers on its URL."""
+    from perftracker.localizer.service.http_service import LocalizerService, ServiceOptions
+    from perftracker.localizer.store.sqlite_store import Store  # aiohttp and sqlite: only to serve
+
     opts = options or ServiceOptions()
     expect = expect_path or opts.expect_path or os.environ.get("PERFTRACKER_EXPECT") or None
     if expect is not None:
@@ -144,7 +188,8 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
         opts = replace(opts, expect_path=str(Path(expect).resolve()))
     runs = Path(runs_dir).resolve()
     make_private_dir(runs)
-    lock_file = os.fdopen(open_private(runs / LOCK_NAME, os.O_RDWR | os.O_APPEND), "a+")
+    check_runs_dir(runs)
+    lock_file = os.fdopen(open_owned(runs / LOCK_NAME, os.O_RDWR | os.O_APPEND | os.O_CREAT, what="lock file"), "a+")
     try:
         fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

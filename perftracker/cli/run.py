@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.errors import ConfigError, PerftrackerError
+from perftracker.model.names import safe_text
 from perftracker.role import AGENT, child_env
 
 HELP = "run a training command with a local agent and embedded localizer"
@@ -101,10 +102,16 @@ class LocalAgent:
     @classmethod
     def start(cls, runs_dir: str | Path, window_s: float | None = None, collect_grace_s: float = 45.0,
               extra: list[str] | None = None, timeout_s: float = 60.0) -> LocalAgent:
+        from perftracker.localizer.service.embedded import check_runs_dir
+        from perftracker.rundir import make_private_dir, open_owned
+
         runs = Path(runs_dir).resolve()
-        runs.mkdir(parents=True, exist_ok=True)
-        run_dir = Path(tempfile.mkdtemp(prefix="perftracker-run-", dir="/tmp"))  # short: AF_UNIX path limit
+        make_private_dir(runs)
+        check_runs_dir(runs)  # another user's (or a world-writable) runs dir: refused, one line
         log_path = runs / "agent.log"
+        # never through a symlink, only a file of ours (perftracker/rundir.py)
+        log_fd = open_owned(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what="agent log")
+        run_dir = Path(tempfile.mkdtemp(prefix="perftracker-run-", dir="/tmp"))  # short: AF_UNIX path limit
         cmd = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(run_dir), "--embedded-localizer",
                "--runs-dir", str(runs), "--collect-grace-s", str(collect_grace_s), "--poll-timeout-s", "10",
                *(extra or [])]
@@ -112,7 +119,7 @@ class LocalAgent:
             cmd += ["--window-s", str(window_s)]
         env = child_env(AGENT)
         env["PERFTRACKER_AUTOSTART_AGENT"] = "0"
-        with open(log_path, "ab") as out:
+        with os.fdopen(log_fd, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         agent = cls(runs, run_dir, proc, log_path)
@@ -120,6 +127,8 @@ class LocalAgent:
         return agent
 
     def _wait_ready(self, timeout_s: float) -> None:
+        from perftracker.localizer.service.embedded import read_token
+
         deadline = time.monotonic() + timeout_s
         info = self.run_dir / "agent.json"
         while time.monotonic() < deadline:
@@ -127,9 +136,15 @@ class LocalAgent:
                 raise PerftrackerError(f"the agent exited at start (code {self.proc.returncode}); see {self.log_path}")
             with contextlib.suppress(OSError, ValueError, KeyError):
                 if info.exists():
-                    self.url = str(json.loads(info.read_text())["localizer_url"])
-                    self.token = (self.runs_dir / "token").read_text().strip()
-                    return
+                    url = str(json.loads(info.read_text())["localizer_url"])
+                    try:
+                        token = read_token(self.runs_dir)  # only this user's token file
+                    except PerftrackerError:
+                        self.stop()
+                        raise
+                    if token:
+                        self.url, self.token = url, token
+                        return
             time.sleep(0.1)
         self.stop()
         raise PerftrackerError(f"the agent did not start in {timeout_s:.0f} s; see {self.log_path}")
@@ -206,7 +221,7 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
                     f"{agent.runs_dir / 'localizer.sqlite'})"
         elif s.get("error"):
             line += f": {s['error']}"
-        out.write(line + "\n")
+        out.write(safe_text(line, newlines=True) + "\n")  # reasons and names: shown, never obeyed
 
 
 def wait_keeping_failed_zombie(proc: subprocess.Popen[bytes], hold_s: float = FAILED_EXIT_HOLD_S,
