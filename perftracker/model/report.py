@@ -9,10 +9,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perftracker.errors import SchemaError
 from perftracker.model.patterns import Category, Triple, parse_category
 from perftracker.model.schema import (
     SCHEMA_VERSION,
     check_schema_version,
+    float_items,
+    int_items,
     optional,
     require,
     rounded,
@@ -49,7 +52,7 @@ class Wait:
     def from_dict(cls, d: Mapping[str, Any]) -> Wait:
         where = "Wait"
         return cls(function=require(d, "function", str, where),
-                   ranks=tuple(int(r) for r in require(d, "ranks", list, where)),
+                   ranks=int_items(require(d, "ranks", list, where), f"{where}.ranks"),
                    share=float(require(d, "share", float, where)))
 
 
@@ -99,18 +102,19 @@ class Finding:
             key=require(d, "key", str, where),
             label=require(d, "label", str, where),
             category=parse_category(require(d, "category", str, where), where),
-            ranks=tuple(int(r) for r in require(d, "ranks", list, where)),
+            ranks=int_items(require(d, "ranks", list, where), f"{where}.ranks"),
             kind=require(d, "kind", str, where),
             tests=tuple(str(t) for t in require(d, "tests", list, where)),
             observed=Triple.from_dict(require(d, "observed", dict, where)),
             median=Triple.from_dict(require(d, "median", dict, where)),
             expected=Box.from_dict(require(d, "expected", dict, where)),
             sentence=require(d, "sentence", str, where),
-            points=tuple((int(p[0]), float(p[1]), float(p[2])) for p in optional(d, "points", list, where, [])),
+            points=tuple(_point(p, f"{where}.points[{i}]")
+                         for i, p in enumerate(optional(d, "points", list, where, []))),
             impact=float(optional(d, "impact", float, where, 0.0)),
             impact_s=float(optional(d, "impact_s", float, where, 0.0)),
             waits=tuple(Wait.from_dict(w) for w in optional(d, "waits", list, where, [])),
-            parts=tuple((str(p[0]), float(p[1])) for p in optional(d, "parts", list, where, [])),
+            parts=tuple(_part(p, f"{where}.parts[{i}]") for i, p in enumerate(optional(d, "parts", list, where, []))),
         )
 
 
@@ -229,13 +233,39 @@ class Report:
             window_s=require(d, "window_s", float, where),
             profile=optional(d, "profile", str, where, ""),
             summary=optional(d, "summary", str, where, ""),
-            ranks_reported=tuple(int(r) for r in require(d, "ranks_reported", list, where)),
-            ranks_missing=tuple(int(r) for r in optional(d, "ranks_missing", list, where, [])),
+            ranks_reported=int_items(require(d, "ranks_reported", list, where), f"{where}.ranks_reported"),
+            ranks_missing=int_items(optional(d, "ranks_missing", list, where, []), f"{where}.ranks_missing"),
             findings=tuple(Finding.from_dict(f) for f in optional(d, "findings", list, where, [])),
             top_functions=tuple(TopFunction.from_dict(t) for t in optional(d, "top_functions", list, where, [])),
             hang_states=tuple(RankState.from_dict(s) for s in optional(d, "hang_states", list, where, [])),
-            iteration_ms={int(k): tuple(float(x) for x in v) for k, v in optional(d, "iteration_ms", dict, where, {}).items()},
+            iteration_ms=_series(optional(d, "iteration_ms", dict, where, {}), f"{where}.iteration_ms"),
         )
+
+
+def _point(p: Any, where: str) -> tuple[int, float, float]:
+    """A finding's scatter point: [rank, β, μ]."""
+    if not isinstance(p, list) or len(p) != 3:
+        raise SchemaError(f"{where}: expected [rank, beta, mu], got {p!r:.80}")
+    (rank,) = int_items(p[:1], where)
+    beta, mu = float_items(p[1:], where, first=1)
+    return rank, beta, mu
+
+
+def _part(p: Any, where: str) -> tuple[str, float]:
+    """A grouped finding's part: [label, median β]."""
+    if not isinstance(p, list) or len(p) != 2 or not isinstance(p[0], str):
+        raise SchemaError(f"{where}: expected [label, beta], got {p!r:.80}")
+    return p[0], float_items(p[1:], where, first=1)[0]
+
+
+def _series(d: Mapping[str, Any], where: str) -> dict[int, tuple[float, ...]]:
+    """``iteration_ms``: {"rank": [ms, ...]} with integer keys and finite numbers."""
+    out: dict[int, tuple[float, ...]] = {}
+    for k, v in d.items():
+        if not isinstance(k, str) or not k.isdigit() or not k.isascii() or not isinstance(v, list):
+            raise SchemaError(f"{where}: expected {{rank: [milliseconds, ...]}}, got {k!r:.40}: {v!r:.40}")
+        out[int(k)] = float_items(v, f"{where}[{k}]")
+    return out
 
 
 def compress_ranks(ranks: Sequence[int]) -> str:

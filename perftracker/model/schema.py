@@ -7,7 +7,7 @@ field (``where.key``) on a missing field or a wrong type. No I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perftracker.errors import SchemaError
@@ -36,6 +36,23 @@ def optional(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
     if d.get(key) is None:
         return default
     return require(d, key, kind, where)
+
+
+def int_items(values: Sequence[Any], where: str) -> tuple[int, ...]:
+    """``values`` (a decoded JSON list) as ints; SchemaError naming the first that is not one."""
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SchemaError(f"{where}[{i}]: expected an integer, got {v!r:.80}")
+    return tuple(values)
+
+
+def float_items(values: Sequence[Any], where: str, first: int = 0) -> tuple[float, ...]:
+    """``values`` (a decoded JSON list) as finite floats; SchemaError naming the first that is not one
+    (counted from ``first``)."""
+    for i, v in enumerate(values, first):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SchemaError(f"{where}[{i}]: expected a finite number, got {v!r:.80}")
+    return tuple(float(v) for v in values)
 
 
 def check_schema_version(d: Mapping[str, Any], where: str) -> None:
