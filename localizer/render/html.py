@@ -4,6 +4,10 @@ It shows the summary, one card per finding with a scatter of every rank's (Î², Î
 ``Finding.points`` (abnormal ranks highlighted, expected range shaded, median rank marked), the
 iteration-time series from ``Report.iteration_ms``, the rank-by-state table of a hang and the top
 critical-path functions. Computes nothing beyond layout (axis scales, grouping rows for display).
+
+Every string from the report goes through ``escape`` below: the HTML escape, after ``safe_text``
+shows control characters and the bidi overrides (U+202A-U+202E, U+2066-U+2069) as visible escapes,
+so a name cannot reorder what the page shows.
 """
 
 from __future__ import annotations
@@ -11,13 +15,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from html import escape
+from html import escape as _html_escape
 from typing import TextIO
 
 from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
 
 from perftracker.model import Finding, RankState, Report, compress_ranks
+from perftracker.model.names import safe_text
 
 ABNORMAL = "#d62728"
 NORMAL = "#5b7fa6"
@@ -53,6 +58,11 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .state-waiting { color: #b26a00; } .note { color: var(--muted); font-size: 13px; }
 svg text { font: 12px "DejaVu Sans", Arial, sans-serif; fill: #333; }
 """
+
+
+def escape(text: str) -> str:
+    """``text`` for HTML: bidi overrides and control characters shown (``safe_text``), then escaped."""
+    return _html_escape(safe_text(text, newlines=True))
 
 
 def render(report: Report, file: TextIO) -> None:

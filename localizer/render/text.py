@@ -3,6 +3,11 @@
 Writes a Report as it is; computes nothing beyond layout (grouping rows for display, compressing
 rank lists into ranges). Colors only when ``color`` is true or the file is a terminal (and
 ``NO_COLOR`` is unset); the width is the terminal's, 80 columns when not a terminal.
+
+Every string from the report (names, reasons, stacks) is shown as a ``rich.text.Text`` made by
+``_t`` (``safe_text``: control characters and bidi overrides as visible escapes), never as rich
+markup, so a function named ``model.forward[/layer]`` or a reason holding ``ESC ] 52`` is printed as
+it is and cannot fail the render or drive the terminal.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perftracker.model import Finding, RankState, Report, Triple, compress_ranks
+from perftracker.model.names import safe_text
 
 _STATE_STYLE = {"culprit": "bold red", "silent": "bold magenta", "failed": "red", "waiting": "yellow",
                 "running": "cyan", "paused": "cyan", "exited": "dim", "ok": "green"}
@@ -38,6 +44,7 @@ def render(report: Report, file: TextIO, *, color: bool | None = None, width: in
         no_color=True if color is False else None,  # None: rich honours NO_COLOR
         highlight=False,
         emoji=False,
+        markup=False,
         soft_wrap=False,
     )
     console.print(_header(report))
@@ -57,6 +64,11 @@ def render(report: Report, file: TextIO, *, color: bool | None = None, width: in
             console.print(_top_table(report, samples))
 
 
+def _t(text: str, style: str = "") -> Text:
+    """Data as text: escaped (``safe_text``), never markup."""
+    return Text(safe_text(text), style=style)
+
+
 def _fmt_time(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
 
@@ -70,22 +82,22 @@ def _header(report: Report) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("job", report.job)
-    grid.add_row("session", f"{report.session}  ({report.kind}, {report.status})")
+    grid.add_row("job", _t(report.job))
+    grid.add_row("session", _t(f"{report.session}  ({report.kind}, {report.status})"))
     grid.add_row("created", _fmt_time(report.created_ns))
     if report.window_s > 0:
         window = f"{report.window_s:.3g} s" if report.window_s >= 1 else f"{report.window_s * 1000:.3g} ms"
-        grid.add_row("window", window + (f"  profile {report.profile}" if report.profile else ""))
-    grid.add_row("trigger", report.trigger_reason or "-")
-    grid.add_row("ranks reported", _ranks_text(report.ranks_reported))
+        grid.add_row("window", _t(window + (f"  profile {report.profile}" if report.profile else "")))
+    grid.add_row("trigger", _t(report.trigger_reason or "-"))
+    grid.add_row("ranks reported", _t(_ranks_text(report.ranks_reported)))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
     grid.add_row("ranks missing", missing)
     steps = step_times_text(report)
     if steps:
-        grid.add_row("step time", steps)
+        grid.add_row("step time", _t(steps))
     parts: list[RenderableType] = [grid]
     if report.summary:
-        parts = [Text(report.summary, style="bold"), Text(""), grid]
+        parts = [_t(report.summary, style="bold"), Text(""), grid]
     return Panel(Group(*parts), title="perftracker report", title_align="left", box=box.ROUNDED)
 
 
@@ -117,7 +129,7 @@ def _pattern_table(f: Finding, samples: bool = True) -> Table:
         lo, hi = getattr(f.expected.lo, dim), getattr(f.expected.hi, dim)
         med = getattr(f.median, dim)
         style = "bold red" if _outside(obs, lo, hi) else "bold"
-        table.add_row(labels[dim], Text(_num(obs), style=style), _num(med), f"[{lo:g}, {hi:g}]")
+        table.add_row(labels[dim], Text(_num(obs), style=style), _num(med), Text(f"[{lo:g}, {hi:g}]"))
     return table
 
 
@@ -125,14 +137,14 @@ def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Pan
     first = group[0]
     body: list[RenderableType] = []
     if first.key != first.label:
-        body.append(Text(_short_stack(first.key), style="dim"))
+        body.append(_t(_short_stack(first.key), style="dim"))
     for f in group:
-        body.append(Text(f.sentence, style="bold"))
+        body.append(_t(f.sentence, style="bold"))
         meta = Text()
         meta.append("test ", style="dim")
-        meta.append(", ".join(f.tests) or "-", style="cyan")
+        meta.append(safe_text(", ".join(f.tests) or "-"), style="cyan")
         meta.append("   kind ", style="dim")
-        meta.append(f.kind, style="cyan")
+        meta.append(safe_text(f.kind), style="cyan")
         meta.append("   ranks ", style="dim")
         meta.append(_ranks_text(f.ranks), style="bold red")
         if f.impact > 0:
@@ -141,9 +153,9 @@ def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Pan
         body.append(meta)
         body.append(_pattern_table(f, samples))
     title = Text()
-    title.append(first.category.value, style="magenta")
+    title.append(safe_text(first.category.value), style="magenta")
     title.append("  ")
-    title.append(short_frame(first.label or key), style="bold")
+    title.append(safe_text(short_frame(first.label or key)), style="bold")
     return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED, border_style="red")
 
 
@@ -171,12 +183,12 @@ def _hang_table(states: Iterable[RankState]) -> Table:
         idle = max(m.idle_s for m in members)
         last = max(m.last_iteration for m in members)
         table.add_row(
-            Text(state, style=_STATE_STYLE.get(state, "")),
+            _t(state, style=_STATE_STYLE.get(state, "")),
             compress_ranks([m.rank for m in members]),
-            where,
+            _t(where),
             f"{idle:.1f}" if idle > 0 else "-",
             str(last) if last >= 0 else "-",
-            detail,
+            _t(detail),
         )
     return table
 
@@ -190,7 +202,8 @@ def _stack_text(state: RankState, limit: int = 30) -> Text:
     for fr in frames[-limit:]:
         file, _, rest = fr.rpartition(":")
         path, _, line = file.rpartition(":")
-        text.append(f"  {path}:{line} in {rest}\n", style="" if path.startswith("<") else "bold")
+        text.append(f"  {safe_text(path)}:{safe_text(line)} in {safe_text(rest)}\n",
+                    style="" if path.startswith("<") else "bold")
     return text
 
 
@@ -203,5 +216,5 @@ def _top_table(report: Report, samples: bool = True) -> Table:
         table.add_column(_DIM_LABELS[dim].split()[0], justify="right")
     for t in report.top_functions:
         m: Triple = t.median
-        table.add_row(short_frame(t.label or t.key), t.category.value, *(_num(getattr(m, d)) for d in dims))
+        table.add_row(_t(short_frame(t.label or t.key)), _t(t.category.value), *(_num(getattr(m, d)) for d in dims))
     return table

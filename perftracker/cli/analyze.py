@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 from perftracker.cli import output
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import PatternSet
+from perftracker.model.names import safe_text
 
 if TYPE_CHECKING:
     from perftracker.model import Report
@@ -36,7 +37,9 @@ behavior patterns, one process per rank, and run the localizer over all ranks.
 PATH is a directory or one trace file. In a directory, every *.pt.trace.json[.gz] below it (the
 layout torch.profiler.tensorboard_trace_handler writes, subdirectories included) and every
 *.json[.gz] directly in it is read. A file that is unreadable or no Kineto trace is skipped with a
-warning and its rank listed as missing; --strict fails instead.
+warning and its rank listed as missing; --strict fails instead. So is a file of more than
+$PERFTRACKER_TRACE_MAX_BYTES of JSON (after decompression; default 256 MiB), and one whose times,
+durations or ranks are not finite or out of range.
 
 Ranks come from each trace's distributedInfo; without it (or with --rank-from-filename) from the
 file name: rank3 or worker3 (rank_3, worker-3, ...) before any other number, so node1_rank3 is
@@ -173,7 +176,8 @@ def write_patterns(sets: list[PatternSet], fmt: str, out: TextIO, width: int = 8
     for ps in sets:
         out.write(f"rank {ps.rank} ({ps.window_s * 1000:.1f} ms window, {len(ps.patterns)} functions)\n")
         for p in ps.patterns[:20]:
-            out.write(f"  {p.category.value:<10} β={p.beta:.4f} μ={p.mu:.3f} σ={p.sigma:.3f}  {p.label[:label_w]}\n")
+            label = safe_text(p.label)[:label_w]  # a trace's names: shown, never obeyed by the terminal
+            out.write(f"  {p.category.value:<10} β={p.beta:.4f} μ={p.mu:.3f} σ={p.sigma:.3f}  {label}\n")
 
 
 def localize_summaries(summ: Summaries, directory: Path, expect: str | None = None) -> Report:
@@ -190,6 +194,9 @@ def localize_summaries(summ: Summaries, directory: Path, expect: str | None = No
 
 
 def run(args: argparse.Namespace) -> int:
+    from perftracker.agent.kineto import trace_max_bytes
+
+    trace_max_bytes()  # a bad PERFTRACKER_TRACE_MAX_BYTES: one error now, not one per file
     if args.output:
         output.check_writable(args.output)
     localize: Callable[..., object] | None = None  # None: print per-rank patterns

@@ -27,6 +27,7 @@ from typing import Any
 
 from perftracker.cli import output
 from perftracker.errors import ConfigError, PerftrackerError
+from perftracker.model.names import check_name, safe_text
 
 HELP = "run perftracker/examples/train.py on 4 CPU workers with a slow rank and print the diagnosis"
 DESCRIPTION = __doc__
@@ -72,7 +73,7 @@ def _progress(progress_dir: Path, rank: int) -> tuple[int, int]:
 
 
 def _say(msg: str) -> None:
-    sys.stderr.write(f"demo: {msg}\n")
+    sys.stderr.write(f"demo: {safe_text(msg)}\n")
     sys.stderr.flush()
 
 
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             _say(f"the detector did not trigger within {args.detector_wait_s:.0f} s; triggering on demand instead")
             sid, _ = agent.uplink().create_trigger(JOB, "demo: on demand", args.window_s)
             session = {"session": sid, "opened_ns": time.time_ns()}
-        sid = session["session"]
+        sid = check_name(session["session"], "session id from the localizer")
         up = agent.uplink()
         _say(f"profiling every worker for {args.window_s:g} s, summarizing, localizing")
         report = _wait(lambda: up.get_report(sid), args.window_s + 180, "the report", train, step_s=0.5)

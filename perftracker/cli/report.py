@@ -15,6 +15,7 @@ from typing import Any
 from perftracker.cli import output
 from perftracker.errors import PerftrackerError, SchemaError, TransportError
 from perftracker.model import Report
+from perftracker.model.names import check_name
 
 HELP = "show a stored report as text, JSON or HTML"
 DESCRIPTION = """Show the report of one profiling session.
@@ -69,16 +70,27 @@ def load_report(args: argparse.Namespace) -> Report:
         return _from_file(Path(args.file), args.session)
     if args.url:
         return _from_url(args.url, args.session, _token(args))
-    return _from_store(Path(args.store or os.environ.get("PERFTRACKER_STORE") or DEFAULT_STORE), args.session)
+    store = args.store or os.environ.get("PERFTRACKER_STORE")
+    if not store and Path(DEFAULT_STORE).parent.exists():  # not another user's (planted) runs dir
+        from perftracker.localizer.service.embedded import check_runs_dir
+
+        check_runs_dir(Path(DEFAULT_STORE).parent, other="pass --store PATH of your own")
+    return _from_store(Path(store or DEFAULT_STORE), args.session)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number in strict JSON")
 
 
 def _from_file(path: Path, session: str) -> Report:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except OSError as exc:
         raise PerftrackerError(f"--file {path}: cannot read ({exc.strerror})") from None
-    except ValueError as exc:
+    except ValueError as exc:  # also NaN / Infinity: reports are strict JSON
         raise SchemaError(f"--file {path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise SchemaError(f"--file {path}: not JSON (nested too deeply)") from None
     try:
         report = Report.from_dict(data)
     except SchemaError as exc:
@@ -165,7 +177,7 @@ def _from_url(url: str, session: str, token: str) -> Report:
         done = [s for s in listing.get("sessions", []) if s.get("state") == "done"]
         if not done:
             raise PerftrackerError(f"{base}: no session has a report yet")
-        session = str(done[0]["session"])
+        session = check_name(done[0].get("session"), f"{base}: session id")
     status, body = _get_json(f"{base}/v1/sessions/{urllib.parse.quote(session, safe='')}/report", token)
     if status == 202:
         raise PerftrackerError(

@@ -11,6 +11,7 @@ from typing import Any
 from perftracker.cli import output
 from perftracker.cli.trigger import DEFAULT_RUNS_DIR, add_connection_arguments, connect
 from perftracker.errors import ConfigError, TransportError
+from perftracker.model.names import safe_text
 
 HELP = "list profiling sessions"
 DESCRIPTION = """List sessions, oldest first: why each opened, its state, how many ranks uploaded and which
@@ -61,15 +62,20 @@ def _from_store(path: Path, job: str | None) -> list[dict[str, Any]]:
 def load_sessions(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.store:
         return _from_store(Path(args.store), args.job)
-    store = Path(args.runs_dir or DEFAULT_RUNS_DIR) / "localizer.sqlite"
+    runs = Path(args.runs_dir or DEFAULT_RUNS_DIR)
+    store = runs / "localizer.sqlite"
     if args.url or os.environ.get("PERFTRACKER_LOCALIZER_URL"):
         return list(connect(args).list_sessions(args.job))
-    if (Path(args.runs_dir) / "localizer.json").is_file():  # an embedded localizer, unless it died
+    if (runs / "localizer.json").is_file():  # an embedded localizer, unless it died
         try:
             return list(connect(args).list_sessions(args.job))
         except TransportError as exc:
             if getattr(exc, "status", 0) or not store.is_file():
                 raise
+    if runs.exists():  # the store of another user's (planted) runs dir is not read
+        from perftracker.localizer.service.embedded import check_runs_dir
+
+        check_runs_dir(runs)
     return _from_store(store, args.job)
 
 
@@ -127,4 +133,5 @@ def _row(s: dict[str, Any]) -> list[str]:
     ranks = f"{len(s['uploaded'])}/{len(s['expected'])}"
     missing = f"missing {s['missing']}" if s["missing"] and s["state"] != "open" else ""
     note = s["error"] or missing or s["reason"]
-    return [s["session"], s["job"], s["kind"], s["state"], ranks, opened, note]
+    # names and reasons come from the network or the store: shown, never obeyed by the terminal
+    return [safe_text(str(c)) for c in (s["session"], s["job"], s["kind"], s["state"], ranks, opened, note)]

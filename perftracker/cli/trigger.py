@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.errors import ConfigError, PerftrackerError
+from perftracker.model.names import check_name, safe_text
 
 HELP = "ask every worker of a job to profile a window now"
 DESCRIPTION = """Open a session (or join the job's open one), wait until the localizer stored its report,
@@ -52,13 +53,21 @@ def connect(args: argparse.Namespace) -> Any:
 
     runs = Path(args.runs_dir)
     url = args.url or os.environ.get("PERFTRACKER_LOCALIZER_URL", "")
+    embedded_token = ""
     if not url:
-        try:
-            url = str(json.loads((runs / "localizer.json").read_text())["url"])
-        except (OSError, ValueError, KeyError):
+        # the embedded localizer's files: only this user's (another user's planted runs dir is refused)
+        from perftracker.localizer.service.embedded import read_info
+
+        found = read_info(runs)
+        if found is None:
             raise ConfigError(f"no localizer: pass --url or set PERFTRACKER_LOCALIZER_URL, or start one "
-                              f"(`perftracker run ...` runs an embedded localizer under {runs}/)") from None
-    token = resolve_token(args.token, args.token_file, run_dir=runs)
+                              f"(`perftracker run ...` runs an embedded localizer under {runs}/)")
+        url, embedded_token = found
+    token = resolve_token(args.token, args.token_file) or embedded_token
+    if not token and runs.exists():
+        from perftracker.localizer.service.embedded import read_token
+
+        token = read_token(runs)
     if not token:
         raise ConfigError("no bearer token: pass --token-file or set PERFTRACKER_TOKEN")
     return Uplink(url, token, retries=2, backoff_s=0.3)
@@ -70,7 +79,7 @@ def pick_job(up: Any, job: str | None) -> str:
         return job
     jobs = up.jobs()
     if len(jobs) == 1:
-        return str(jobs[0])
+        return check_name(jobs[0], "job from the localizer")
     if not jobs:
         raise PerftrackerError("no agent has registered with the localizer yet: is the training job running?")
     raise ConfigError(f"several jobs are registered, pass --job: {', '.join(jobs)}")
@@ -88,6 +97,7 @@ class Progress:
         of ``text``, not one per second."""
         if self.tty:
             text += countdown
+        text = safe_text(text)
         if text == self.last:
             return
         self.last = text
@@ -101,6 +111,7 @@ class Progress:
 
 def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> tuple[int, str]:
     """Wait for the session to close. Returns (exit code, report path or error)."""
+    check_name(session, "session id from the localizer")  # it becomes a file name below
     progress = Progress()
     end = time.monotonic() + timeout_s
     try:
@@ -123,10 +134,16 @@ def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> 
     path = s.get("report_path")
     if path and Path(path).is_file():
         return 0, path
-    report = up.get_report(session)  # a remote localizer: keep a local copy
+    from perftracker.localizer.service.embedded import check_runs_dir
+    from perftracker.rundir import check_dir, make_private_dir, write_private
+
+    report = up.get_report(session)  # a remote localizer: keep a local copy, in a directory of ours
+    make_private_dir(runs_dir)
+    check_runs_dir(runs_dir)
     local = runs_dir / "reports" / f"{session}.json"
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+    make_private_dir(local.parent)
+    check_dir(local.parent, what="reports dir", other="pass --runs-dir a directory of your own")
+    write_private(local, json.dumps(report.to_dict(), indent=2) + "\n")
     return 0, str(local)
 
 
@@ -134,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     up = connect(args)
     job = pick_job(up, args.job)
     session, joined = up.create_trigger(job, args.reason, args.window_s)
+    check_name(session, "session id from the localizer")  # never a path: ../x, a/b, "x\n" are refused
     info = up.get_session(session)
     say(f"{'joined' if joined else 'opened'} session {session} for job {job}: window {info['window_s']:g} s, "
           f"{len(info['expected'])} expected rank(s)")
