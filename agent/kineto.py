@@ -7,6 +7,16 @@ stream as ``tid``.
 
 The rank comes from ``distributedInfo``; when that is missing, from the caller's ``rank`` or the
 file name (``rank3``, ``worker3``, ``rank_3`` ...: ``rank_from_filename``), and the choice is logged.
+
+Nothing in a trace is trusted (issue 33). A file is read up to ``PERFTRACKER_TRACE_MAX_BYTES``
+(after decompression for ``.gz``; 256 MiB by default, about 270 times the largest real trace in the
+reference data), so a gzip bomb costs at most that. Event times must be finite, within
+``MAX_TIME_US`` of the epoch, durations in [0, ``MAX_SPAN_US``], and one trace's events within
+``MAX_SPAN_US`` (a day) of each other; ranks and world sizes in [0, ``MAX_RANK``]; thread ids and
+devices must fit their columns. Anything else raises TraceError naming the file and the value, so
+``perftracker analyze`` skips that file with a warning: never an aborted run (NaN in a
+ProfilerStep's ``dur``), a MemoryError (a rank of 10**12) or a silently wrong window (a ``ts`` of
+1e300).
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import gc
 import gzip
 import json
 import logging
+import os
 import re
 import zlib
 from collections import Counter
@@ -26,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from perftracker.errors import TraceError
+from perftracker.errors import ConfigError, TraceError
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
 _loads: Callable[[bytes], Any]
@@ -38,6 +49,14 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
 
 log = logging.getLogger(__name__)
+
+MAX_TRACE_BYTES_ENV = "PERFTRACKER_TRACE_MAX_BYTES"
+DEFAULT_MAX_TRACE_BYTES = 256 * 2**20  # the largest real trace in the reference data: 0.98 MB of JSON
+MAX_RANK = 10_000_000  # ranks and world sizes (the localizer's registration cap)
+MAX_TIME_US = 2**62 / 1000  # |ts| and |ts + dur| in microseconds: nanoseconds fit int64 with room
+MAX_SPAN_US = 86_400e6  # one trace's events lie within a day of each other; a duration at most that
+_INT64 = 2**63
+_INT16 = 2**15
 
 _KIND_OF_CAT: dict[str, EventKind] = {
     "cpu_op": EventKind.CPU_OP,
@@ -65,13 +84,47 @@ class RankInfo:
 
 def rank_from_filename(path: str | Path) -> int | None:
     """The rank a file name states: ``rank(\\d+)``, else ``worker(\\d+)``, else ``proc(\\d+)``
-    (``_``, ``-`` or ``.`` may separate them), before any other number; None when none."""
+    (``_``, ``-`` or ``.`` may separate them), before any other number; None when none (or when
+    the number is not below ``MAX_RANK``)."""
     name = Path(path).name
     for pattern in _RANK_IN_NAME:
         m = pattern.search(name)
         if m:
-            return int(m.group(1))
+            digits = m.group(1)
+            return int(digits) if len(digits) <= 8 and int(digits) < MAX_RANK else None
     return None
+
+
+def trace_max_bytes() -> int:
+    """The most bytes of JSON one trace may hold (``PERFTRACKER_TRACE_MAX_BYTES``, else the
+    default); ConfigError on a value that is not a positive whole number."""
+    raw = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_TRACE_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{MAX_TRACE_BYTES_ENV}={raw!r}: expected a positive number of bytes")
+    return value
+
+
+def _read_capped(path: Path, limit: int) -> bytes:
+    """The file's bytes (decompressed for .gz), or TraceError past ``limit``."""
+    gz = path.name.endswith(".gz")
+    with open(path, "rb") as raw:
+        too_big = not gz and os.fstat(raw.fileno()).st_size > limit  # not read: its size says enough
+        data = b""
+        if not too_big:
+            with gzip.GzipFile(fileobj=raw, mode="rb") if gz else contextlib.nullcontext(raw) as fh:
+                data = fh.read(limit + 1)
+            too_big = len(data) > limit
+    if too_big:
+        what = "after decompression" if gz else "on disk"
+        raise TraceError(f"{path}: larger than {limit:,} bytes {what} (a gzip bomb, or a trace bigger than "
+                         f"{MAX_TRACE_BYTES_ENV} allows)")
+    return data
 
 
 @contextlib.contextmanager
@@ -86,17 +139,18 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def load_trace_json(path: str | Path) -> dict[str, Any]:
-    """The parsed trace document; TraceError (one line, naming the file) when it is not one."""
+def load_trace_json(path: str | Path, max_bytes: int | None = None) -> dict[str, Any]:
+    """The parsed trace document; TraceError (one line, naming the file) when it is not one, or
+    when it holds more than ``max_bytes`` of JSON (default ``trace_max_bytes()``)."""
     path = Path(path)
+    limit = trace_max_bytes() if max_bytes is None else max_bytes
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                data = fh.read()
-        else:
-            data = path.read_bytes()
+        data = _read_capped(path, limit)
         with _gc_paused():
             doc = _loads(data)
+        del data
+    except RecursionError:
+        raise TraceError(f"{path}: invalid Kineto trace (nested too deeply)") from None
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, ValueError) as exc:
         what = "truncated or invalid" if not isinstance(exc, FileNotFoundError) else "missing"
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -111,9 +165,15 @@ def resolve_rank(doc: dict[str, Any], path: str | Path, rank: int | None = None,
     raw_info = doc.get("distributedInfo")
     info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     world = int(info.get("world_size", 0) or 0) if isinstance(info.get("world_size", 0), int) else 0
+    if not 0 <= world <= MAX_RANK:
+        raise TraceError(f"{path}: distributedInfo.world_size {world} is out of range [0, {MAX_RANK}]")
     if not prefer_filename and rank is None and isinstance(info.get("rank"), int):
+        if not 0 <= info["rank"] < MAX_RANK:
+            raise TraceError(f"{path}: distributedInfo.rank {info['rank']} is out of range [0, {MAX_RANK})")
         return RankInfo(int(info["rank"]), world, "distributedInfo")
     if rank is not None:
+        if not 0 <= rank < MAX_RANK:
+            raise TraceError(f"{path}: rank {rank} is out of range [0, {MAX_RANK})")
         log.warning("%s: rank %d taken from the command line", path, rank)
         return RankInfo(rank, world, "flag")
     from_name = rank_from_filename(path)
@@ -142,7 +202,7 @@ def window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str =
 
 def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str, session: str) -> RawWindow:
     names: dict[str, int] = {}
-    kinds, name_ids, tids, devs, starts, ends = [], [], [], [], [], []
+    kinds, name_ids, tids, devs, starts, durs = [], [], [], [], [], []
     cpu_pids: Counter[int] = Counter()
     step_tids: Counter[int] = Counter()
     py_tids: Counter[int] = Counter()
@@ -183,23 +243,34 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
             name_ids.append(names.setdefault(name, len(names)))
             tids.append(tid)
             starts.append(ts)
-            ends.append(ts + dur)
+            durs.append(dur)
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceError(f"{path}: invalid Kineto event ({type(exc).__name__}: {exc})") from None
     if not kinds:
         raise TraceError(f"{path}: Kineto trace has no complete events")
-    start_ns = np.rint(np.asarray(starts, dtype=np.float64) * 1000.0).astype(np.int64)
-    end_ns = np.rint(np.asarray(ends, dtype=np.float64) * 1000.0).astype(np.int64)
+    starts_us = np.asarray(starts, dtype=np.float64)
+    durs_us = np.asarray(durs, dtype=np.float64)
     for ev in doc["traceEvents"]:  # the profiler's own span, when present, bounds the window too
         if isinstance(ev, dict) and ev.get("cat") == "Trace" and ev.get("ph") == "X":
             try:
-                span_lo = int(round(float(ev["ts"]) * 1000))
-                span_hi = span_lo + int(round(float(ev.get("dur", 0)) * 1000))
+                lo, length = float(ev["ts"]), float(ev.get("dur", 0))
             except (KeyError, TypeError, ValueError):
-                pass
+                continue
+            _check_times(path, np.asarray([lo]), np.asarray([length]), ["the profiler's Trace span"])
+            span_lo = int(round(lo * 1000))
+            span_hi = span_lo + int(round(length * 1000))
+    _check_times(path, starts_us, durs_us, names, name_ids)
+    _check_ints(path, tids, -_INT64, _INT64, "thread id")
+    _check_ints(path, devs, -1, _INT16, "device")
+    start_ns = np.rint(starts_us * 1000.0).astype(np.int64)
+    end_ns = np.rint((starts_us + durs_us) * 1000.0).astype(np.int64)
     w_lo = int(start_ns.min()) if span_lo is None else min(span_lo, int(start_ns.min()))
     w_hi = int(end_ns.max()) if span_hi is None else max(span_hi, int(end_ns.max()))
+    if w_hi - w_lo > MAX_SPAN_US * 1000:
+        raise TraceError(f"{path}: events span {(w_hi - w_lo) / 1e9:.3g} s (from ts {w_lo / 1000:.17g} to "
+                         f"{w_hi / 1000:.17g} us), more than a day: an out-of-range time")
     pid = cpu_pids.most_common(1)[0][0] if cpu_pids else 0
+    _check_ints(path, [pid], -_INT64, _INT64, "process id")
     training_tid = _training_tid(np.asarray(tids, dtype=np.int64), np.asarray(devs), pid, step_tids, py_tids)
     n = len(kinds)
     cols = {
@@ -217,6 +288,32 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
                       window_start_ns=w_lo, window_end_ns=w_hi, clock="trace", source="kineto", file=str(path),
                       iteration_ms=tuple(iteration_ms))
     return RawWindow(meta=meta, columns=cols, names=tuple(names))
+
+
+def _check_times(path: Path, starts_us: np.ndarray, durs_us: np.ndarray, names: Any,
+                 name_ids: list[int] | None = None) -> None:
+    """TraceError naming the first event whose ts or dur is not finite or out of range."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        ends_us = starts_us + durs_us
+        bad = ~(np.isfinite(starts_us) & np.isfinite(durs_us) & (np.abs(starts_us) <= MAX_TIME_US)
+                & (np.abs(ends_us) <= MAX_TIME_US) & (durs_us >= 0) & (durs_us <= MAX_SPAN_US))
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    if name_ids is None:
+        name = str(names[i])
+    else:
+        by_id = {v: k for k, v in names.items()}
+        name = str(by_id.get(name_ids[i], "?"))
+    raise TraceError(f"{path}: event {name[:60]!r}: ts {float(starts_us[i])!r} us, dur {float(durs_us[i])!r} us "
+                     f"out of range (finite, |ts| <= {MAX_TIME_US:.3g} us, 0 <= dur <= a day)")
+
+
+def _check_ints(path: Path, values: list[int], lo: int, hi: int, what: str) -> None:
+    """TraceError on the first value outside [lo, hi)."""
+    if values and (min(values) < lo or max(values) >= hi):
+        v = next(v for v in values if not lo <= v < hi)
+        raise TraceError(f"{path}: {what} {v} is out of range [{lo}, {hi})")
 
 
 def _training_tid(tids: np.ndarray, devs: np.ndarray, pid: int, step_tids: Counter[int], py_tids: Counter[int]) -> int:
