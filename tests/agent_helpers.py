@@ -168,6 +168,17 @@ def synthetic_window(job: str, session: str, rank: int, world_size: int, tid: in
     return RawWindow(meta=meta, columns=cols, names=tuple(names), stacks=((0,),))
 
 
+def run_demo(tmp_path: Path, *args: str) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """`perftracker demo ARGS` run in tmp_path: its stdout, its stderr, its result (the last line)
+    and the report that the result names."""
+    proc = subprocess.run([sys.executable, "-m", "perftracker", "demo", *args], cwd=tmp_path, env=env_for_tests(),
+                          capture_output=True, text=True, timeout=400)
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, out[-4000:] + err[-4000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    report = json.loads((tmp_path / "perftracker-runs" / "reports" / f"{result['session']}.json").read_text())
+    return out, err, result, report
+
 def wait_until(pred, timeout_s: float, step_s: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
