@@ -1,6 +1,6 @@
 """Accelerate with a plain loop (torchrun, 2 CPU ranks): Accelerator(), prepare, accelerator.backward.
 
-A plain user script but for `import perftracker` (tests/system/test_integrations.py). Rank SLOW_RANK does
+A plain user script but for `import perftracker` (tests/accuracy/test_integrations.py). Rank SLOW_RANK does
 extra matrix products in its forward from step SLOW_FROM on (the injected fault).
 """
 

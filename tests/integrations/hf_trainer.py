@@ -1,6 +1,6 @@
 """Hugging Face Trainer (torchrun, 2 CPU ranks): a tiny GPT-2 built from a config, synthetic tokens.
 
-A plain user script but for `import perftracker` (tests/system/test_integrations.py). Rank SLOW_RANK does
+A plain user script but for `import perftracker` (tests/accuracy/test_integrations.py). Rank SLOW_RANK does
 extra matrix products in its forward from step SLOW_FROM on (the injected fault). No download:
 the model comes from a config and the data is random tokens (run with HF_HUB_OFFLINE=1).
 """

@@ -1,7 +1,7 @@
 """A plain DDP loop over an IterableDataset with gradient accumulation 4 (torchrun, 2 CPU ranks).
 
 The hooks see D D D D O per optimizer step. A plain user script but for `import perftracker`
-(tests/system/test_integrations.py). Rank SLOW_RANK does extra matrix products in its forward from
+(tests/accuracy/test_integrations.py). Rank SLOW_RANK does extra matrix products in its forward from
 optimizer step SLOW_FROM on (the injected fault).
 """
 

@@ -1,7 +1,7 @@
 """Lightning with its own DDP launcher: `python lightning_ddp.py`, Trainer(strategy="ddp", devices=2).
 
 Rank 0 is this process, started before Lightning sets any distributed environment; Lightning
-starts rank 1 itself. A plain user script but for `import perftracker` (tests/system/test_integrations.py).
+starts rank 1 itself. A plain user script but for `import perftracker` (tests/accuracy/test_integrations.py).
 Rank SLOW_RANK does extra matrix products in its forward from step SLOW_FROM on (the injected fault).
 """
 

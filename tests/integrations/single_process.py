@@ -1,6 +1,6 @@
 """A single-process, non-distributed training loop: `python single_process.py`.
 
-A plain user script but for `import perftracker` (tests/system/test_integrations.py). From step SLOW_FROM
+A plain user script but for `import perftracker` (tests/accuracy/test_integrations.py). From step SLOW_FROM
 on, its forward does extra matrix products (the injected fault, on rank 0: the only rank).
 """
 
