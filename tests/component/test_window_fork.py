@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from window_workload import Ident, drive
 
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime import raw_window_build as rawbuild
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from tests.component.test_window import _drive, _Ident
 
 
 def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult, list[int]]:  # type: ignore[no-untyped-def]
@@ -30,10 +30,10 @@ def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult
         if gate is not None:
             gate(win, win.writer.child_pid)
 
-    win = ProfileWindow(_Ident(), tmp_path, options=WindowOptions(writer="fork", writer_gate=_gate, **opts))
+    win = ProfileWindow(Ident(), tmp_path, options=WindowOptions(writer="fork", writer_gate=_gate, **opts))
     done: list[WindowResult] = []
     assert win.arm("f", 0.6, done.append)
-    _drive(win, done)
+    drive(win, done)
     assert len(done) == 1 and win.state == "idle"
     return win, done[0], pids
 

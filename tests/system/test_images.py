@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.system.test_manifests import KUSTOMIZE_MAJOR, render
+from tests.component.test_manifests import KUSTOMIZE_MAJOR, render
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = {"perftracker/agent": "agent.Dockerfile", "perftracker/localizer": "localizer.Dockerfile",
