@@ -31,6 +31,15 @@ from perftracker.localizer.diagnose.explain import (
     describe_ranks,
     describe_report,
 )
+from perftracker.localizer.diagnose.group_findings import (
+    GroupCause,
+    claim,
+    finding_of,
+    group_causes,
+    group_label,
+    groups_note,
+    member_sets,
+)
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
 from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import Threshold
@@ -43,6 +52,7 @@ from perftracker.localizer.diagnose.waits import (
     material_wait,
     suspect_late_groups,
     wait_families,
+    wait_roots,
 )
 
 from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
@@ -113,7 +123,8 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         for idx, tests in groups:
             drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
     _fold_consequences(drafts, arr)
-    _fold_waits(drafts, arr, verdicts, opts.waits)
+    stage, moving = group_causes(arr, opts.waits)
+    _fold_waits(drafts, arr, verdicts, opts.waits, (stage, moving))
     for d in drafts:
         if d.verdict.info.key == HOST_KEY:
             d.parts = top_host_functions(arr, d.idx)
@@ -122,9 +133,14 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     kept.sort(key=lambda d: (_tier(d, material), -_impact(d), d.verdict.info.key, int(d.idx[0])))
     max_points = opts.max_points
     findings = [_finding(d, arr, max_points) for d in kept]
+    compute_beta = arr.values[[f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE], 0, :].sum(axis=0)
+    causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
+    findings = sorted(causes, key=lambda g: -g.impact) + findings  # root causes of a set of ranks first
     top = top_functions(arr, verdicts, opts.top_functions, medians)
     summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
                               [(t.label, t.median.beta) for t in top], int(arr.ranks[0]) if n == 1 else None)
+    if n > 1:
+        summary += f" [{groups_note(arr)}]"
     return findings, summary, top
 
 
@@ -164,40 +180,59 @@ def _is_wait(info: FunctionInfo) -> bool:
 
 
 def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
-                opts: WaitOptions) -> None:
-    """Waits are consequences (docs/design.md section 6): find the late workers of each collective, give
-    their waiting peers' excess to the late workers' own finding (or make one from the wait evidence
-    when they have none), and fold every collective finding of the waiting workers into it."""
+                opts: WaitOptions, group_causes: tuple[GroupCause, GroupCause] | None = None) -> None:
+    """Waits are consequences (docs/design.md section 6): find the late workers of each collective, within
+    each process group it runs in where the traces name them (else each stage, or the job), follow
+    the waits from group to group to their root (``wait_roots``: late workers that are themselves
+    waiting elsewhere are victims too), give every waiting peer's excess to the root's own finding
+    (or make one from the wait evidence when it has none; a heavy pipeline stage or a step group
+    whose slowest rank moves takes its waits as a cause of its own, ``group_findings``), and fold
+    every collective finding of the waiting workers into it."""
     beta = arr.values[:, 0, :]
     waits = sorted((f for f, v in enumerate(verdicts) if _is_wait(v.info)), key=lambda f: verdicts[f].waits_for_peers)
     families = wait_families([v.info.label for v in verdicts], waits)
     causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
-    groups = late_groups(beta, families, arr.stage, opts)
+    sets = member_sets(arr, families)
+    groups = late_groups(beta, families, arr.stage, opts, sets)
     groups += _flagged_early_exits(drafts, beta, families, groups, opts)
     suspects = _suspects(drafts)
-    groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts)
+    groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts, sets)
     groups.sort(key=lambda g: -g.wait_share)
     _drop_split_early_exits(drafts, families, groups)
     waiting = np.zeros(arr.n_workers, dtype=bool)
     for lg in groups:
         waiting[lg.waiting] = True
+    roots = wait_roots(groups)
+    claimed = [False] * len(groups)
+    if group_causes is not None:
+        claimed = claim(arr, groups, roots, [verdicts[lg.f].info.label for lg in groups], *group_causes)
     culprits = [d for d in drafts if not d.folded and d.kind != "common" and d.observed.beta >= d.median.beta
                 and d.verdict.info.key != LINK_KEY
                 and not (_is_wait(d.verdict.info) and 2 * int(waiting[d.idx].sum()) >= d.idx.size)]
     owners: list[tuple[np.ndarray, _Draft]] = []
-    for lg in groups:
-        label = verdicts[lg.f].info.label
-        owner = _owner(culprits, lg.late)
+    for i, lg in enumerate(groups):
+        if claimed[i]:
+            continue
+        root = groups[roots[i]]
+        label = group_label(arr, verdicts[lg.f].info.label, lg.group)
+        if root is not lg:  # a victim one hop (or more) further: it waits for ranks that wait for the root
+            label += f" through {describe_ranks(np.sort(arr.ranks[lg.late]).tolist(), arr.n_workers)}"
+        owner = _owner(culprits, root.late)
         if owner is None:
-            cause = cause_of_lateness(beta, causes, lg.late, lg.waiting, arr.worker_window_s, opts)
-            f = lg.f if cause is None else cause[0]
-            of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, lg.waiting], axis=1)))
-            owner = _draft(f, verdicts[f], arr.values[f], lg.late, ("waits",), of_waiters, arr.n_workers, 1.0)
+            cause = cause_of_lateness(beta, causes, root.late, root.waiting, arr.worker_window_s, opts)
+            f = root.f if cause is None else cause[0]
+            of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, root.waiting], axis=1)))
+            owner = _draft(f, verdicts[f], arr.values[f], root.late, ("waits",), of_waiters, arr.n_workers, 1.0)
             owner.kind = "specific"  # compared with the ranks that wait for it, never "random"
             drafts.append(owner)
             culprits.append(owner)
         _add_wait(owner, Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), lg.wait_share))
         owners.append((lg.waiting, owner))
+    for i, lg in enumerate(groups):  # a claimed group's waiters' collective findings are the group cause's
+        if claimed[i]:
+            for v in drafts:
+                if not v.folded and _is_wait(v.verdict.info) and np.isin(v.idx, lg.waiting).all():
+                    v.folded = True
     links = [d for d in drafts if not d.folded and d.verdict.info.key == LINK_KEY]
     family_of = {f: fam for fam in families for f in fam}
     for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
@@ -228,7 +263,8 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             late_share = float(np.median(whole[c.idx]))
             if late_share <= median_g and late_share + 0.5 * opts.wait_min <= held:
                 ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, c.idx)]).tolist())
-                _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
+                if not _waits_cover(c, verdicts[family[0]].info.label, ranks):
+                    _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
                 v.folded = True
                 break
     _drop_split_long_waits(drafts, beta, families, opts)
@@ -321,6 +357,14 @@ def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:
     """The culprit finding that covers at least half of the late workers (the costliest such)."""
     covering = [d for d in culprits if np.intersect1d(d.idx, late).size * 2 >= late.size]
     return max(covering, key=_impact, default=None)
+
+
+def _waits_cover(d: _Draft, label: str, ranks: tuple[int, ...]) -> bool:
+    """The finding already says that these ranks wait for it in this collective (in one of its
+    process groups)."""
+    said = {r for w in (d.waits or {}).values() if w.function == label or w.function.startswith(label + " in ")
+            for r in w.ranks}
+    return set(ranks) <= said
 
 
 def _add_wait(d: _Draft, w: Wait) -> None:

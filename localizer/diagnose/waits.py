@@ -48,7 +48,7 @@ spread by 0.02-0.16 of the window; in 2 of them the outlier test found no late r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +65,10 @@ class WaitOptions:
     pair_ratio: float = 0.25  # the waiters' excess is at least this share of their collective time
     cause_min: float = 0.01  # a late worker's cause holds at least this much more of the window
     suspect_cost: float = 0.25  # a suspect's own findings cost it at least this share of the wait
+    stage_ratio: float = 1.2  # a pipeline stage computes at least this many times the lightest stage
+    moving_ratio: float = 0.1  # the typical step's slowest rank computes this much over its group's median
+    moving_share: float = 0.5  # no rank is the slowest in more than this share of the steps
+    even_means: float = 0.5  # the ranks' mean compute differs by less than this share of the typical excess
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class LateGroup:
     late: np.ndarray  # worker columns, sorted
     waiting: np.ndarray  # worker columns, sorted
     wait_share: float  # median share of the window the waiting workers wait for the late ones
+    group: int = -1  # the process group (JobGroups.groups index) it was judged in; -1: a stage or the job
 
 
 def groups_of(n_workers: int, stage: np.ndarray | None) -> list[np.ndarray]:
@@ -148,28 +153,64 @@ def wait_families(labels: list[str], functions: list[int]) -> list[list[int]]:
     return list(fam.values())
 
 
+# per wait family (its first function): the process groups it runs in, (group index, member columns)
+MemberSets = Mapping[int, Sequence[tuple[int, np.ndarray]]]
+
+
 def late_groups(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None,
-                opts: WaitOptions) -> list[LateGroup]:
-    """Every (wait family, group of like workers) with a late minority. values_beta: (F, N) β."""
+                opts: WaitOptions, member_sets: MemberSets | None = None) -> list[LateGroup]:
+    """Every (wait family, group of like workers) with a late minority. values_beta: (F, N) β.
+    ``member_sets``: the process groups a family runs in, where the traces name them (else the
+    stages, or the whole job)."""
     out: list[LateGroup] = []
-    for f, cols, b in family_shares(values_beta, families, stage):
+    for f, cols, b, g in family_shares(values_beta, families, stage, member_sets):
         if cols.size < 2:
             continue
         late, share = late_workers(b, opts)
         if late.any():
-            out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
+            out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share, g))
     return out
 
 
-def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None
-                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None,
+                  member_sets: MemberSets | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray, int]]:
     """Per group of like workers and wait family: (the family's first function, the worker columns
-    that run it, their summed β)."""
-    for members in groups_of(values_beta.shape[1], stage):
-        for family in families:
+    that run it, their summed β, the process group's index or -1). A family whose process groups are
+    known is judged within each of them; any other within each stage (or the whole job)."""
+    like = groups_of(values_beta.shape[1], stage)
+    for family in families:
+        sets = member_sets.get(family[0]) if member_sets else None
+        for g, members in sets if sets else [(-1, m) for m in like]:
             b = values_beta[family][:, members].sum(axis=0)
             runs = b > 0.0
-            yield family[0], members[runs], b[runs]
+            yield family[0], members[runs], b[runs], g
+
+
+def wait_roots(groups: Sequence[LateGroup]) -> list[int]:
+    """For each late group, the late group at the root of its waits: follow "the late workers of g
+    are themselves waiting in h" (at least half of them wait there, for workers that are not late
+    in g, in another process group) until a group whose late workers wait for no one. A cycle
+    stops where it closes.
+
+    Only waits in a *different* process group (both read from the traces) are followed: within one
+    group the collectives run one after the other, and a rank late at one of them while it waits
+    at the next is two phases of the same step, not a chain (on dlrm, rank 7 arrives last at the
+    first all-to-all and waits for ranks 4-5 at the all-reduces)."""
+    roots = []
+    for i in range(len(groups)):
+        cur, seen = i, {i}
+        while True:
+            late, here = groups[cur].late, groups[cur].group
+            nxt = next((j for j, h in enumerate(groups) if j not in seen and here >= 0 and h.group >= 0
+                        and h.group != here
+                        and 2 * np.intersect1d(late, h.waiting).size >= late.size
+                        and not np.intersect1d(h.late, late).size), None)
+            if nxt is None:
+                break
+            seen.add(nxt)
+            cur = nxt
+        roots.append(cur)
+    return roots
 
 
 def cause_of_lateness(values_beta: np.ndarray, candidates: list[int], late: np.ndarray, waiting: np.ndarray,
@@ -198,7 +239,7 @@ _SUSPECT_BELOW_Q = 0.05  # every suspect rank lies below this quantile of the wa
 
 def suspect_late_groups(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None,
                         suspects: Sequence[tuple[np.ndarray, float]], known: Sequence[LateGroup],
-                        opts: WaitOptions) -> list[LateGroup]:
+                        opts: WaitOptions, member_sets: MemberSets | None = None) -> list[LateGroup]:
     """Late groups for suspects found by another test, each (worker columns, cost: the share of the
     window their findings hold over the other workers' median): within each group of like workers
     and wait family, the suspect's ranks that run the collective are late when they are a minority
@@ -208,7 +249,7 @@ def suspect_late_groups(values_beta: np.ndarray, families: list[list[int]], stag
     again."""
     covered = {(g.f, int(r)) for g in known for r in g.late}
     out: list[LateGroup] = []
-    for f, cols, b in family_shares(values_beta, families, stage):
+    for f, cols, b, g in family_shares(values_beta, families, stage, member_sets):
         for idx, cost in suspects:
             late = np.isin(cols, idx)
             n_late = int(late.sum())
@@ -221,6 +262,6 @@ def suspect_late_groups(values_beta: np.ndarray, families: list[list[int]], stag
                 continue
             share = float(np.median(waiters) - np.median(b[late]))
             if share >= opts.wait_min and cost >= opts.suspect_cost * share:
-                out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share))
+                out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share, g))
                 covered.update((f, int(c)) for c in cols[late])
     return out

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from perftracker.agent.kineto import RankInfo, process_groups, window_from_trace
 from perftracker.agent.summarize.groups import busy_between
 from perftracker.agent.summarize.summarizer import summarize_window
 from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+
 from perftracker.model import PatternSet, ProcessGroup
 
 

@@ -1,0 +1,187 @@
+"""The wait graph across process groups, stage imbalance and moving imbalance (issue 28): pure logic
+on small synthetic inputs, each with a case that must be found and one, near its threshold, that
+must not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from perftracker.localizer.diagnose.imbalance import (
+    moving_imbalance,
+    moving_in_group,
+    stage_imbalance,
+)
+from perftracker.localizer.diagnose.localize import localize
+from perftracker.localizer.diagnose.waits import LateGroup, WaitOptions, wait_roots
+
+from perftracker.model import Category, Pattern, PatternSet, ProcessGroup
+
+OPTS = WaitOptions()
+
+
+def _lg(late: list[int], waiting: list[int], group: int, share: float = 0.2) -> LateGroup:
+    return LateGroup(0, np.array(late), np.array(waiting), share, group)
+
+
+# --- wait_roots -----------------------------------------------------------------------------------
+
+def test_a_late_rank_that_waits_in_another_group_leads_to_its_root() -> None:
+    pipe = _lg([0], [1], group=0)  # rank 1 waits for rank 0 in their pipeline
+    dp = _lg([1], [3, 5, 7], group=1)  # ranks 3, 5, 7 wait for rank 1 in its data-parallel group
+    assert wait_roots([pipe, dp]) == [0, 0]
+
+
+def test_no_chain_within_one_group_or_without_read_groups() -> None:
+    a = _lg([0], [1, 2], group=0)
+    b = _lg([1], [0, 2], group=0)  # the same group: two phases of one step, not a chain
+    assert wait_roots([a, b]) == [0, 1]
+    c = _lg([0], [1, 2], group=-1)
+    d = _lg([1], [0, 2], group=-1)
+    assert wait_roots([c, d]) == [0, 1]
+
+
+def test_a_chain_needs_half_of_the_late_ranks_waiting_elsewhere() -> None:
+    root = _lg([0], [1], group=0)
+    found = _lg([1, 9], [3, 5], group=1)  # half of {1, 9} wait in group 0: followed
+    assert wait_roots([root, found]) == [0, 0]
+    root3 = _lg([0], [1], group=0)
+    not_found = _lg([1, 8, 9], [3, 5, 7, 11, 13, 15], group=1)  # a third: not followed
+    assert wait_roots([root3, not_found]) == [0, 1]
+
+
+def test_a_cycle_stops_where_it_closes() -> None:
+    a = _lg([0], [1], group=0)
+    b = _lg([1], [0], group=1)
+    roots = wait_roots([a, b])
+    assert len(roots) == 2  # terminates
+
+
+# --- stage imbalance ---------------------------------------------------------------------------------
+
+def _stages(ratio: float, n: int = 16, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    stage = np.arange(n) % 2
+    compute = np.where(stage == 1, ratio, 1.0) * (1.0 + 0.02 * rng.standard_normal(n))
+    return compute, stage
+
+
+def test_a_heavy_stage_is_found_above_the_ratio_and_not_below() -> None:
+    compute, stage = _stages(1.3)
+    found = stage_imbalance(compute * 0.4, stage, 1.0, OPTS)
+    assert found is not None and found.heavy == 1 and found.ratio == pytest.approx(1.3, rel=0.05)
+    assert set(found.members.tolist()) == set(range(1, 16, 2))
+    compute, stage = _stages(1.15)
+    assert stage_imbalance(compute * 0.4, stage, 1.0, OPTS) is None
+
+
+def test_one_heavy_rank_is_not_a_heavy_stage() -> None:
+    stage = np.arange(16) % 2
+    compute = np.full(16, 0.4)
+    compute[1] = 0.9  # one rank of stage 1: its stage's median does not move
+    assert stage_imbalance(compute, stage, 1.0, OPTS) is None
+    compute[[1, 3, 5]] = 0.9  # three of eight: the stage's median does not move either
+    assert stage_imbalance(compute, stage, 1.0, OPTS) is None
+
+
+def test_a_heavy_stage_must_cost_a_material_share_of_the_window() -> None:
+    compute, stage = _stages(1.5)
+    assert stage_imbalance(compute * 0.08, stage, 1.0, OPTS) is None  # 0.04 of the window apart
+    assert stage_imbalance(compute * 0.12, stage, 1.0, OPTS) is not None  # 0.06
+
+
+def test_no_stages_no_stage_imbalance() -> None:
+    assert stage_imbalance(np.ones(4), None, 1.0, OPTS) is None
+    assert stage_imbalance(np.ones(4), np.zeros(4, dtype=np.int64), 1.0, OPTS) is None
+
+
+# --- moving imbalance ------------------------------------------------------------------------------
+
+def _steps(members: int, steps: int, excess: float, who: np.ndarray, seed: int = 1) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    s = 10.0 * (1.0 + 0.01 * rng.standard_normal((members, steps)))
+    s[who, np.arange(steps)] *= 1.0 + excess
+    return s
+
+
+def test_a_slowest_rank_that_moves_is_found() -> None:
+    who = np.random.default_rng(2).permutation(np.arange(40) % 8)
+    moving, ratio, wait = moving_in_group(_steps(8, 40, 0.3, who), OPTS)
+    assert moving and ratio.min() > 1.2 and wait > 0
+
+
+def test_a_fixed_slowest_rank_is_not_moving() -> None:
+    who = np.zeros(40, dtype=np.int64)
+    assert not moving_in_group(_steps(8, 40, 0.3, who), OPTS)[0]
+    who = np.where(np.arange(40) < 21, 0, np.arange(40) % 8)  # slowest in just over half of the steps
+    assert not moving_in_group(_steps(8, 40, 0.3, who), OPTS)[0]
+
+
+def test_a_small_excess_is_not_material() -> None:
+    who = np.arange(40) % 8
+    assert not moving_in_group(_steps(8, 40, 0.07, who), OPTS)[0]
+    assert moving_in_group(_steps(8, 40, 0.14, who), OPTS)[0]
+
+
+def test_uneven_means_are_a_culprit_not_moving_work() -> None:
+    who = np.arange(40) % 8
+    s = _steps(8, 40, 0.3, who)
+    s[3] *= 1.2  # rank 3 computes more on average too: the wait evidence names it
+    assert not moving_in_group(s, OPTS)[0]
+
+
+def test_moving_imbalance_per_step_group_and_too_few_steps() -> None:
+    who = np.arange(12) % 4
+    s = np.vstack([_steps(4, 12, 0.4, who), _steps(4, 12, 0.0, np.zeros(12, dtype=np.int64))])
+    group = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    found = moving_imbalance(s, group, 0.5, OPTS)
+    assert found is not None and found.groups == (0,) and found.members.tolist() == [0, 1, 2, 3]
+    assert moving_imbalance(s[:, :2], group, 0.5, OPTS) is None
+
+
+# --- localize: one culprit across groups -------------------------------------------------------------
+
+def _job(slow: int | None, n_dp: int = 4) -> list[PatternSet]:
+    """DP n_dp x PP2, rank r = d * 2 + s. The slow rank computes longer; its pipeline partner waits
+    for it in send/recv, its data-parallel peers in the all-reduce, and the partner's
+    data-parallel peers one hop further."""
+    n = 2 * n_dp
+    sets = []
+    for r in range(n):
+        d, s = divmod(r, 2)
+        gemm, sendrecv, allreduce = 0.5, 0.05, 0.05
+        if slow is not None:
+            sd, ss = divmod(slow, 2)
+            if r == slow:
+                gemm = 0.8
+            elif d == sd:
+                sendrecv = 0.35  # the pipeline partner waits for it
+            if r != slow and s == ss:
+                allreduce = 0.3  # its data-parallel peers wait
+            if r != slow and s != ss and d != sd:
+                allreduce = 0.25  # the partner's peers wait for the partner, one hop further
+        groups = (ProcessGroup(f"pp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", (2 * d, 2 * d + 1), True),
+                  ProcessGroup(f"dp{s}", "DATA_PARALLEL_GROUP", tuple(range(s, n, 2))))
+        pats = (Pattern("gemm", Category.COMPUTE, gemm, 0.0, 0.0, "gemm"),
+                Pattern("nccl:send_recv", Category.COLLECTIVE, sendrecv, 0.0, 0.0, "nccl:send_recv"),
+                Pattern("nccl:all_reduce", Category.COLLECTIVE, allreduce, 0.0, 0.0, "nccl:all_reduce"))
+        sets.append(PatternSet("j", "s", r, n, f"h{r}", 0, 10**9, pats, source="kineto", gpu=True, groups=groups,
+                               comm={"nccl:send_recv": (f"pp{d}",), "nccl:all_reduce": (f"dp{s}",)}))
+    return sets
+
+
+@pytest.mark.parametrize("slow", [0, 5])
+def test_one_slow_worker_is_the_root_and_every_victim_folds_into_it(slow: int) -> None:
+    report = localize(_job(slow))
+    first = report.findings[0]
+    assert first.ranks == (slow,)
+    victims = {r for w in first.waits for r in w.ranks}
+    assert victims == set(range(8)) - {slow}
+    for f in report.findings[1:]:  # no victim is named on its own
+        assert slow in f.ranks or len(f.ranks) > 4
+    assert "groups: read" in report.summary
+
+
+def test_a_clean_multi_group_job_names_no_one() -> None:
+    report = localize(_job(None))
+    assert not [f for f in report.findings if len(f.ranks) < 8]
+    assert "groups: read" in report.summary
