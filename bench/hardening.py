@@ -1,11 +1,14 @@
-"""The issue-17 review's attacks, replayed against a perftracker tree: one line per item with what
-was observed. Run it against an older checkout to see the "before" column:
+"""The issue-17 and issue-33 reviews' attacks, replayed against a perftracker tree: one line per item
+with what was observed. Run it against an older checkout to see the "before" column:
 
-    python bench/hardening.py [--tree /path/to/checkout]     # default: this checkout
+    python bench/hardening.py [--tree /path/to/checkout] [--only 1,33.3,...]   # default: this checkout
 
 Only public interfaces are used (the CLI, HTTP, the Unix socket, the Store and SessionManager
-classes), so the same script runs against trees from before the fixes. Needs root for the
-cross-uid run-dir case (skipped otherwise). The last stdout line is one JSON object: item -> result.
+classes; item 33.6 also the CLI's ``write_file``), so the same script runs against trees from before
+the fixes. A tree whose agent/ and localizer/ folders install as perftracker.agent and
+perftracker.localizer must be laid out under those names first (perftracker/agent, perftracker/
+localizer; tests/ beside them). Needs root for the cross-uid cases (skipped otherwise). The last
+stdout line is one JSON object: item -> result.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import stat
 import struct
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -397,9 +402,365 @@ def item_modes(tree: Path, tmp: Path) -> str:
             f"{stat.S_IMODE((store / 's.sqlite').stat().st_mode):04o}")
 
 
+# ---------------------------------------------------------------- issue 33
+OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # write to the clipboard
+TITLE = "\x1b]0;PWNED\x07"  # set the window title
+RLO = "\u202e"
+
+
+def _env(tree: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFTRACKER_")}
+    return {**env, "PYTHONPATH": str(tree), "PERFTRACKER_DISABLE": "1", "COLUMNS": "200", **extra}
+
+
+def _cli(tree: Path, *args: str, cwd: Path, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "perftracker", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=_env(tree, **extra))
+
+
+def _outcome(done: subprocess.CompletedProcess[str]) -> str:
+    if "Traceback" in done.stderr:
+        last = done.stderr.strip().splitlines()[-1]
+        return f"rc {done.returncode}, traceback ({last.split(':')[0]})"
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+    return f"rc {done.returncode}" + (f", {len(lines)} error line(s)" if done.returncode else "")
+
+
+class _Server:
+    """An HTTP server on a thread: answers ``routes`` (path -> JSON), counts the requests."""
+
+    def __init__(self, routes: dict[str, Any], post: Any = None) -> None:
+        import http.server
+        import threading
+        from urllib.parse import unquote
+
+        self.hits: list[str] = []
+        hits = self.hits
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                path = unquote(self.path.split("?")[0])
+                hits.append(f"{self.command} {path}")
+                body = post if self.command == "POST" and post is not None else routes.get(path)
+                data = json.dumps(body if body is not None else {"error": "no such thing"}).encode()
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._answer()
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._answer()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _report_dict(tree: Path, **changes: Any) -> dict[str, Any]:
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1] + '/tests');"
+            "from report_samples import slow_compute_report; print(json.dumps(slow_compute_report().to_dict()))")
+    out = subprocess.run([sys.executable, "-c", code, str(tree)], capture_output=True, text=True, check=True,
+                         env=_env(tree))
+    return {**json.loads(out.stdout), **changes}
+
+
+def _hostile_report(tree: Path, path: Path) -> Path:
+    d = _report_dict(tree, trigger_reason=f"loss spiked [/x] {OSC52} {RLO}evil")
+    d["findings"][0]["label"] = d["findings"][0]["key"] = f"model.forward[/layer]{TITLE}"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _agent_until(tree: Path, args: list[str], cwd: Path, ready: Path, timeout: float = 25,
+                 probe: Any = None) -> tuple[str, str, Any]:
+    """Start `perftracker agent`; wait until ``ready`` exists or it exits; call ``probe()`` while
+    it runs. (started|exited, its stderr, what probe returned)."""
+    proc = subprocess.Popen([sys.executable, "-m", "perftracker", "agent", *args], cwd=cwd, env=_env(tree),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None and not ready.exists():
+        time.sleep(0.1)
+    state = "exited" if proc.poll() is not None else "started"
+    time.sleep(0.5)
+    seen = probe() if probe is not None and state == "started" else None
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return state, err, seen
+
+
+def item_planted_runs_dir(tree: Path, tmp: Path) -> str:
+    if os.geteuid() != 0:
+        return "skipped (needs root)"
+    import fcntl
+
+    shared = Path(tempfile.mkdtemp(prefix="pt-probe-", dir="/tmp"))
+    os.chmod(shared, 0o1777)
+    planted = shared / "perftracker-runs"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)
+    theirs = _Server({"/v1/healthz": {"ok": True}, "/v1/jobs": {"jobs": []}})
+    try:
+        (planted / "localizer.json").write_text(json.dumps({"url": theirs.url, "pid": 1}))
+        (planted / "token").write_text("attacker-token-0123456789\n")
+        (planted / "localizer.lock").touch()
+        for p in (planted, *planted.iterdir()):
+            os.chown(p, 10001, 10001)
+        with open(planted / "localizer.lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # "their" localizer holds the lock
+            rd = shared / "rd"
+            state, err, _ = _agent_until(tree, ["--run-dir", str(rd), "--embedded-localizer", "--no-samplers"],
+                                         shared, rd / "agent.json")
+        redirected = "already running at " + theirs.url in err
+        said = "refused (owned by uid 10001)" if "owned by uid 10001" in err and "refusing" in err else state
+        planted_dir = (f"agent in a 0777 runs dir of uid 10001: {'redirected to their server' if redirected else said}"
+                       f", {len(theirs.hits)} request(s) to it")
+        # only a token planted in a runs dir of ours
+        mine = tmp / "own"
+        (mine / "perftracker-runs").mkdir(parents=True)
+        token = mine / "perftracker-runs" / "token"
+        token.write_text("attacker-token-0123456789\n")
+        os.chown(token, 10001, 10001)
+        info = mine / "perftracker-runs" / "localizer.json"
+
+        def their_token_works() -> bool:
+            url = json.loads(info.read_text())["url"]
+            req = urllib.request.Request(url + "/v1/jobs", headers={"Authorization": "Bearer attacker-token-0123456789"})
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=5) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        state2, err2, works = _agent_until(tree, ["--run-dir", str(tmp / "rd2"), "--embedded-localizer",
+                                                  "--no-samplers"], mine, info, probe=their_token_works)
+        planted_token = ("adopted (their token is the localizer's)" if works else
+                         "refused" if "token file" in err2 and "refusing" in err2 else state2)
+        # agent.log planted as a symlink
+        victim = tmp / "victim.log"
+        victim.write_text("precious\n")
+        (mine / "run3" / "perftracker-runs").mkdir(parents=True)
+        (mine / "run3" / "perftracker-runs" / "agent.log").symlink_to(victim)
+        _cli(tree, "run", "--wait-s", "1", "--", sys.executable, "-c", "pass", cwd=mine / "run3", timeout=120)
+        log_link = "written through" if victim.read_text() != "precious\n" else "untouched"
+        return f"{planted_dir}; a planted token file (uid 10001): {planted_token}; agent.log symlink target {log_link}"
+    finally:
+        theirs.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _synthetic_traces(d: Path, name: str, ranks: int = 2) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 7, "tid": 7,
+                   "ts": 1000.0 + i * 1000, "dur": 990.0} for i in range(3)]
+        events += [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 7, "tid": 7, "ts": 1010.0 + i * 1000,
+                    "dur": 900.0} for i in range(3)]
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 7, "tid": 7, "ts": 1920.0 + i * 1000,
+                    "dur": 50.0} for i in range(3)]
+        (d / f"rank{r}.json").write_text(json.dumps({"traceEvents": events,
+                                                     "distributedInfo": {"rank": r, "world_size": ranks}}))
+    return d
+
+
+def item_escapes(tree: Path, tmp: Path) -> str:
+    src = _hostile_report(tree, tmp / "r.json")
+    counts = {}
+    shown = {}
+    rep = _cli(tree, "report", "--file", str(src), cwd=tmp)
+    counts["report"] = rep.stdout.count("\x1b]") + rep.stdout.count(RLO)
+    shown["report"] = rep.stdout.count("\\x1b]")
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
+            "from perftracker.localizer.store.sqlite_store import Store, SessionRecord; s = Store(sys.argv[2]);"
+            "s.insert_session(SessionRecord(seq=0, session='s1', job='j', kind='slowdown', reason=sys.argv[3],"
+            " window_s=1.0, state='open', opened_ns=time.time_ns(), deadline_ns=time.time_ns(), expected=(0,)))")
+    subprocess.run([sys.executable, "-c", code, str(tree), str(tmp / "s.sqlite"), f"spike {OSC52}{RLO}"], check=True,
+                   env=_env(tree))
+    ses = _cli(tree, "sessions", "--store", str(tmp / "s.sqlite"), cwd=tmp)
+    counts["sessions"] = ses.stdout.count("\x1b]") + ses.stdout.count(RLO)
+    shown["sessions"] = ses.stdout.count("\\x1b]")
+    traces = _synthetic_traces(tmp / "traces", "model.step\x1b[2J\x1b[H")  # clear the screen
+    ana = _cli(tree, "analyze", str(traces), "--patterns", cwd=tmp)
+    counts["analyze"] = ana.stdout.count("\x1b[2J")
+    shown["analyze"] = ana.stdout.count("\\x1b[2J")
+    return f"raw OSC 52 / OSC 0 / CSI 2J / U+202E sequences printed: {counts}; shown escaped: {shown}"
+
+
+def item_markup(tree: Path, tmp: Path) -> str:
+    src = _hostile_report(tree, tmp / "r.json")
+    rep = _cli(tree, "report", "--file", str(src), "-o", str(tmp / "r.txt"), cwd=tmp)
+    traces = _synthetic_traces(tmp / "traces", "model.forward[/layer]")
+    ana = _cli(tree, "analyze", str(traces), "-o", str(tmp / "a.txt"), cwd=tmp)
+    return (f"report -o r.txt: {_outcome(rep)}, file {'written' if (tmp / 'r.txt').exists() else 'missing'}; "
+            f"analyze -o a.txt: {_outcome(ana)}, file {'written' if (tmp / 'a.txt').exists() else 'missing'}")
+
+
+_WRITE = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from perftracker.cli import output
+planted = Path(sys.argv[2])
+output._tmp_name = lambda out: planted  # the attacker guessed the temporary file's name
+try:
+    output.write_file(sys.argv[3], lambda fh: fh.write("the report\n"))
+    print("written")
+except Exception as exc:
+    print(f"refused ({str(exc).split('(')[-1].rstrip(')')})")
+"""
+
+
+def item_o_symlink(tree: Path, tmp: Path) -> str:
+    shared = Path(tempfile.mkdtemp(prefix="pt-probe-", dir="/tmp"))
+    try:
+        os.chmod(shared, 0o1777)
+        victim = tmp / "victim.txt"
+        victim.write_text("precious")
+        planted = shared / ".r.txt.1234.tmp"
+        planted.symlink_to(victim)
+        if os.geteuid() == 0:
+            os.chown(planted, 10001, 10001, follow_symlinks=False)
+        out = subprocess.run([sys.executable, "-c", _WRITE, str(tree), str(planted), str(shared / "r.txt")],
+                             capture_output=True, text=True, env=_env(tree), timeout=60)
+        names = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]);"
+                                "from pathlib import Path; from perftracker.cli.output import _tmp_name as t;"
+                                "print(t(Path('r.txt')) == t(Path('r.txt')))", str(tree)],
+                               capture_output=True, text=True, env=_env(tree)).stdout.strip()
+        return (f"-o through a symlink planted at its temporary name: {out.stdout.strip() or out.stderr[-80:]}, "
+                f"target {'overwritten' if victim.read_text() != 'precious' else 'untouched'}; "
+                f"temporary name predictable: {names == 'True'}")
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def item_trigger_path(tree: Path, tmp: Path) -> str:
+    sid = "../../pwn/planted-by-localizer"
+    report = _report_dict(tree, session=sid)
+    fake = _Server({"/v1/jobs": {"jobs": ["j"]},
+                    f"/v1/sessions/{sid}": {"session": sid, "state": "done", "deadline_ns": time.time_ns(),
+                                            "uploaded": [0], "expected": [0], "window_s": 1.0, "error": "",
+                                            "report_path": ""},
+                    f"/v1/sessions/{sid}/report": report}, post={"session": sid, "joined": False})
+    try:
+        work = tmp / "a" / "b"
+        work.mkdir(parents=True)
+        done = _cli(tree, "trigger", "--url", fake.url, "--token", TOKEN, cwd=work)
+    finally:
+        fake.close()
+    outside = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("planted-by-localizer*"))
+    return f"session id {sid!r} from the localizer: {_outcome(done)}; files written outside reports/: {outside}"
+
+
+def item_gzip_bomb(tree: Path, tmp: Path) -> str:
+    import gzip
+
+    traces = _synthetic_traces(tmp / "traces", "aten::addmm")
+    bomb = traces / "rank2.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as fh:
+        chunk = b" " * 2**20
+        for _ in range(600):
+            fh.write(chunk)
+    code = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); print(r.returncode);"
+            "print(r.stderr)")
+    out = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "perftracker", "analyze", str(traces),
+                          "-j", "1"], capture_output=True, text=True, env=_env(tree), timeout=300, cwd=tmp)
+    lines = out.stdout.splitlines()
+    rss_mb, rc = int(lines[0]) / 1024, lines[1]
+    skipped = "skipped" in out.stdout and "rank2.json.gz" in out.stdout
+    return (f"{bomb.stat().st_size / 1e6:.1f} MB .json.gz of 600 MiB whitespace: analyze rc {rc}, peak RSS "
+            f"{rss_mb:.0f} MB, bomb {'skipped with a warning' if skipped else 'read'}")
+
+
+def item_trace_numbers(tree: Path, tmp: Path) -> str:
+    """Run without orjson (an optional package) as the review did: json reads NaN."""
+    shim = tmp / "no-orjson"
+    shim.mkdir()
+    (shim / "orjson.py").write_text("raise ImportError('not installed')\n")
+    results = {}
+    cases = {"ts 1e300 in one event of rank 1": ("ts", 1e300), "ProfilerStep dur NaN in rank 1": ("dur", "nan"),
+             "distributedInfo.rank 10**12": ("rank", 10**12)}
+    for label, (what, value) in cases.items():
+        traces = _synthetic_traces(tmp / f"t-{what}", "aten::addmm")
+        doc = json.loads((traces / "rank1.json").read_text())
+        if what == "ts":
+            doc["traceEvents"][4]["ts"] = value
+        elif what == "dur":
+            doc["traceEvents"][0]["dur"] = float(value)
+        else:
+            doc["distributedInfo"]["rank"] = value
+        (traces / "rank1.json").write_text(json.dumps(doc))
+        env = {"PYTHONPATH": f"{shim}{os.pathsep}{tree}"}
+        done = _cli(tree, "analyze", str(traces), "--format", "json", cwd=tmp, timeout=180, **env)
+        if done.returncode or "Traceback" in done.stderr:
+            results[label] = _outcome(done)
+            continue
+        report = json.loads(done.stdout)
+        text = f"ranks reported {report['ranks_reported']}, missing {report['ranks_missing']}"
+        pats = _cli(tree, "analyze", str(traces), "--patterns", "--format", "json", cwd=tmp, timeout=180, **env)
+        sets = {ps["rank"]: ps for ps in json.loads(pats.stdout)} if pats.returncode == 0 else {}
+        odd = [r for r in sets if r != 0]
+        if odd:
+            ps = sets[odd[0]]
+            window_ms = (ps["window_end_ns"] - ps["window_start_ns"]) / 1e6
+            text += f" (rank {odd[0]}: {window_ms:.3g} ms window, {len(ps['patterns'])} functions)"
+        elif "skipped" in done.stderr:
+            text += " (rank1.json skipped with a warning)"
+        results[label] = text
+    return "; ".join(f"{k}: {v}" for k, v in results.items())
+
+
+def item_name_newline(tree: Path, tmp: Path) -> str:
+    (tmp / "nl").mkdir()
+    loc = Localizer(tree, tmp / "nl")
+    try:
+        out = {}
+        for job in ("teama-x\n", "teama-x"):
+            st, _ = loc.request("POST", "/v1/agents/register", {"job": job, "agent_id": "a" + str(len(out)),
+                                                                 "host": "n", "workers": _workers([0], 1)})
+            out[job] = st
+        _, body = loc.request("GET", "/v1/jobs")
+        return f"register 'teama-x\\n': {out['teama-x' + chr(10)]}, 'teama-x': {out['teama-x']}; jobs {json.loads(body)['jobs']}"
+    finally:
+        loc.stop()
+
+
+def item_report_file(tree: Path, tmp: Path) -> str:
+    res = {}
+    for label, change in (("ranks_reported ['x']", {"ranks_reported": ["x"]}),
+                          ("iteration_ms NaN", {"iteration_ms": {"0": [float("nan")]}})):
+        path = tmp / f"bad{len(res)}.json"
+        path.write_text(json.dumps(_report_dict(tree, **change)))
+        res[label] = _outcome(_cli(tree, "report", "--file", str(path), cwd=tmp))
+    html = _cli(tree, "report", "--file", str(_hostile_report(tree, tmp / "r.json")), "--format", "html", "-o",
+                str(tmp / "r.html"), cwd=tmp)
+    raw = (tmp / "r.html").read_text().count(RLO) if (tmp / "r.html").exists() else -1
+    return "; ".join(f"report --file with {k}: {v}" for k, v in res.items()) + \
+        f"; U+202E in HTML output: {raw} raw ({_outcome(html)})"
+
+
 ITEMS = {"1 run dir": item_run_dir, "2 slow clients": item_slow_clients, "3 sessions > 1000": item_sessions_1000,
          "4 write scope": item_write_scope, "5 memory": item_memory, "6 tokens": item_tokens, "7/8 bad input": item_bad_input,
-         "9 counts": item_counts, "10 agent inputs": item_agent_inputs, "11 modes": item_modes}
+         "9 counts": item_counts, "10 agent inputs": item_agent_inputs, "11 modes": item_modes,
+         # issue 33
+         "33.3 planted runs dir": item_planted_runs_dir, "33.4 terminal escapes": item_escapes,
+         "33.5 markup": item_markup, "33.6 -o symlink": item_o_symlink, "33.7 trigger path": item_trigger_path,
+         "33.8 gzip bomb": item_gzip_bomb, "33.9 trace numbers": item_trace_numbers,
+         "33.10 name newline": item_name_newline, "33.m report file, bidi": item_report_file}
 
 
 def main() -> int:
