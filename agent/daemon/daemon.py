@@ -380,7 +380,7 @@ class AgentDaemon:
 
     # ------------------------------------------------------------------ sessions
     def _on_notice(self, job: str, notice: TriggerNotice) -> None:
-        if not isinstance(notice.session, str) or not SESSION_RE.match(notice.session):
+        if not isinstance(notice.session, str) or not SESSION_RE.fullmatch(notice.session):
             self._warn_once(f"bad-session-{job}", "ignoring session id %r from the localizer: not a safe name",
                             str(notice.session)[:80])
             return

@@ -16,6 +16,8 @@ from typing import Any
 
 from perftracker.agent.daemon.worker_exits import MemoryCgroup
 
+from perftracker.model.names import NAME_RE
+
 SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
 FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
 
@@ -72,8 +74,9 @@ def select_job(workers: Iterable[Worker], job: str, connected: bool = True) -> l
 # agent checks more before it stores or forwards anything: lengths, ranges and the optional fields,
 # so that one odd worker can neither crash its connection handler nor make the localizer refuse
 # the node's whole heartbeat.
-NAME_RE = re.compile(r"^[A-Za-z0-9_.:@+=/-]{1,200}$")  # the localizer's job-name rule
-SESSION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@+=-]{0,199}$")
+# the one name pattern (perftracker/model/names.py), always a full match: no trailing newline; a
+# session id also starts with a letter or digit (the localizer's ids do)
+SESSION_RE = re.compile(r"(?=[A-Za-z0-9])" + NAME_RE.pattern)
 MAX_PHASE_CHARS = 64
 MAX_TEXT_CHARS = 200
 MAX_ERROR_CHARS = 2000
@@ -118,7 +121,7 @@ def check_worker_message(msg: dict[str, Any]) -> None:
     """Raise BadWorkerMessage unless a (wire-valid) worker message is within the agent's limits."""
     kind = msg.get("type")
     if kind == "register":
-        if not isinstance(msg.get("job"), str) or not NAME_RE.match(msg["job"]):
+        if not isinstance(msg.get("job"), str) or not NAME_RE.fullmatch(msg["job"]):
             raise BadWorkerMessage(f"job: {str(msg.get('job'))[:80]!r} is not a valid job name")
         _integer(msg, "world_size", 1, MAX_RANK)
         _integer(msg, "rank", 0, msg["world_size"] - 1)
@@ -142,7 +145,7 @@ def check_worker_message(msg: dict[str, Any]) -> None:
         _number(msg, "window_s", 600.0)
     elif kind == "window_done":
         session = msg.get("session")
-        if not isinstance(session, str) or not SESSION_RE.match(session):
+        if not isinstance(session, str) or not SESSION_RE.fullmatch(session):
             raise BadWorkerMessage(f"session: {str(session)[:80]!r} is not a valid session id")
         _text(msg, "raw_path", MAX_PATH_CHARS)
         _text(msg, "samples_path", MAX_PATH_CHARS, optional=True)

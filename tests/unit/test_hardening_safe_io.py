@@ -63,6 +63,20 @@ def test_names_fully_match_one_pattern_without_a_trailing_newline() -> None:
     assert session_dir_name("s1") == "s1"
 
 
+def test_the_agent_checks_worker_names_with_the_same_full_match() -> None:
+    from perftracker.agent.daemon.workers import BadWorkerMessage, check_worker_message
+
+    reg = {"type": "register", "protocol": 1, "job": "teama-x", "rank": 0, "world_size": 1, "local_rank": 0,
+           "pid": 5, "training_tid": 5, "host": "h"}
+    done = {"type": "window_done", "session": "s1", "raw_path": "/x", "start_ns": 0, "end_ns": 1, "error": ""}
+    check_worker_message(reg)
+    check_worker_message(done)
+    for bad in ({**reg, "job": "teama-x\n"}, {**reg, "job": "team/a"}, {**done, "session": "s1\n"},
+                {**done, "session": ".hidden"}):
+        with pytest.raises(BadWorkerMessage):
+            check_worker_message(bad)
+
+
 def test_the_service_refuses_a_job_name_with_a_trailing_newline() -> None:
     body = {"job": "teama-x", "agent_id": "a", "host": "n",
             "workers": [{"rank": 0, "local_rank": 0, "world_size": 1, "pid": 1, "tid": 1, "host": "n"}]}
