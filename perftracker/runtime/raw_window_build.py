@@ -178,7 +178,8 @@ def build_raw_window(
             _tracer_parents_and_stacks(kineto, name_id, base, parent, stack_id, it)
         block(kind, name_id, kineto.tid, kineto.device, kineto.start_ns, kineto.end_ns, stack_id, parent, group)
 
-    gc_rows = [(s, e) for s, e, _gen in gc_pauses if not (e < meta.window_start_ns or s > meta.window_end_ns)]
+    lo, hi = meta.window_start_ns, meta.window_end_ns  # a pause across an edge counts inside the window only
+    gc_rows = [(max(s, lo), min(e, hi)) for s, e, _gen in gc_pauses if not (e < lo or s > hi)]
     if gc_rows:
         gc_id = it.name("Python GC")
         arr = np.array(gc_rows, np.int64).reshape(-1, 2)

@@ -86,3 +86,14 @@ def test_python_rows_stacks_interned_once_and_kept() -> None:
     for i, (_, stack) in enumerate(rows):
         if len(stack) == 2:
             assert rows[par[i]][1] == stack[:1]  # parent is the enclosing execution
+
+
+def test_gc_pauses_across_the_window_edges_are_clipped_to_the_window() -> None:
+    # the GC callbacks are installed, and the profiler started, a moment before the window's start is
+    # taken, and removed after its end: a pause can begin before the start or end after the end
+    meta = WindowMeta(job="j", session="s", rank=0, world_size=1, host="h", pid=1, training_tid=9,
+                      window_start_ns=1_000, window_end_ns=9_000)
+    raw = build_raw_window(meta, None, None, [(400, 1_300, 0), (5_000, 5_100, 2), (8_800, 9_700, 0), (9_800, 9_900, 0)])
+    rows = sorted(zip(raw.col("start_ns").tolist(), raw.col("end_ns").tolist(), strict=True))
+    assert rows == [(1_000, 1_300), (5_000, 5_100), (8_800, 9_000)]
+    assert set(raw.col("kind").tolist()) == {EventKind.GC}
