@@ -1,5 +1,5 @@
 """perftracker.agent.kineto on real traces (shared dlrm 8-rank GPU traces) and bad files (a fresh
-torch.profiler export, in a child process: tests/component/test_kineto_export.py)."""
+torch.profiler export, in a child process: tests/system/test_kineto_export.py)."""
 
 from __future__ import annotations
 
