@@ -32,6 +32,7 @@ from perftracker.localizer.diagnose.explain import (
     describe_report,
 )
 from perftracker.localizer.diagnose.group_findings import (
+    HOP,
     GroupCause,
     claim,
     finding_of,
@@ -41,10 +42,12 @@ from perftracker.localizer.diagnose.group_findings import (
     member_sets,
 )
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
+from perftracker.localizer.diagnose.imbalance import step_late
 from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import Threshold
 from perftracker.localizer.diagnose.waits import (
     LateGroup,
+    MemberSets,
     WaitOptions,
     cause_of_lateness,
     late_groups,
@@ -121,7 +124,8 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
             tests = tuple(t for t, m in (("expectation", by_exp), ("differential", by_diff)) if m[idx].any())
             groups = [(idx, tests)]
         for idx, tests in groups:
-            drafts.append(_draft(f, v, values, idx, tests, median, n, common_fraction))
+            drafts.append(_draft(f, v, values, idx, tests, _stage_median(arr, values, idx, median), n,
+                                 common_fraction))
     _fold_consequences(drafts, arr)
     stage, moving = group_causes(arr, opts.waits)
     _fold_waits(drafts, arr, verdicts, opts.waits, (stage, moving))
@@ -135,13 +139,27 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     findings = [_finding(d, arr, max_points) for d in kept]
     compute_beta = arr.values[[f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE], 0, :].sum(axis=0)
     causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
-    findings = sorted(causes, key=lambda g: -g.impact) + findings  # root causes of a set of ranks first
+    # a set of ranks' causes are tier 0 (measured against the job's own ranks), ranked by impact
+    tiers = [0] * len(causes) + [_tier(d, material) for d in kept]
+    order = sorted(range(len(tiers)), key=lambda i: (tiers[i], -(causes + findings)[i].impact))
+    findings = [(causes + findings)[i] for i in order]
     top = top_functions(arr, verdicts, opts.top_functions, medians)
     summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
                               [(t.label, t.median.beta) for t in top], int(arr.ranks[0]) if n == 1 else None)
     if n > 1:
         summary += f" [{groups_note(arr)}]"
     return findings, summary, top
+
+
+def _stage_median(arr: PatternArrays, values: np.ndarray, idx: np.ndarray, median: Triple) -> Triple:
+    """The median worker of the pipeline stage that holds all of ``idx`` (like with like: issue 28),
+    else ``median`` (the job's)."""
+    if arr.stage is None or idx.size == 0:
+        return median
+    st = arr.stage[idx]
+    if (st != st[0]).any() or st[0] < 0 or (arr.stage == st[0]).all():
+        return median
+    return Triple(*(float(x) for x in np.median(values[:, arr.stage == st[0]], axis=1)))
 
 
 def _draft(f: int, v: FunctionVerdict, values: np.ndarray, idx: np.ndarray, tests: tuple[str, ...],
@@ -194,6 +212,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
     sets = member_sets(arr, families)
     groups = late_groups(beta, families, arr.stage, opts, sets)
+    groups += _step_late_groups(arr, families, sets, groups, opts)
     groups += _flagged_early_exits(drafts, beta, families, groups, opts)
     suspects = _suspects(drafts)
     groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts, sets)
@@ -202,7 +221,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     waiting = np.zeros(arr.n_workers, dtype=bool)
     for lg in groups:
         waiting[lg.waiting] = True
-    roots = wait_roots(groups)
+    groups, roots = wait_roots(groups)
     claimed = [False] * len(groups)
     if group_causes is not None:
         claimed = claim(arr, groups, roots, [verdicts[lg.f].info.label for lg in groups], *group_causes)
@@ -216,7 +235,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         root = groups[roots[i]]
         label = group_label(arr, verdicts[lg.f].info.label, lg.group)
         if root is not lg:  # a victim one hop (or more) further: it waits for ranks that wait for the root
-            label += f" through {describe_ranks(np.sort(arr.ranks[lg.late]).tolist(), arr.n_workers)}"
+            label += HOP
         owner = _owner(culprits, root.late)
         if owner is None:
             cause = cause_of_lateness(beta, causes, root.late, root.waiting, arr.worker_window_s, opts)
@@ -268,6 +287,24 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 v.folded = True
                 break
     _drop_split_long_waits(drafts, beta, families, opts)
+
+
+def _step_late_groups(arr: PatternArrays, families: list[list[int]], sets: MemberSets, known: Sequence[LateGroup],
+                      opts: WaitOptions) -> list[LateGroup]:
+    """Late groups from the per-step compute (``imbalance.step_late``): members of a step group that
+    the others wait for step after step, where the collective shares did not show it (a trace whose
+    collectives start when the last member arrives shows the waits as idle time). Each is judged at
+    the step group's first collective."""
+    out: list[LateGroup] = []
+    covered = {(g.group, int(r)) for g in known for r in g.late}
+    for g, late, waiting, share in step_late(arr.job_groups.steps, arr.job_groups.step_group, float(arr.window_s),
+                                            opts):
+        if all((g, int(r)) in covered for r in late):
+            continue
+        head = next((fam[0] for fam in families if any(i == g for i, _ in sets.get(fam[0], ()))), None)
+        if head is not None:
+            out.append(LateGroup(head, late, waiting, share, g))
+    return out
 
 
 def _suspects(drafts: Sequence[_Draft]) -> list[tuple[np.ndarray, float]]:

@@ -31,6 +31,7 @@ from perftracker.model.schema import rounded
 
 STAGE_KEY = "pipeline stage imbalance"
 MOVING_KEY = "moving imbalance (slowest rank changes from step to step)"
+HOP = ", one hop further"  # a wait label's suffix: these ranks wait for ranks that wait for the root
 
 
 @dataclass
@@ -85,18 +86,24 @@ def group_causes(arr: PatternArrays, opts: WaitOptions) -> tuple[GroupCause, Gro
 def claim(arr: PatternArrays, groups: Sequence[LateGroup], roots: Sequence[int], labels: Sequence[str],
           stage: GroupCause, moving: GroupCause) -> list[bool]:
     """Per late group: True when a group cause explains it, and the wait then goes to that cause:
-    its root's late workers are all of the heavy stage and its waiters all of other stages (a group
-    across stages: the pipeline's send/recv, an embedding group), or its root was judged in a step
-    group whose slowest rank moves."""
+    its late workers (or its root's) are all of the heavy stage and its waiters all of other stages
+    (a group across stages: the pipeline's send/recv, an embedding group), or its root was judged in
+    a step group whose slowest rank moves. The group's own late workers are asked first: a stage-1
+    rank that is late for its stage-0 partner because the heavy stage is late is the stage's
+    doing, even when that rank also waits for a slow peer of its own stage."""
     out = []
     for i, lg in enumerate(groups):
         root = groups[roots[i]]
-        label = group_label(arr, labels[i], lg.group)
-        if root is not lg:
-            label += f" through {describe_ranks(np.sort(arr.ranks[lg.late]).tolist(), arr.n_workers)}"
-        wait = Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), rounded(lg.wait_share))
         s, m = stage.stage, moving.moving
-        if s is not None and np.isin(root.late, s.members).all() and not np.isin(root.waiting, s.members).any():
+        label = group_label(arr, labels[i], lg.group)
+        if s is not None and _across(lg, s):  # the heavy stage is late in a group across stages
+            stage.add(Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), rounded(lg.wait_share)))
+            out.append(True)
+            continue
+        if root is not lg:
+            label += HOP
+        wait = Wait(label, tuple(np.sort(arr.ranks[lg.waiting]).tolist()), rounded(lg.wait_share))
+        if s is not None and _across(root, s):
             stage.add(wait)
             out.append(True)
         elif m is not None and root.group >= 0 and root.group in m.groups:
@@ -105,6 +112,11 @@ def claim(arr: PatternArrays, groups: Sequence[LateGroup], roots: Sequence[int],
         else:
             out.append(False)
     return out
+
+
+def _across(lg: LateGroup, s: StageImbalance) -> bool:
+    """The late workers are all of the heavy stage, the waiters all of other stages."""
+    return bool(np.isin(lg.late, s.members).all() and not np.isin(lg.waiting, s.members).any())
 
 
 def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) -> Finding | None:

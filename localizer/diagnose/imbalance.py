@@ -139,3 +139,40 @@ def compute_seconds(beta: np.ndarray, compute: Sequence[int], window_s: np.ndarr
     total = beta[list(compute)].sum(axis=0) if len(compute) else np.zeros(beta.shape[1])
     w = np.full(beta.shape[1], default_s) if window_s is None else np.where(window_s > 0, window_s, default_s)
     return np.asarray(total * w, dtype=np.float64)
+
+
+def step_waits(steps: np.ndarray) -> np.ndarray:
+    """(M,) each member's wait for the slowest member of each step, summed over the steps (ms):
+    Σ_i (max_i − c_ij) over a (members, steps) compute matrix without gaps."""
+    return np.asarray((steps.max(axis=0)[None, :] - steps).sum(axis=1), dtype=np.float64)
+
+
+def step_late(steps: np.ndarray | None, step_group: np.ndarray | None, window_s: float, opts: WaitOptions
+              ) -> list[tuple[int, np.ndarray, np.ndarray, float]]:
+    """Per step group, the members that are late *on average* over the steps: (group, late columns,
+    waiting columns, the waiters' median wait for them as a share of the window).
+
+    The wait of each member is what it waits, step by step, for that step's slowest member
+    (``step_waits``), whatever the trace shows that wait as (a collective kernel that spins, or an
+    idle GPU before a collective that starts when the last member arrives). A member that waits
+    much less than the others is the one they wait for: the same outlier test as the collective
+    shares (``late_workers``), on these waits as shares of the window. Work that moves from rank to
+    rank spreads the waits evenly and finds no one (``moving_imbalance`` says so instead)."""
+    from perftracker.localizer.diagnose.waits import late_workers
+
+    out: list[tuple[int, np.ndarray, np.ndarray, float]] = []
+    if steps is None or step_group is None or window_s <= 0:
+        return out
+    for g in np.unique(step_group):
+        if g < 0:
+            continue
+        cols = np.flatnonzero(step_group == g)
+        sub = steps[cols]
+        full = ~np.isnan(sub).any(axis=0)
+        if cols.size < 2 or int(full.sum()) < MIN_STEPS:
+            continue
+        w = step_waits(sub[:, full]) / 1000.0 / window_s
+        late, share = late_workers(w, opts)
+        if late.any():
+            out.append((int(g), np.sort(cols[late]), np.sort(cols[~late]), share))
+    return out

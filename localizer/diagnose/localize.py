@@ -89,8 +89,13 @@ def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) 
     floors = resolve_floors(opts, arr.gpu)
     sample = sample_for(arr.n_workers, opts)
     arr, host = with_host_total(arr)
-    verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts, floors)
-                for f, info in enumerate(arr.functions)]
+    stages = like_workers(arr.stage)
+    if stages is None:
+        verdicts = [analyze_function(arr.values[f], info, expectations, sample, opts, floors)
+                    for f, info in enumerate(arr.functions)]
+    else:
+        verdicts = [analyze_by_stage(arr.values[f], info, expectations, stages, opts, floors)
+                    for f, info in enumerate(arr.functions)]
     if host:
         verdicts = judge_host_ops_together(verdicts, host, arr)
     arr, idle = with_idle_share(arr)
@@ -140,6 +145,39 @@ def analyze_function(values: np.ndarray, info: FunctionInfo, expectations: Expec
         by_diff &= material_shift(values, floors.shift, 0.0 if small else floors.shift_z)
     return FunctionVerdict(info, box, hint, median_beta, by_exp, by_diff, threshold,
                            rule is not None and rule.waits_for_peers)
+
+
+def like_workers(stage: np.ndarray | None) -> list[np.ndarray] | None:
+    """The worker columns of each pipeline stage, where at least two stages of at least two workers
+    each are known (every worker in one), else None: the whole job is one population."""
+    if stage is None or (stage < 0).any():
+        return None
+    parts = [np.flatnonzero(stage == s) for s in np.unique(stage)]
+    return parts if len(parts) >= 2 and min(p.size for p in parts) >= 2 else None
+
+
+def analyze_by_stage(values: np.ndarray, info: FunctionInfo, expectations: Expectations, stages: list[np.ndarray],
+                     opts: LocalizeOptions, floors: Floors) -> FunctionVerdict:
+    """The rule for one function, each pipeline stage judged on its own (issue 28: like with like).
+    Stages run different layers: a worker of the heavier stage is not abnormal for computing what
+    every worker of its stage computes, and a worker twice as slow as its own stage may still sit
+    inside the spread of the whole job. The masks are the stages' masks put together; the median is
+    the whole job's."""
+    n = values.shape[1]
+    by_exp = np.zeros(n, dtype=bool)
+    by_diff = np.zeros(n, dtype=bool)
+    first: FunctionVerdict | None = None
+    for cols in stages:
+        v = analyze_function(values[:, cols], info, expectations, sample_for(cols.size, opts), opts, floors)
+        if v.by_expectation is None or v.by_differential is None:
+            continue
+        by_exp[cols] = v.by_expectation
+        by_diff[cols] = v.by_differential
+        first = first or v
+    if first is None:  # no stage runs it above β_min: nor does the job (the rule's early exit)
+        return analyze_function(values, info, expectations, sample_for(n, opts), opts, floors)
+    return dataclasses.replace(first, median_beta=exact_median(values[0]), by_expectation=by_exp,
+                               by_differential=by_diff)
 
 
 def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], arr: PatternArrays

@@ -186,31 +186,48 @@ def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.
             yield family[0], members[runs], b[runs], g
 
 
-def wait_roots(groups: Sequence[LateGroup]) -> list[int]:
-    """For each late group, the late group at the root of its waits: follow "the late workers of g
-    are themselves waiting in h" (at least half of them wait there, for workers that are not late
-    in g, in another process group) until a group whose late workers wait for no one. A cycle
-    stops where it closes.
+def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]:
+    """The late groups with their roots: (the groups, each late set trimmed to the workers that are
+    late on their own where only some of them wait elsewhere; for each, the index of the group at
+    the root of its waits).
+
+    A late worker *waits elsewhere* when it is among the waiting workers of a late group of another
+    process group whose late workers are not its fellow late workers. The waiters of g wait for the
+    last of g's late workers to arrive: when some of them wait elsewhere and some do not, those that
+    do not are late on their own and are g's root (g is trimmed to them); when every one of them
+    waits elsewhere, the waits are followed there, from group to group, until a group whose late
+    workers wait for no one. A cycle stops where it closes.
 
     Only waits in a *different* process group (both read from the traces) are followed: within one
     group the collectives run one after the other, and a rank late at one of them while it waits
     at the next is two phases of the same step, not a chain (on dlrm, rank 7 arrives last at the
     first all-to-all and waits for ranks 4-5 at the all-reduces)."""
+
+    def waits_in(late: np.ndarray, here: int) -> list[int]:
+        """Per late worker, the first other group's late group it waits in (-1: none)."""
+        out = []
+        for r in late.tolist():
+            out.append(next((j for j, h in enumerate(groups) if here >= 0 and h.group >= 0 and h.group != here
+                             and r in h.waiting and not np.isin(h.late, late).any()), -1))
+        return out
+
+    trimmed = list(groups)
+    for i, g in enumerate(groups):
+        elsewhere = np.array(waits_in(g.late, g.group), dtype=np.int64)
+        if (elsewhere >= 0).any() and (elsewhere < 0).any():
+            trimmed[i] = LateGroup(g.f, g.late[elsewhere < 0], g.waiting, g.wait_share, g.group)
     roots = []
-    for i in range(len(groups)):
+    for i in range(len(trimmed)):
         cur, seen = i, {i}
         while True:
-            late, here = groups[cur].late, groups[cur].group
-            nxt = next((j for j, h in enumerate(groups) if j not in seen and here >= 0 and h.group >= 0
-                        and h.group != here
-                        and 2 * np.intersect1d(late, h.waiting).size >= late.size
-                        and not np.intersect1d(h.late, late).size), None)
-            if nxt is None:
+            where = waits_in(trimmed[cur].late, trimmed[cur].group)
+            nxt = where[0] if where and min(where) >= 0 else -1
+            if nxt < 0 or nxt in seen:
                 break
             seen.add(nxt)
             cur = nxt
         roots.append(cur)
-    return roots
+    return trimmed, roots
 
 
 def cause_of_lateness(values_beta: np.ndarray, candidates: list[int], late: np.ndarray, waiting: np.ndarray,
