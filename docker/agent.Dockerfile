@@ -4,7 +4,7 @@
 #   docker build -f docker/agent.Dockerfile -t perftracker/agent:0.1.0 .
 #
 # GPU training images: build FROM your own CUDA/torch image instead and `pip install
-# "perftracker[gpu]"` into it; the agent sidecar itself needs no GPU build of torch.
+# "perftracker-ml[gpu]"` (or a path install of this repository) into it; the agent sidecar itself needs no GPU build of torch.
 # No PERFTRACKER_ROLE here: the trainer container runs this image too. The sidecar's command is the
 # `perftracker` console script, which says it is perftracker's own process (perftracker/role.py).
 # NOT BUILT OR RUN on the development machines (no container engine there).

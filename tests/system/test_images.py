@@ -155,7 +155,7 @@ def allowed_modules(install: ImageInstall) -> set[str]:
         text, _ = todo.pop()
         req = Requirement(text)
         name = canonicalize_name(req.name)
-        if name == "perftracker":  # perftracker[a,b] inside the extras table
+        if name == canonicalize_name(project["name"]):  # perftracker-ml[a,b] inside the extras table
             todo += [(r, frozenset()) for e in req.extras for r in project["optional-dependencies"][e]]
             continue
         key = name + "[" + ",".join(sorted(req.extras)) + "]"
