@@ -8,7 +8,7 @@ calls it off the main thread.
 Time base: Kineto event times (``_KinetoEvent.start_ns``) are Unix time (CLOCK_REALTIME ns, from
 torch's TSC-based approximate clock converted at profiler start). We measure the offset
 CLOCK_REALTIME - CLOCK_MONOTONIC when the window starts and subtract it, which puts every event on
-CLOCK_MONOTONIC, the base the samplers read. tests/component/test_timebase.py proves the alignment.
+CLOCK_MONOTONIC, the base the samplers read. tests/accuracy/test_timebase.py proves the alignment.
 
 Thread ids: Kineto CPU events carry RecordFunction's sequential thread id, not the OS id. The
 window records a marker op on the training thread at start; its thread id is the training
