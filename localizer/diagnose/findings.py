@@ -238,7 +238,9 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             label += HOP
         owner = _owner(culprits, root.late)
         if owner is None:
-            cause = cause_of_lateness(beta, causes, root.late, root.waiting, arr.worker_window_s, opts)
+            like = _like(arr, root.late, root.waiting)
+            cause = cause_of_lateness(beta, _computes_more(arr, root.late, like, causes, opts), root.late, like,
+                                      arr.worker_window_s, opts)
             f = root.f if cause is None else cause[0]
             of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, root.waiting], axis=1)))
             owner = _draft(f, verdicts[f], arr.values[f], root.late, ("waits",), of_waiters, arr.n_workers, 1.0)
@@ -287,6 +289,37 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 v.folded = True
                 break
     _drop_split_long_waits(drafts, beta, families, opts)
+
+
+def _like(arr: PatternArrays, late: np.ndarray, waiting: np.ndarray) -> np.ndarray:
+    """The waiting workers of the late workers' pipeline stage, where all of these are of one stage
+    and some waiters are too (a cause is what the late workers do more than their like peers)."""
+    if arr.stage is None:
+        return waiting
+    st = np.unique(arr.stage[late])
+    same = waiting[arr.stage[waiting] == st[0]] if st.size == 1 else waiting[:0]
+    return same if same.size else waiting
+
+
+def _computes_more(arr: PatternArrays, late: np.ndarray, like: np.ndarray, causes: list[int], opts: WaitOptions
+                   ) -> list[int]:
+    """The candidate causes of lateness: only the compute functions where the per-step compute says
+    the late workers compute more per step than their like peers (by ``moving_ratio``), else all.
+    On a trace whose collectives start when the last member arrives the waiters' waits are idle
+    GPU time, so "nothing on the critical path" differs between late and waiting workers by the
+    waits themselves, not by a host stall."""
+    steps = arr.job_groups.steps
+    if steps is None:
+        return causes
+    with np.errstate(invalid="ignore"):
+        mine = np.nanmean(steps[late], axis=1)
+        theirs = np.nanmean(steps[like], axis=1)
+    if not (np.isfinite(mine).all() and np.isfinite(theirs).any()):
+        return causes
+    if float(np.median(mine)) < (1.0 + opts.moving_ratio) * float(np.nanmedian(theirs)):
+        return causes
+    compute = [f for f in causes if arr.functions[f].category is Category.COMPUTE]
+    return compute or causes
 
 
 def _step_late_groups(arr: PatternArrays, families: list[list[int]], sets: MemberSets, known: Sequence[LateGroup],

@@ -186,13 +186,19 @@ def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.
             yield family[0], members[runs], b[runs], g
 
 
+_EXPLAINS = 0.5  # a wait elsewhere explains a lateness here when it is at least this share of it
+
+
 def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]:
     """The late groups with their roots: (the groups, each late set trimmed to the workers that are
     late on their own where only some of them wait elsewhere; for each, the index of the group at
     the root of its waits).
 
     A late worker *waits elsewhere* when it is among the waiting workers of a late group of another
-    process group whose late workers are not its fellow late workers. The waiters of g wait for the
+    process group whose late workers are not its fellow late workers, and waits there at least half
+    (``_EXPLAINS``) as long as it is late here: a rank slowed 2x in a pipeline whose other stage is
+    heavier still waits a little for its partner (5% of the window), and is late 12% at its
+    data-parallel collective on its own account. The waiters of g wait for the
     last of g's late workers to arrive: when some of them wait elsewhere and some do not, those that
     do not are late on their own and are g's root (g is trimmed to them); when every one of them
     waits elsewhere, the waits are followed there, from group to group, until a group whose late
@@ -203,24 +209,26 @@ def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]
     at the next is two phases of the same step, not a chain (on dlrm, rank 7 arrives last at the
     first all-to-all and waits for ranks 4-5 at the all-reduces)."""
 
-    def waits_in(late: np.ndarray, here: int) -> list[int]:
-        """Per late worker, the first other group's late group it waits in (-1: none)."""
+    def waits_in(late: np.ndarray, here: int, share: float) -> list[int]:
+        """Per late worker, the first other group's late group it waits in at least half as long as
+        it is late here (-1: none)."""
         out = []
         for r in late.tolist():
             out.append(next((j for j, h in enumerate(groups) if here >= 0 and h.group >= 0 and h.group != here
-                             and r in h.waiting and not np.isin(h.late, late).any()), -1))
+                             and r in h.waiting and not np.isin(h.late, late).any()
+                             and h.wait_share >= _EXPLAINS * share), -1))
         return out
 
     trimmed = list(groups)
     for i, g in enumerate(groups):
-        elsewhere = np.array(waits_in(g.late, g.group), dtype=np.int64)
+        elsewhere = np.array(waits_in(g.late, g.group, g.wait_share), dtype=np.int64)
         if (elsewhere >= 0).any() and (elsewhere < 0).any():
             trimmed[i] = LateGroup(g.f, g.late[elsewhere < 0], g.waiting, g.wait_share, g.group)
     roots = []
     for i in range(len(trimmed)):
         cur, seen = i, {i}
         while True:
-            where = waits_in(trimmed[cur].late, trimmed[cur].group)
+            where = waits_in(trimmed[cur].late, trimmed[cur].group, trimmed[cur].wait_share)
             nxt = where[0] if where and min(where) >= 0 else -1
             if nxt < 0 or nxt in seen:
                 break

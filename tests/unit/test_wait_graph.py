@@ -231,3 +231,11 @@ def test_a_worker_slow_for_its_stage_is_found_within_the_job_spread() -> None:
     assert any(f.ranks == (4,) and f.key == "gemm" for f in report.findings)
     report = localize(_stage_job(1.0))
     assert not any(len(f.ranks) < 8 for f in report.findings)
+
+
+def test_a_small_wait_elsewhere_does_not_explain_a_large_lateness() -> None:
+    small = _lg([5], [4], group=0, share=0.055)  # rank 4 waits a little for its partner
+    late = _lg([4], [0, 2, 8], group=1, share=0.12)  # and is late 12% of the window at its collective
+    assert wait_roots([small, late])[1] == [0, 1]
+    enough = _lg([5], [4], group=0, share=0.065)  # more than half of its lateness: followed
+    assert wait_roots([enough, late])[1] == [0, 0]
