@@ -137,8 +137,11 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     kept.sort(key=lambda d: (_tier(d, material), -_impact(d), d.verdict.info.key, int(d.idx[0])))
     max_points = opts.max_points
     findings = [_finding(d, arr, max_points) for d in kept]
-    compute_beta = arr.values[[f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE], 0, :].sum(axis=0)
-    causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
+    causes: list[Finding] = []
+    if stage.stage is not None or moving.moving is not None:
+        compute = [f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE]
+        compute_beta = arr.values[compute, 0, :].sum(axis=0)
+        causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
     # a set of ranks' causes are tier 0 (measured against the job's own ranks), ranked by impact
     tiers = [0] * len(causes) + [_tier(d, material) for d in kept]
     order = sorted(range(len(tiers)), key=lambda i: (tiers[i], -(causes + findings)[i].impact))

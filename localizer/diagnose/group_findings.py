@@ -75,11 +75,13 @@ def group_label(arr: PatternArrays, label: str, group: int) -> str:
 
 def group_causes(arr: PatternArrays, opts: WaitOptions) -> tuple[GroupCause, GroupCause]:
     """(the stage cause, the moving cause); each may hold nothing."""
-    beta = arr.values[:, 0, :]
-    compute = [f for f, info in enumerate(arr.functions) if info.category is Category.COMPUTE]
-    seconds = compute_seconds(beta, compute, arr.worker_window_s, float(arr.window_s))
     jg = arr.job_groups
-    return (GroupCause(stage=stage_imbalance(seconds, arr.stage, float(arr.window_s), opts)),
+    stage = None
+    if arr.stage is not None:  # the workers' compute in seconds only where there are stages to compare
+        compute = [f for f, info in enumerate(arr.functions) if info.category is Category.COMPUTE]
+        seconds = compute_seconds(arr.values[:, 0, :], compute, arr.worker_window_s, float(arr.window_s))
+        stage = stage_imbalance(seconds, arr.stage, float(arr.window_s), opts)
+    return (GroupCause(stage=stage),
             GroupCause(moving=moving_imbalance(jg.steps, jg.step_group, float(arr.window_s), opts)))
 
 
