@@ -221,15 +221,36 @@ def material_shift(values: np.ndarray, floor: np.ndarray, z: float = 0.0) -> np.
     return out
 
 
+MAX_LISTED_MISSING = 1_000_000  # a report names at most this many missing ranks (a claimed world size)
+
+
+def _first_missing(present: np.ndarray, n: int) -> list[int]:
+    """The ``n`` smallest non-negative ints not in ``present`` (sorted, unique)."""
+    out: list[int] = []
+    prev = -1
+    for r in [*present.tolist(), None]:
+        hi = prev + 1 + n if r is None else r
+        out.extend(range(prev + 1, min(hi, prev + 1 + n - len(out))))
+        if len(out) >= n or r is None:
+            break
+        prev = r
+    return out
+
+
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
                  opts: LocalizeOptions) -> Report:
     findings, summary, top = build_findings(arr, verdicts, opts)
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()
-    if arr.world_size > 0:
-        present = np.zeros(arr.world_size, dtype=bool)
-        present[ranks_reported[(ranks_reported >= 0) & (ranks_reported < arr.world_size)]] = True
-        missing = tuple(np.flatnonzero(~present).tolist())
+    if arr.world_size > 0:  # sized by the ranks received, never by the world size they claim
+        inside = np.unique(ranks_reported[(ranks_reported >= 0) & (ranks_reported < arr.world_size)])
+        n_missing = arr.world_size - inside.size
+        if 0 < n_missing <= MAX_LISTED_MISSING:
+            bounds = np.concatenate(([-1], inside, [arr.world_size]))
+            missing = tuple(r for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)
+                            for r in range(lo + 1, hi))
+        elif n_missing > 0:  # a claimed world far past the ranks received: the first ones are named
+            missing = tuple(_first_missing(inside, MAX_LISTED_MISSING))
     keep_iter = {r for f in findings for r in f.ranks[:8]}
     keep_iter.update(sorted(arr.iteration_ms)[:8])
     return Report(

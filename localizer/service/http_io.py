@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
+from perftracker.localizer.service.bounds import check_pattern_set
 from perftracker.localizer.service.tokens import job_allowed
 from perftracker.localizer.service.validate import RequestError
 
@@ -50,6 +51,11 @@ class Middleware(Protocol):
 def json_response(data: Any, status: int = 200) -> web.Response:
     """A JSON answer that strict parsers accept (no NaN/Infinity: perftracker.wire.strict_json)."""
     return web.json_response(data, status=status, dumps=strict_json.dumps)
+
+
+def dumps_bytes(data: Any) -> bytes:
+    """``json_response``'s body, built where the caller runs (a worker thread for big answers)."""
+    return strict_json.dumps(data).encode()
 
 
 def error_response(status: int, message: str, **extra: Any) -> web.Response:
@@ -177,5 +183,6 @@ def decode_patterns(content_type: str, raw: bytes, max_inflated_bytes: int) -> t
         ps = PatternSet.from_dict(d)
     except (TypeError, ValueError, AttributeError) as exc:  # shapes from_dict does not name
         raise RequestError(f"PatternSet: bad shape ({exc})", status=422) from None
+    check_pattern_set(ps)  # its integers bounded before they become int64 arrays (issue 33)
     batch = batch_from_sets([ps])
     return batch, encode_batch(batch)

@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 from perftracker.localizer.k8s.client import KubernetesClient, from_environment
 from perftracker.localizer.k8s.cluster import ClusterLink
+from perftracker.localizer.service.bounds import check_hang_snapshot
 from perftracker.localizer.service.connections import ConnectionGuard, GuardedSite, raise_fd_limit
 from perftracker.localizer.service.http_io import (
     HEALTHZ,
@@ -52,6 +53,7 @@ from perftracker.localizer.service.http_io import (
 from perftracker.localizer.service.localize_runner import LocalizeRunner, Uploaded
 from perftracker.localizer.service.ownership import AGENT_KEY_HEADER
 from perftracker.localizer.service.query_handlers import QueryHandlers
+from perftracker.localizer.service.retention import Plan, Retention, RetentionOptions
 from perftracker.localizer.service.service_metrics import install as install_metrics
 from perftracker.localizer.service.session_options import SessionOptions
 from perftracker.localizer.service.sessions import SessionManager
@@ -100,6 +102,8 @@ class ServiceOptions:
     # tokens limited to jobs: {token: (job glob, ...)} (perftracker.localizer.service.tokens, docs/security.md)
     job_tokens: dict[str, tuple[str, ...]] = field(default_factory=dict)
     sessions: SessionOptions = field(default_factory=SessionOptions)
+    # closed sessions and report files expire by age and total size (perftracker.localizer.service.retention)
+    retention: RetentionOptions = field(default_factory=RetentionOptions)
 
 
 class LocalizerService:
@@ -116,7 +120,7 @@ class LocalizerService:
         self.store = store
         self.options = options or ServiceOptions()
         self.sessions = SessionManager(store, clock, self.options.sessions)
-        self.queries = QueryHandlers(store, self._session_dict)  # the read-only GETs
+        self.queries = QueryHandlers(store, self._session_dict, self._summary_dict)  # the read-only GETs
         if self.options.expect_path is not None:
             validate_expect_file(self.options.expect_path)
         self.k8s: KubernetesClient | None = k8s_client
@@ -126,6 +130,8 @@ class LocalizerService:
         self.localize_runner = LocalizeRunner(self.sessions, store.run_batch, localize_options,
                                      self.options.expect_path, self.options.report_dir)
         self._writer = self.localize_runner.writer
+        self.retention = Retention(store, self.options.report_dir, self.options.retention)
+        self._sweeper: asyncio.Task[None] | None = None
         self._waiters: dict[str, asyncio.Event] = {}
         self._checker: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -184,12 +190,14 @@ class LocalizerService:
             self.localize_runner.cluster = ClusterLink(self.k8s, self.store, self._writer)
         self.localize_runner.warm()
         self._checker = loop.create_task(self._check_deadlines())
+        self._sweeper = loop.create_task(self._sweep_periodically())
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checker
+        for task in (self._checker, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for ev in self._waiters.values():
             ev.set()
         # a localization in progress finishes (its writes go through the writer, closed after it)
@@ -207,8 +215,39 @@ class LocalizerService:
                 log.exception("deadline check failed")
             await asyncio.sleep(self.options.check_interval_s)
 
+    async def sweep(self) -> Plan:
+        """One retention sweep: weighed on a worker thread, rows deleted through the writer in
+        chunks, report files removed on a worker thread. The event loop only awaits."""
+        plan = await asyncio.to_thread(self.retention.plan, self.sessions.clock.now_ns())
+        chunk = self.options.retention.chunk
+        for i in range(0, len(plan.sessions), chunk):
+            part = plan.sessions[i:i + chunk]
+            await self._write(lambda part=part: self.store.delete_sessions(part))  # type: ignore[misc]
+        if plan.sessions or plan.orphan_files:
+            await asyncio.to_thread(self.retention.remove_files, plan.sessions, plan.orphan_files)
+            log.info("retention: deleted %d session(s) older than %.0f days and %d more past %.0f MiB "
+                     "(%.1f -> %.1f MiB), %d orphan report file(s)", len(plan.expired),
+                     self.options.retention.max_age_s / 86400, len(plan.evicted),
+                     self.options.retention.max_bytes / 2**20, plan.total_bytes / 2**20, plan.kept_bytes / 2**20,
+                     len(plan.orphan_files))
+        return plan
+
+    async def _sweep_periodically(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - keep sweeping
+                log.exception("retention sweep failed")
+            await asyncio.sleep(self.options.retention.interval_s)
+
     def _session_dict(self, s: SessionRecord) -> dict[str, Any]:
         d = s.to_dict()
+        path = self.report_path(s.session)
+        d["report_path"] = str(path) if path is not None and s.state == "done" else None
+        return d
+
+    def _summary_dict(self, s: SessionRecord) -> dict[str, Any]:
+        d = s.summary_dict()
         path = self.report_path(s.session)
         d["report_path"] = str(path) if path is not None and s.state == "done" else None
         return d
@@ -299,7 +338,10 @@ class LocalizerService:
         check_scope(request, job)
         req = parse_trigger(await read_json(request, self.options.body_timeout_s))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
-        s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind))
+        scope = request.get(SCOPE)  # a job-scoped token's triggers count against that token
+        quota = f"the token for {', '.join(scope)[:80]!r}" if scope is not None else None
+        s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind,
+                                                                    quota_key=quota))
         self._wake(job)
         lookup = self.cluster.expect_pods(s) if self.cluster is not None else None
         if lookup is not None:  # answer with the pods' ranks too, unless the API server is slow
@@ -309,9 +351,11 @@ class LocalizerService:
             except TimeoutError:
                 merged = None
             s = merged or s
+        # the expected ranks as a count and ranges: the answer's size does not grow with the world size
         return json_response({"session": s.session, "joined": joined, "window_s": s.window_s,
-                                  "reason": s.reason, "kind": s.kind, "expected": list(s.expected)},
-                                 status=200 if joined else 201)
+                              "reason": s.reason, "kind": s.kind, "n_expected": len(s.expected),
+                              "expected_ranges": s.expected.to_json()[:64]},
+                             status=200 if joined else 201)
 
     async def upload_patterns(self, request: web.Request) -> web.Response:
         """At most ``max_uploads_in_flight`` uploads are read, parsed and committed at once; the
@@ -356,6 +400,7 @@ class LocalizerService:
             raise RequestError(f"HangSnapshot: bad shape ({exc})", status=422) from None
         parse_name(snap.job, "job")
         check_scope(request, snap.job)
+        check_hang_snapshot(snap, self.sessions.world_of(snap.job))  # its integers, against the job's world
         self.sessions.ownership.check_rank_writer(snap.job, snap.rank, request.headers.get(AGENT_KEY_HEADER))
         s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
         self._wake(snap.job)

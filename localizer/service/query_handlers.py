@@ -3,15 +3,21 @@
 ``QueryHandlers`` is a part of ``perftracker.localizer.service.http_service.LocalizerService``, which
 owns it and routes the three GETs to it; it reads the store and shows sessions the service's way
 (``session_dict``: the report path is the service's).
+
+Each handler reads and serializes on a worker thread (``asyncio.to_thread``), never on the event
+loop. A page of ``GET /v1/sessions`` holds at most ``MAX_PAGE`` sessions, each without its rank
+lists (``SessionRecord.summary_dict``: counts and the first ranges of the missing ranks), so its
+size does not grow with the world size; ``GET /v1/sessions/{session}`` has the lists.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from perftracker.localizer.service.http_io import SCOPE, error_response, json_response
+from perftracker.localizer.service.http_io import SCOPE, dumps_bytes, error_response, json_response
 from perftracker.localizer.service.tokens import job_allowed
 from perftracker.localizer.service.validate import RequestError, parse_int_param, parse_name
 from perftracker.localizer.store.records import SessionRecord
@@ -23,9 +29,11 @@ MAX_PAGE = 1000  # sessions per page of GET /v1/sessions
 class QueryHandlers:
     """GET /v1/sessions, /v1/sessions/{session} and /v1/sessions/{session}/report."""
 
-    def __init__(self, store: Store, session_dict: Callable[[SessionRecord], dict[str, Any]]) -> None:
+    def __init__(self, store: Store, session_dict: Callable[[SessionRecord], dict[str, Any]],
+                 summary_dict: Callable[[SessionRecord], dict[str, Any]] | None = None) -> None:
         self.store = store
         self._session_dict = session_dict
+        self._summary_dict = summary_dict or (lambda s: s.summary_dict())
 
     async def list_sessions(self, request: web.Request) -> web.Response:
         """A page of sessions: ``?job=&state=&limit=`` (at most 1000), oldest first after ``after``
@@ -47,6 +55,12 @@ class QueryHandlers:
             raise RequestError("order: asc or desc")
         after = parse_int_param(q.get("after"), "after", 0, 2**62, 0)
         before = parse_int_param(q.get("before"), "before", 1, 2**62, 2**62)
+        body = await asyncio.to_thread(self._page, scope, job, states, limit, desc, after, before)
+        return web.Response(body=body, content_type="application/json")
+
+    def _page(self, scope: Any, job: str | None, states: tuple[str, ...], limit: int, desc: bool, after: int,
+              before: int) -> bytes:
+        """One page, serialized (on a worker thread)."""
         out: list[SessionRecord] = []
         more = True
         while more and len(out) < limit:  # a job token's sessions may be sparse: read on
@@ -59,26 +73,43 @@ class QueryHandlers:
         if len(out) > limit:
             out, more = out[:limit], True
         cursor = out[-1].seq if more and out else None
-        return json_response({"sessions": [self._session_dict(s) for s in out], "next": cursor})
+        return dumps_bytes({"sessions": [self._summary_dict(s) for s in out], "next": cursor})
 
     async def get_session(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
-        s = self.store.get_session(session)
-        if s is None or not job_allowed(request.get(SCOPE), s.job):
+        scope = request.get(SCOPE)
+
+        def read() -> bytes | None:
+            s = self.store.get_session(session)
+            if s is None or not job_allowed(scope, s.job):
+                return None
+            return dumps_bytes(self._session_dict(s))
+
+        body = await asyncio.to_thread(read)
+        if body is None:
             return error_response(404, f"unknown session {session!r}")
-        return json_response(self._session_dict(s))
+        return web.Response(body=body, content_type="application/json")
 
     async def get_report(self, request: web.Request) -> web.Response:
         session = parse_name(request.match_info["session"], "session")
-        s = self.store.get_session(session)
-        if s is None or not job_allowed(request.get(SCOPE), s.job):
+        scope = request.get(SCOPE)
+        s = await asyncio.to_thread(self.store.get_session, session, with_uploaded=False)
+        if s is None or not job_allowed(scope, s.job):
             return error_response(404, f"unknown session {session!r}")
-        body = self.store.events.get_report_dict(session)
+        body = await asyncio.to_thread(self._report_body, session)
         if body is not None:
-            return json_response(body)
+            return web.Response(body=body, content_type="application/json")
         if s.state == "failed":
             return error_response(409, f"session {session!r} failed: {s.error}", state=s.state)
         if s.state == "done":  # closed with no report, e.g. a hang session whose job resumed
             return error_response(404, f"session {session!r} closed without a report: {s.error}", state=s.state)
-        return json_response({"state": s.state, "uploaded": list(s.uploaded), "expected": list(s.expected),
-                                  "deadline_ns": s.deadline_ns}, status=202)
+        s = await asyncio.to_thread(self.store.get_session, session)
+        if s is None:
+            return error_response(404, f"unknown session {session!r}")
+        body = await asyncio.to_thread(dumps_bytes, {"state": s.state, "uploaded": list(s.uploaded),
+                                                     "expected": list(s.expected), "deadline_ns": s.deadline_ns})
+        return web.Response(body=body, status=202, content_type="application/json")
+
+    def _report_body(self, session: str) -> bytes | None:
+        d = self.store.events.get_report_dict(session)
+        return None if d is None else dumps_bytes(d)

@@ -15,6 +15,7 @@ import logging
 import threading
 from typing import Protocol
 
+from perftracker.localizer.service.bounds import check_hang_snapshot
 from perftracker.localizer.service.session_options import SessionOptions
 from perftracker.localizer.service.session_reports import CRASH, HANG
 from perftracker.localizer.service.session_uploads import PatternUploads
@@ -76,6 +77,7 @@ class HangSessions:
     def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
         """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
         now = self.clock.now_ns()
+        check_hang_snapshot(snap, self._uploads.world_of(snap.job))
         with self._lock:
             if snap.session:
                 s = self._uploads.open_session_for(snap.session, snap.job, [snap.rank])

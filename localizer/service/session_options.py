@@ -31,3 +31,8 @@ class SessionOptions:
     max_cached_set_bytes: int = 1024 * 1024 * 1024
     # an agent not heard from (registration, heartbeat) for this long is dead: others may take its ranks
     agent_dead_s: float = 15.0
+    # per-job limits (perftracker.localizer.service.job_limits; 0: none): a trigger that would open a
+    # session gets 429 when its job has this many open or being localized, or when its token (the
+    # job, for the main token) opened this many in the last minute; joining an open session is free
+    max_open_sessions_per_job: int = 4
+    triggers_per_minute: int = 12

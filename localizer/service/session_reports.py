@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from perftracker.localizer.service.columns import SessionColumns
@@ -35,15 +35,14 @@ def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
         localize_arrays,  # lazy: the numpy/statsmodels stage
     )
 
-    got = set(arr.ranks.tolist())
-    missing = tuple(r for r in s.expected if r not in got)
+    missing = tuple(s.expected.without(arr.ranks.tolist()))
     report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
     return dataclasses.replace(
         report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
         ranks_missing=missing, status="partial" if missing else report.status)
 
 
-def silent_ranks(expected: Sequence[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
+def silent_ranks(expected: Iterable[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],
                  now_ns: int) -> dict[int, Any]:
     """Expected ranks without a snapshot, each with what its latest heartbeat says."""
     from perftracker.localizer.diagnose.hang_diagnosis import (  # lazy: owned by the hangs stage

@@ -8,8 +8,10 @@ ranks, parsed once on arrival: ``perftracker.wire.patterns``). It is checked aga
 to the session's columns (``perftracker.localizer.service.columns``). Localizing a slowdown session reads those arrays,
 or, when the bounded cache let them go or the process restarted, the stored columnar bodies.
 
-Every per-upload step is O(ranks of the upload), not O(ranks of the job): the expected ranks are a
-set cached with the session row, and the ranks still outstanding shrink as uploads commit.
+Every per-upload step is O(ranks of the upload), not O(ranks of the job): the expected ranks are
+ranges cached with the session row (``RankRanges``), and the count of expected ranks uploaded grows
+as uploads commit. Nothing here is sized by a claimed world size: an upload's integers are bounded
+and its world size must be the job's registered world (perftracker.localizer.service.bounds).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from perftracker.localizer.service.bounds import check_batch as check_bounds
+from perftracker.localizer.service.bounds import check_pattern_set, check_world
 from perftracker.localizer.service.columns import ColumnCache, SessionColumns, columns_of
 from perftracker.localizer.service.validate import RequestError
 from perftracker.localizer.store.records import SessionRecord
@@ -48,7 +53,9 @@ class PatternUploads:
         self.cache = ColumnCache(max_cached_set_bytes)  # uploads as arrays, bounded
         # In-memory views of open sessions, so an upload costs no scan of the store:
         self._uploaded: dict[str, set[int]] = {}  # session -> ranks with patterns or a snapshot
-        self._outstanding: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # session -> (expected, not uploaded)
+        # session -> [expected, how many of them uploaded]: the outstanding count without a set of them
+        self._outstanding: dict[str, list[Any]] = {}
+        self.world_of: Callable[[str], int] = lambda job: 0  # the job's registered world (the manager's)
 
     # ---------------------------------------------------------------- the in-memory views
     def view(self, session: str) -> SessionRecord:
@@ -68,10 +75,16 @@ class PatternUploads:
     def count(self, session: str, rank: int) -> None:
         """A committed upload of ``rank`` (a hang snapshot: session_hangs) counts from now on."""
         with self._lock:
-            self.uploaded_of(session).add(rank)
-            memo = self._outstanding.get(session)
-            if memo is not None:
-                memo[1].discard(rank)
+            self._add_uploaded(session, (rank,))
+
+    def _add_uploaded(self, session: str, ranks: Sequence[int]) -> None:
+        got = self.uploaded_of(session)
+        memo = self._outstanding.get(session)
+        for r in ranks:
+            if r not in got:
+                got.add(r)
+                if memo is not None and r in memo[0]:
+                    memo[1] += 1
 
     def forget(self, session: str) -> None:
         """The session closed: drop its views and its columns."""
@@ -80,6 +93,11 @@ class PatternUploads:
         self.cache.forget(session)
 
     # ---------------------------------------------------------------- checks
+    def session_world(self, s: SessionRecord) -> int:
+        """The world an upload to ``s`` must name: the job's registered world, or more when the
+        session expects more ranks (a Kubernetes job's pods); 0 when nothing says."""
+        return max(self.world_of(s.job), s.expected.end)
+
     def open_session_for(self, session: str, job: str, ranks: Sequence[int]) -> SessionRecord:
         s = self.store.get_session(session, with_uploaded=False)
         if s is None:
@@ -99,8 +117,10 @@ class PatternUploads:
 
     def check_batch(self, batch: PatternBatch) -> SessionRecord:
         """Validate an upload against its session (RequestError 404/409/422). Stores nothing."""
+        check_bounds(batch)
         with self._lock:
             s = self.open_session_for(batch.session, batch.job, batch.ranks)
+            check_world(batch, self.store.rank_worlds(batch.job, batch.ranks), self.session_world(s), batch.job)
         cols = self.cache.get(batch.session)
         if cols is not None:
             try:
@@ -110,8 +130,12 @@ class PatternUploads:
         return s
 
     def check_patterns(self, ps: PatternSet) -> SessionRecord:
+        check_pattern_set(ps)
         with self._lock:
-            return self.open_session_for(ps.session, ps.job, [ps.rank])
+            s = self.open_session_for(ps.session, ps.job, [ps.rank])
+            check_world(batch_from_sets([ps]), self.store.rank_worlds(ps.job, [ps.rank]), self.session_world(s),
+                        ps.job)
+            return s
 
     # ---------------------------------------------------------------- commit
     def commit_batches(self, items: Sequence[tuple[PatternBatch, bytes]]) -> None:
@@ -124,9 +148,9 @@ class PatternUploads:
                 s = self.open_session_for(batch.session, batch.job, batch.ranks)
                 if not self.cache.knows(batch.session) and self.uploaded_of(batch.session):
                     self.cache.spill(batch.session)  # earlier uploads this process did not see
-                extra = set(batch.ranks) - s.expected_set
+                extra = [r for r in batch.ranks if r not in s.expected]
                 if extra:  # an unregistered-at-open rank that uploads is expected
-                    self.store.update_session(batch.session, expected=sorted({*s.expected, *extra}))
+                    self.store.update_session(batch.session, expected=s.expected | extra)
             self.store.patterns.put_batches(items, self.clock.now_ns())
             self.store.on_commit(lambda: self._count_uploads([b for b, _ in items]))
 
@@ -138,11 +162,7 @@ class PatternUploads:
     def _count_uploads(self, batches: Sequence[PatternBatch]) -> None:
         with self._lock:
             for b in batches:
-                got = self.uploaded_of(b.session)
-                got.update(b.ranks)
-                memo = self._outstanding.get(b.session)
-                if memo is not None:
-                    memo[1].difference_update(b.ranks)
+                self._add_uploaded(b.session, b.ranks)
         for b in batches:
             try:
                 self.cache.add(b)
@@ -158,13 +178,18 @@ class PatternUploads:
             return self.view(ps.session)
 
     # ---------------------------------------------------------------- progress
-    def outstanding(self, s: SessionRecord) -> set[int]:
-        """Expected ranks of ``s`` with nothing uploaded (kept up to date as uploads commit)."""
+    def n_outstanding(self, s: SessionRecord) -> int:
+        """How many expected ranks of ``s`` have nothing uploaded (kept up to date as uploads commit)."""
         with self._lock:
             memo = self._outstanding.get(s.session)
             if memo is None or memo[0] is not s.expected:
-                memo = self._outstanding[s.session] = (s.expected, set(s.expected_set - self.uploaded_of(s.session)))
-            return memo[1]
+                memo = self._outstanding[s.session] = [s.expected, s.expected.count_in(self.uploaded_of(s.session))]
+            return len(s.expected) - int(memo[1])
+
+    def outstanding(self, s: SessionRecord) -> set[int]:
+        """Expected ranks of ``s`` with nothing uploaded (O(expected ranks): tests and small sessions)."""
+        with self._lock:
+            return set(s.expected.without(self.uploaded_of(s.session)))
 
     def upload_counts(self, session: str) -> tuple[SessionRecord, int]:
         """(the session, how many ranks uploaded) without sorting them (the upload's answer)."""
@@ -185,12 +210,13 @@ class PatternUploads:
             return False
         with self._lock:
             uploaded = self.uploaded_of(s.session)
-            outstanding = self.outstanding(s)
-            if not outstanding:
+            n_out = self.n_outstanding(s)
+            if not n_out:
                 return bool(uploaded)
             dead = self._dead_ranks(s)
-            if not dead or len(outstanding) > len(dead):
+            if not dead or n_out > len(dead):
                 return False
+            outstanding = self.outstanding(s)  # at most len(dead) ranks: bounded by the heartbeats received
             if s.kind == "hang" and not outstanding - dead:
                 return True  # every rank answered or cannot answer (e.g. all dead after a kill)
             return bool(uploaded) and not outstanding - dead

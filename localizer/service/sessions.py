@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perftracker.localizer.service.columns import ColumnCache
+from perftracker.localizer.service.job_limits import TriggerQuota, check_open_sessions
 from perftracker.localizer.service.ownership import Ownership, hash_key
 from perftracker.localizer.service.session_hangs import HangSessions
 from perftracker.localizer.service.session_options import SessionOptions
@@ -47,6 +48,7 @@ from perftracker.localizer.service.session_reports import (
 )
 from perftracker.localizer.service.session_uploads import PatternUploads
 from perftracker.localizer.service.validate import Heartbeat, Registration
+from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.sqlite_store import (
     HeartbeatRecord,
     SessionRecord,
@@ -88,12 +90,11 @@ def _new_session_id(now_ns: int) -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now_ns / 1e9)) + "-" + secrets.token_hex(3)
 
 
-def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> tuple[int, ...]:
-    """Registered ranks plus every rank below the largest registered world size."""
-    ranks = {w.rank for w in workers}
+def expected_ranks(workers: Sequence[WorkerRecord], limit: int) -> RankRanges:
+    """Registered ranks plus every rank below the largest registered world size (at most ``limit``),
+    as ranges: O(registrations) memory, not O(the world size they claim)."""
     world = max((w.world_size for w in workers), default=0)
-    ranks.update(range(min(world, limit)))
-    return tuple(sorted(ranks))
+    return RankRanges.span(min(world, limit)) | RankRanges.of(w.rank for w in workers)
 
 
 class SessionManager:
@@ -111,6 +112,9 @@ class SessionManager:
         self.ownership = Ownership(store, self.options.agent_dead_s, lambda job: set(self._dead_of(job)))
         self.issued_key: str | None = None
         self._dead: dict[str, dict[int, int]] = {}  # job -> rank -> received_ns of a "never answers" beat
+        self._quota = TriggerQuota(self.options.triggers_per_minute)  # sessions opened per token, per minute
+        self._world: dict[str, int] = {}  # job -> registered world (world_of), dropped on registration
+        self.uploads.world_of = self.world_of
 
     @property
     def cache(self) -> ColumnCache:
@@ -146,12 +150,22 @@ class SessionManager:
                                 key_hash=hash_key(new_key) if new_key else None)
             self.issued_key = new_key
             grown = []
+            self._world.pop(reg.job, None)
             for s in list(self.store.iter_sessions(job=reg.job, states=(OPEN,), with_uploaded=False)):
-                exp = set(s.expected) | set(expected_ranks(records, self.options.max_expected_ranks))
-                if exp != set(s.expected):
-                    self.store.update_session(s.session, expected=sorted(exp))
+                exp = s.expected | expected_ranks(records, self.options.max_expected_ranks)
+                if exp != s.expected:
+                    self.store.update_session(s.session, expected=exp)
                     grown.append(s.session)
             return grown
+
+    def world_of(self, job: str) -> int:
+        """The job's registered world: the largest world size its registrations name (0: none).
+        Uploads and hang snapshots must carry it (perftracker.localizer.service.bounds)."""
+        with self._lock:
+            world = self._world.get(job)
+            if world is None:
+                world = self._world[job] = self.store.world_size(job)
+            return world
 
     def register_agent(self, reg: Registration, agent_key: str | None) -> tuple[list[str], str | None]:
         """``register``, returning (sessions grown, the agent key issued now or None)."""
@@ -218,9 +232,12 @@ class SessionManager:
 
     # ---------------------------------------------------------------- triggers
     def trigger(self, job: str, reason: str, window_s: float | None = None,
-                kind: str = SLOWDOWN) -> tuple[SessionRecord, bool]:
-        """Open a session for the job, or join the open one. Returns (session, joined)."""
+                kind: str = SLOWDOWN, quota_key: str | None = None) -> tuple[SessionRecord, bool]:
+        """Open a session for the job, or join the open one. Returns (session, joined). A trigger
+        that would open one past the job's limits gets 429 (perftracker.localizer.service.job_limits;
+        ``quota_key``: whose triggers per minute it counts against, by default the job's)."""
         now = self.clock.now_ns()
+        key = quota_key or f"job {job!r}"
         with self._lock:
             open_ = self.store.sessions(job=job, states=(OPEN,), limit=1, newest_first=True, with_uploaded=False)
             if open_ and self._joins(open_[0], kind, now):
@@ -233,6 +250,8 @@ class SessionManager:
                 # (its reason names the slowdown session); the slowdown session keeps what its window
                 # gathered and is reported from what came by its deadline (issue 19)
                 reason = f"{reason} (during slowdown session {open_[0].session})"
+            check_open_sessions(job, self.store.open_count(job), self.options.max_open_sessions_per_job)
+            self._quota.check(key, now)
             window = float(window_s if window_s is not None else self.options.default_window_s)
             wait_s = self.options.hang_collect_s if kind == HANG else window + self.options.collect_grace_s
             rec = SessionRecord(
@@ -240,6 +259,7 @@ class SessionManager:
                 state=OPEN, opened_ns=now, deadline_ns=now + int(wait_s * 1e9),
                 expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks))
             rec = self.store.insert_session(rec)
+            self._quota.opened(key, now)
             log.info("opened session %s for job %s (%s, %s, %d expected rank(s))", rec.session, job, kind,
                      reason, len(rec.expected))
             return rec, False

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
+
+from perftracker.localizer.store.rank_ranges import RankRanges
 
 STORE_SCHEMA_VERSION = 1
 
@@ -42,29 +43,53 @@ class SessionRecord:
     opened_ns: int
     deadline_ns: int
     closed_ns: int = 0
-    expected: tuple[int, ...] = ()
+    # kept as ranges (``RankRanges``): memory O(ranges), whatever world size a registration claims;
+    # a tuple or list given here is converted
+    expected: RankRanges = field(default_factory=RankRanges)
     joins: int = 0
     error: str = ""
     uploaded: tuple[int, ...] = field(default=())
 
-    @cached_property
-    def expected_set(self) -> frozenset[int]:
-        """``expected`` as a set (computed once per record: the store keeps records of open sessions)."""
-        return frozenset(self.expected)
+    def __post_init__(self) -> None:
+        if not isinstance(self.expected, RankRanges):
+            object.__setattr__(self, "expected", RankRanges.of(self.expected))
+
+    @property
+    def expected_set(self) -> RankRanges:
+        """``expected`` (``in`` is a bisection of its ranges)."""
+        return self.expected
+
+    @property
+    def missing_ranges(self) -> RankRanges:
+        """Expected ranks without an upload, as ranges: O(ranges + uploads)."""
+        return self.expected.without(self.uploaded)
 
     @property
     def missing(self) -> tuple[int, ...]:
-        got = set(self.uploaded)
-        return tuple(r for r in self.expected if r not in got)
+        return tuple(self.missing_ranges)
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary_dict(self, max_ranges: int = 16) -> dict[str, Any]:
+        """The session without its rank lists: counts, and at most ``max_ranges`` ranges of the
+        missing ranks (``missing_ranges``, [lo, hi) pairs; ``missing_more`` when there are more).
+        Its size does not grow with the world size (a page of ``GET /v1/sessions``)."""
+        missing = self.missing_ranges
+        pairs = missing.to_json()
         return {
             "schema_version": STORE_SCHEMA_VERSION, "session": self.session, "job": self.job,
             "kind": self.kind, "reason": self.reason, "window_s": self.window_s, "state": self.state,
             "opened_ns": self.opened_ns, "deadline_ns": self.deadline_ns, "closed_ns": self.closed_ns,
-            "expected": list(self.expected), "uploaded": list(self.uploaded),
-            "missing": list(self.missing), "joins": self.joins, "error": self.error,
+            "n_expected": len(self.expected), "n_uploaded": len(self.uploaded), "n_missing": len(missing),
+            "missing_ranges": pairs[:max_ranges], "missing_more": len(pairs) > max_ranges,
+            "joins": self.joins, "error": self.error,
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole session, its rank lists included (O(expected ranks): build it off the event loop)."""
+        d = self.summary_dict()
+        d.update({"expected": list(self.expected), "uploaded": list(self.uploaded), "missing": list(self.missing),
+                  "expected_ranges": self.expected.to_json(), "missing_ranges": self.missing_ranges.to_json(),
+                  "missing_more": False})
+        return d
 
 
 @dataclass(frozen=True)

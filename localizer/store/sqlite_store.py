@@ -34,6 +34,7 @@ from perftracker.localizer.store.pattern_store import (
     PatternTables,
     add_pattern_columns,
 )
+from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.records import (  # noqa: F401 - re-exported: the store's row types
     SESSION_COLUMNS,
     STORE_DDL,
@@ -69,7 +70,7 @@ class Store:
         self._records: dict[str, SessionRecord] = {}  # committed session rows (without ``uploaded``)
         self._records_gen = 0  # bumped after each commit that changed a session row
         self._records_lock = threading.Lock()
-        self._expected_memo: dict[str, tuple[str, tuple[int, ...]]] = {}  # session -> (JSON, parsed)
+        self._expected_memo: dict[str, tuple[str, RankRanges]] = {}  # session -> (JSON, parsed)
         self.patterns = PatternTables(self.transaction, self._query)  # uploads (columnar)
         self.events = EventTables(self.transaction, self._query)  # heartbeats, hang snapshots, reports
         try:
@@ -230,6 +231,22 @@ class Store:
                            "FROM workers WHERE job=? ORDER BY rank", (job,))
         return [WorkerRecord(*r) for r in rows]
 
+    def rank_worlds(self, job: str, ranks: Sequence[int]) -> dict[int, int]:
+        """rank -> the world size it registered with, for the given ranks that are registered."""
+        out: dict[int, int] = {}
+        wanted = [int(r) for r in ranks]
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i:i + 500]
+            rows = self._query(f"SELECT rank, world_size FROM workers WHERE job=? AND rank IN ({','.join('?' * len(chunk))})",
+                               (job, *chunk))
+            out.update({int(r): int(w) for r, w in rows})
+        return out
+
+    def world_size(self, job: str) -> int:
+        """The largest world size the job's registrations name (0: none registered)."""
+        rows = self._query("SELECT MAX(world_size) FROM workers WHERE job=?", (job,))
+        return int(rows[0][0] or 0) if rows else 0
+
     def jobs(self) -> list[str]:
         return [r[0] for r in self._query("SELECT DISTINCT job FROM agents ORDER BY job")]
 
@@ -245,7 +262,7 @@ class Store:
                 "deadline_ns, closed_ns, expected, joins, error, schema_version) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (s.session, s.job, s.kind, s.reason, s.window_s, s.state, s.opened_ns, s.deadline_ns,
-                 s.closed_ns, json.dumps(list(s.expected)), s.joins, s.error, STORE_SCHEMA_VERSION))
+                 s.closed_ns, json.dumps(s.expected.to_json()), s.joins, s.error, STORE_SCHEMA_VERSION))
             seq = int(cur.lastrowid or 0)
             self._changed(s.session)
         return dataclasses.replace(s, seq=seq)
@@ -256,7 +273,8 @@ class Store:
         if bad:
             raise ValueError(f"cannot update session fields {sorted(bad)}")
         if "expected" in values:
-            values["expected"] = json.dumps(sorted(int(r) for r in values["expected"]))
+            exp = values["expected"]
+            values["expected"] = json.dumps((exp if isinstance(exp, RankRanges) else RankRanges.of(exp)).to_json())
         cols = ", ".join(f"{k}=?" for k in values)
         with self._tx() as db:
             db.execute(f"UPDATE sessions SET {cols} WHERE session=?", (*values.values(), session))
@@ -283,19 +301,20 @@ class Store:
             s = self.get_session(session, with_uploaded=False)
             if s is None or s.state != "open":
                 return None
-            added = tuple(sorted({int(r) for r in ranks} - set(s.expected)))
+            added = tuple(sorted({int(r) for r in ranks if int(r) not in s.expected}))
             if not added:
                 return s, ()
-            expected = tuple(sorted({*s.expected, *added}))
+            expected = s.expected | added
             self.update_session(session, expected=expected)
             return dataclasses.replace(s, expected=expected), added
 
-    def _expected(self, session: str, text: str) -> tuple[int, ...]:
-        """``expected`` parsed once per distinct JSON text of a session."""
+    def _expected(self, session: str, text: str) -> RankRanges:
+        """``expected`` parsed once per distinct JSON text of a session (ranges; a store written
+        before them holds a list of ranks, read as well)."""
         memo = self._expected_memo.get(session)
         if memo is not None and memo[0] == text:
             return memo[1]
-        parsed = tuple(json.loads(text))
+        parsed = RankRanges.from_json(json.loads(text))
         if len(self._expected_memo) > 256:
             self._expected_memo.clear()
         self._expected_memo[session] = (text, parsed)
@@ -364,6 +383,40 @@ class Store:
         sql += f" ORDER BY seq {'DESC' if newest_first else 'ASC'} LIMIT ?"
         args.append(limit)
         return [self._session_from_row(r, with_uploaded) for r in self._query(sql, args)]
+
+    def session_sizes(self) -> list[tuple[str, str, int, int]]:
+        """(session, state, closed_ns or opened_ns, stored bytes) of every session, oldest first: what
+        retention weighs (perftracker.localizer.service.retention). Bytes are the rows' bodies."""
+        rows = self._query(
+            "SELECT s.session, s.state, CASE WHEN s.closed_ns > 0 THEN s.closed_ns ELSE s.opened_ns END, "
+            "LENGTH(s.expected) + LENGTH(s.reason) + LENGTH(s.error) + 128"
+            " + COALESCE((SELECT SUM(LENGTH(body)) FROM patterns p WHERE p.session = s.session), 0)"
+            " + COALESCE((SELECT SUM(LENGTH(body)) FROM pattern_batches b WHERE b.session = s.session), 0)"
+            " + COALESCE((SELECT SUM(LENGTH(body)) FROM hang_snapshots h WHERE h.session = s.session), 0)"
+            " + COALESCE((SELECT LENGTH(body) FROM reports r WHERE r.session = s.session), 0) "
+            "FROM sessions s ORDER BY s.seq")
+        return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+    def delete_sessions(self, sessions: Sequence[str]) -> int:
+        """Delete closed sessions with everything stored for them (patterns, snapshots, report).
+        An open or localizing session is kept. Returns how many were deleted."""
+        n = 0
+        with self._tx() as db:
+            for session in sessions:
+                cur = db.execute("DELETE FROM sessions WHERE session=? AND state IN ('done', 'failed')", (session,))
+                if not cur.rowcount:
+                    continue
+                n += 1
+                for table in ("patterns", "pattern_batches", "hang_snapshots", "reports"):
+                    db.execute(f"DELETE FROM {table} WHERE session=?", (session,))
+                self._expected_memo.pop(session, None)
+                self._changed(session)
+        return n
+
+    def open_count(self, job: str) -> int:
+        """The job's sessions open or being localized (the per-job cap: job_limits)."""
+        rows = self._query("SELECT COUNT(*) FROM sessions WHERE job=? AND state IN ('open', 'localizing')", (job,))
+        return int(rows[0][0]) if rows else 0
 
     def session_counts(self) -> dict[tuple[str, str], int]:
         """Sessions by (state, kind): the localizer's /metrics."""

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=cfg.window_s, help="embedded localizer: default window (default %(default)s)")
     p.add_argument("--collect-grace-s", type=float, default=45.0,
                    help="embedded localizer: wait window + this for uploads (default %(default)s)")
+    from perftracker.cli.localizer import add_limit_arguments
+
+    add_limit_arguments(p, prefix="embedded localizer: ")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics address (default %(default)s)")
     p.add_argument("--agent-id", default="", help="agent id (default <host>-<pid>)")
@@ -58,13 +61,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CA certificate(s) to verify an https:// localizer with (docs/security.md)")
 
 
-def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float) -> Any:
-    """Start (or attach to) the embedded localizer serving ``runs_dir``; returns its handle."""
+def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float,
+                             limits: dict[str, Any] | None = None) -> Any:
+    """Start (or attach to) the embedded localizer serving ``runs_dir``; returns its handle.
+    ``limits``: ``perftracker.cli.localizer.limit_options`` (per-job limits, retention)."""
     from perftracker.localizer.service.embedded import start_embedded
     from perftracker.localizer.service.http_service import ServiceOptions
+    from perftracker.localizer.service.retention import RetentionOptions
     from perftracker.localizer.service.sessions import SessionOptions
 
-    options = ServiceOptions(sessions=SessionOptions(default_window_s=window_s, collect_grace_s=collect_grace_s))
+    limits = limits or {"retention": RetentionOptions.from_env(), "sessions": {}}
+    options = ServiceOptions(sessions=SessionOptions(default_window_s=window_s, collect_grace_s=collect_grace_s,
+                                                     **limits["sessions"]),
+                             retention=limits["retention"])
     return start_embedded(runs_dir, options=options)
 
 
@@ -121,8 +130,10 @@ async def serve(args: argparse.Namespace) -> int:
     try:
         if args.embedded_localizer:
             try:
+                from perftracker.cli.localizer import limit_options
+
                 embedded = await asyncio.to_thread(start_embedded_localizer, args.runs_dir, args.window_s,
-                                                   args.collect_grace_s)
+                                                   args.collect_grace_s, limit_options(args))
                 await asyncio.to_thread(check_localizer_imports)
             except ImportError as exc:
                 return missing_dependency(args.run_dir, exc)

@@ -53,6 +53,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer 408 to a request whose body takes longer (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections at most (default: the file-descriptor limit minus 64)")
+    add_limit_arguments(p)
+
+
+def add_limit_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """Per-job limits and retention (docs/security.md); ``perftracker agent`` has them for its embedded
+    localizer too. Retention defaults come from PERFTRACKER_RETENTION_DAYS / _MAX_MB when set."""
+    p.add_argument("--max-open-sessions", type=int, default=4, metavar="N",
+                   help=f"{prefix}a trigger that would open a session past N open ones of its job gets 429 "
+                        "(0: no limit; default %(default)s)")
+    p.add_argument("--triggers-per-minute", type=int, default=12, metavar="N",
+                   help=f"{prefix}sessions each job token (the main token: each job) may open per minute, "
+                        "then 429 (0: no limit; default %(default)s)")
+    p.add_argument("--retention-days", type=float, default=float(os.environ.get("PERFTRACKER_RETENTION_DAYS") or 30),
+                   help=f"{prefix}delete closed sessions and their reports this many days after they closed "
+                        "(0: never; default %(default)s, PERFTRACKER_RETENTION_DAYS)")
+    p.add_argument("--retention-max-mb", type=float,
+                   default=float(os.environ.get("PERFTRACKER_RETENTION_MAX_MB") or 1024),
+                   help=f"{prefix}past this many MiB of stored sessions and report files, delete the oldest closed "
+                        "ones (0: no bound; default %(default)s, PERFTRACKER_RETENTION_MAX_MB)")
+
+
+def limit_options(args: argparse.Namespace) -> dict[str, object]:
+    """The ServiceOptions/SessionOptions fields the limit arguments set: {"retention": ..., "sessions": {...}}."""
+    from perftracker.localizer.service.retention import DAY_S, MIB, RetentionOptions
+
+    for name in ("max_open_sessions", "triggers_per_minute", "retention_days", "retention_max_mb"):
+        v = getattr(args, name)
+        if not v >= 0 or v == float("inf"):
+            raise ConfigError(f"--{name.replace('_', '-')} {v}: must be a finite number >= 0 (0: no limit)")
+    return {"retention": RetentionOptions(max_age_s=args.retention_days * DAY_S,
+                                          max_bytes=int(args.retention_max_mb * MIB)),
+            "sessions": {"max_open_sessions_per_job": args.max_open_sessions,
+                         "triggers_per_minute": args.triggers_per_minute}}
 
 
 def resolve_or_create_token(args: argparse.Namespace) -> str:
@@ -90,16 +123,18 @@ def run(args: argparse.Namespace) -> int:
         profiles = validate_expect_file(args.expect)
         log.info("expected ranges from %s (gpu jobs: profile %r, cpu jobs: profile %r)", args.expect,
                  profiles["gpu"], profiles["cpu"])
+    limits = limit_options(args)
     token = resolve_or_create_token(args)
     report_dir = args.report_dir or str(Path(args.store).parent / "reports")
     options = ServiceOptions(max_body_bytes=args.max_body_bytes, report_dir=report_dir, expect_path=args.expect,
                              kubernetes=not args.no_kubernetes, tls_cert=args.tls_cert, tls_key=args.tls_key,
                              job_tokens=load_job_tokens(args.job_tokens) if args.job_tokens else {},
                              header_timeout_s=args.header_timeout_s, body_timeout_s=args.body_timeout_s,
-                             max_connections=args.max_connections,
+                             max_connections=args.max_connections, retention=limits["retention"],  # type: ignore[arg-type]
                              sessions=SessionOptions(default_window_s=args.window_s,
                                                      collect_grace_s=args.collect_grace_s,
-                                                     hang_collect_s=args.hang_collect_s))
+                                                     hang_collect_s=args.hang_collect_s,
+                                                     **limits["sessions"]))  # type: ignore[arg-type]
 
     def on_ready(url: str) -> None:
         logging.getLogger("perftracker").warning("localizer listening on %s, store %s", url, args.store)

@@ -185,7 +185,7 @@ class LocalAgent:
                 if progress:
                     s = pending[0]
                     line.show(f"perftracker: waiting for session {s['session']} ({s.get('state')}, "
-                              f"{len(s.get('uploaded', []))}/{len(s.get('expected', []))} uploaded)")
+                              f"{s.get('n_uploaded', 0)}/{s.get('n_expected', 0)} uploaded)")
                 time.sleep(0.5)
         finally:
             line.done()

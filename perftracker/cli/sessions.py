@@ -128,10 +128,16 @@ def _widths(names: list[str], cells: list[list[str]]) -> list[int]:
     return widths
 
 
+def _ranges_text(s: dict[str, Any]) -> str:
+    """The missing ranks of a listed session, from its first ranges ("0-3, 7, ..." past them)."""
+    parts = [str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}" for lo, hi in s.get("missing_ranges", [])]
+    return "[" + ", ".join(parts) + (", ..." if s.get("missing_more") else "") + "]"
+
+
 def _row(s: dict[str, Any]) -> list[str]:
     opened = time.strftime("%m-%d %H:%M:%S", time.localtime(s["opened_ns"] / 1e9))
-    ranks = f"{len(s['uploaded'])}/{len(s['expected'])}"
-    missing = f"missing {s['missing']}" if s["missing"] and s["state"] != "open" else ""
+    ranks = f"{s['n_uploaded']}/{s['n_expected']}"  # a page lists counts, never the ranks themselves
+    missing = f"missing {_ranges_text(s)}" if s["n_missing"] and s["state"] != "open" else ""
     note = s["error"] or missing or s["reason"]
     # names and reasons come from the network or the store: shown, never obeyed by the terminal
     return [safe_text(str(c)) for c in (s["session"], s["job"], s["kind"], s["state"], ranks, opened, note)]

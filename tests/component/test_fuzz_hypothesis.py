@@ -234,3 +234,85 @@ def test_frames_are_length_prefixed() -> None:  # what the agent fuzz writes by 
     finally:
         sock_a.close()
         sock_b.close()
+
+
+EXTREME_INTS = (st.sampled_from([0, 1, -1, 2, 3, 7, 8, 2**31 - 1, 2**31, 2**53, 2**53 + 1, 2**62, 2**62 + 1, 2**63 - 1,
+                                 2**63, 2**64, 2**70, 2**40, -(2**63), -(2**70), 10**7, 10**7 + 1, 20_000_000, 10**12])
+                | st.integers(min_value=-(2**80), max_value=2**80))
+UPLOAD_INTS = ["world_size", "rank", "window_start_ns", "window_end_ns", "local_rank", "pid", "coords.dp",
+               "patterns.executions", "patterns.critical_ns"]
+SNAPSHOT_INTS = ["rank", "world_size", "pid", "taken_ns", "last_iteration", "exit_code", "failed_ns", "stack.line"]
+
+
+def test_uploads_and_snapshots_with_extreme_integers_never_answer_5xx(tmp_path: Path) -> None:
+    """Issue 33: every integer of an upload (JSON, zlib JSON and columnar) and of a hang snapshot,
+    set to an extreme value: never a 5xx, never stored when out of range, and the session still
+    takes a valid upload afterwards (its memory is not sized by what was claimed)."""
+    from perftracker.model import Frame, HangSnapshot, PatternSet
+    from perftracker.wire.patterns import COLUMNS_CONTENT_TYPE, encode_sets
+
+    with ServiceThread(tmp_path / "s.sqlite") as svc:
+        up = Uplink(svc.url, TOKEN, retries=0)
+        up.register("xi", "agent-xi", "n", workers(range(8), 8))  # 4, 5 and 6 are never drawn: it stays open
+        session, _ = up.create_trigger("xi", "extreme", window_s=600)
+        key = up.agent_key("xi", 1)
+        client = Client(svc.port)
+        base = make_pattern_set("xi", session, 1, 8, seed=5).to_dict()
+        snap = HangSnapshot("xi", 1, 8, "n", 100, time.time_ns(), 41, 30.0, (Frame("dist.py", 10, "all_reduce"),),
+                            session=session).to_dict()
+        counts = {"accepted": 0, "refused": 0}
+        t0 = time.monotonic()
+
+        def send(path: str, data: bytes, ctype: str) -> int:
+            client.conn.request("POST", path, body=data, headers={**AUTH, "Content-Type": ctype,
+                                                                   "X-Perftracker-Agent-Key": key or ""})
+            resp = client.conn.getresponse()
+            answer = resp.read()
+            assert resp.status < 500, (path, data[:300], answer[:300])
+            _strict(answer)
+            counts["accepted" if resp.status < 300 else "refused"] += 1
+            return resp.status
+
+        @FUZZ
+        @given(field=st.sampled_from(UPLOAD_INTS + [f"snap.{f}" for f in SNAPSHOT_INTS]), value=EXTREME_INTS,
+               form=st.sampled_from(["json", "zlib", "columns"]))
+        def one(field: str, value: int, form: str) -> None:
+            if field.startswith("snap."):
+                body = json.loads(json.dumps(snap))
+                name = field[5:]
+                if name == "stack.line":
+                    body["stack"][0][1] = value  # a frame: [file, line, function]
+                else:
+                    body[name] = value
+                send("/v1/hang-snapshots", _encode(body), "application/json")
+                return
+            body = json.loads(json.dumps(base))
+            if field.startswith("patterns."):
+                body["patterns"][0][6 if field.endswith("executions") else 7] = value  # a row: [..., executions, critical_ns, resource]
+            elif field == "coords.dp":
+                body["coords"] = {"dp": value}
+            else:
+                body[field] = value
+            path = f"/v1/sessions/{session}/patterns"
+            if form == "json":
+                send(path, _encode(body), "application/json")
+            elif form == "zlib":
+                import zlib
+
+                send(path, zlib.compress(_encode(body)), "application/x-perftracker-patterns+zlib")
+            else:
+                try:
+                    raw = encode_sets([PatternSet.from_dict(body)])
+                except (ValueError, TypeError, OverflowError):  # the encoder refuses it itself (int64 columns)
+                    return
+                send(path, raw, COLUMNS_CONTENT_TYPE)
+
+        one()
+        print(f"\nfuzz extreme integers: {sum(counts.values())} requests in {time.monotonic() - t0:.1f} s "
+              f"({counts['accepted']} accepted, {counts['refused']} refused, no 5xx)")
+        assert counts["refused"] > counts["accepted"] and sum(counts.values()) >= min(N, 50)
+        for ps in svc.store.pattern_sets(session):  # what was kept is in range
+            assert ps.world_size == 8 and 0 <= ps.rank < 8 and 0 <= ps.window_start_ns <= ps.window_end_ns < 2**62
+            assert all(0 <= p.executions <= 2**53 and 0 <= p.critical_ns <= 2**53 for p in ps.patterns)
+        assert up.upload_patterns(make_pattern_set("xi", session, 5, 8, seed=0))["stored"]
+        assert up.request("GET", "/v1/healthz")[0] == 200
