@@ -17,6 +17,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
+from perftracker.cli.options import DEFAULT_DATA_DIR, RUN_DIR_DEFAULT_TEXT, add_data_dir
 from perftracker.config import Config
 from perftracker.errors import ConfigError
 
@@ -26,39 +27,60 @@ if TYPE_CHECKING:  # the agent loads when the command runs
 HELP = "run the node agent (sidecar)"
 DESCRIPTION = """Run the node agent: training processes connect to <run-dir>/agent.sock; the agent
 profiles them when the localizer opens a session, summarizes each window in a low-priority process,
-and uploads the patterns. Without --localizer-url it needs --embedded-localizer."""
+and uploads the patterns. Without --localizer-url it needs --embedded-localizer.
+
+Two directories: --run-dir (this agent's socket, lock, log and raw windows; $PERFTRACKER_RUN_DIR,
+where the workers look) and --data-dir (the embedded localizer's store, reports and token).
+A training script with `import perftracker` starts this agent by itself; run it by hand for a
+sidecar (Kubernetes) or a shared localizer.
+
+examples:
+  perftracker agent --embedded-localizer --idle-exit-s 300
+  perftracker agent --localizer-url http://perftracker-localizer:8765 --token-file /var/run/perftracker/token
+  perftracker agent --embedded-localizer --data-dir /scratch/perftracker-runs --keep-files --metrics-port 9464"""
 
 log = logging.getLogger(__name__)
-DEFAULT_RUNS_DIR = "perftracker-runs"
+DEFAULT_RUNS_DIR = DEFAULT_DATA_DIR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     cfg = Config.from_env()
-    p.add_argument("--run-dir", default=cfg.run_dir, help="directory of agent.sock and raw windows (default %(default)s)")
-    p.add_argument("--localizer-url", default=cfg.localizer_url or None, help="the localizer service, e.g. http://host:8765")
-    p.add_argument("--token", default=None, help="bearer token (prefer PERFTRACKER_TOKEN or --token-file)")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument("--run-dir", default=cfg.run_dir, metavar="DIR",
+                   help=f"the agent's socket, lock, log and raw windows (default {RUN_DIR_DEFAULT_TEXT})")
+    p.add_argument("--localizer-url", default=cfg.localizer_url or None, metavar="URL",
+                   help="the localizer service, e.g. http://host:8765 (default $PERFTRACKER_LOCALIZER_URL, else "
+                        "none: then --embedded-localizer)")
+    p.add_argument("--token", default=None, help="bearer token (default $PERFTRACKER_TOKEN; prefer it or --token-file)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file holding the bearer token (default $PERFTRACKER_TOKEN_FILE)")
     p.add_argument("--embedded-localizer", action="store_true", help="run a localizer inside this process")
-    p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR,
-                   help="embedded localizer: store and reports directory (default %(default)s)")
-    p.add_argument("--window-s", type=float, default=cfg.window_s, help="embedded localizer: default window (default %(default)s)")
+    add_data_dir(p, "embedded localizer: its store, reports and token")
+    p.add_argument("--window-s", type=float, default=cfg.window_s, metavar="S",
+                   help="embedded localizer: default profile window, seconds (default $PERFTRACKER_WINDOW_S, else 20)")
     p.add_argument("--collect-grace-s", type=float, default=45.0,
                    help="embedded localizer: wait window + this for uploads (default %(default)s)")
     from perftracker.cli.localizer import add_limit_arguments
 
     add_limit_arguments(p, prefix="embedded localizer: ")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port (0: any)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port (0: any free one; default: no metrics)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics address (default %(default)s)")
     p.add_argument("--agent-id", default="", help="agent id (default <host>-<pid>)")
-    p.add_argument("--idle-exit-s", type=float, default=0.0, help="exit after this long with no worker (0: never)")
-    p.add_argument("--poll-timeout-s", type=float, default=20.0, help="long-poll duration (default %(default)s)")
+    p.add_argument("--idle-exit-s", type=float, default=0.0, metavar="S",
+                   help="exit after this many seconds with no worker (0: never; default %(default)s; an agent "
+                        "that a worker started gets $PERFTRACKER_AGENT_IDLE_EXIT_S, 300)")
+    p.add_argument("--poll-timeout-s", type=float, default=20.0, metavar="S", help="long-poll duration (default %(default)s)")
     p.add_argument("--no-samplers", action="store_true", help="do not run the hardware samplers")
-    p.add_argument("--keep-files", action="store_true", help="keep raw windows and pattern files after upload")
-    p.add_argument("--socket-group", default=os.environ.get("PERFTRACKER_SOCKET_GROUP") or None,
+    p.add_argument("--keep-files", action="store_true",
+                   help="keep raw windows and pattern files under <run-dir>/windows after upload (for export-trace)")
+    p.add_argument("--socket-group", default=os.environ.get("PERFTRACKER_SOCKET_GROUP") or None, metavar="GROUP",
                    help="let workers of this group (name or gid) use the socket: for an agent running as another "
-                        "user than the trainer, e.g. root for nsys (docs/security.md)")
+                        "user than the trainer, e.g. root for nsys (docs/security.md; default "
+                        "$PERFTRACKER_SOCKET_GROUP, else the agent's user only)")
     p.add_argument("--ca-file", default=os.environ.get("PERFTRACKER_CA_FILE") or None,
-                   help="CA certificate(s) to verify an https:// localizer with (docs/security.md)")
+                   metavar="FILE",
+                   help="CA certificate(s) to verify an https:// localizer with (docs/security.md; default "
+                        "$PERFTRACKER_CA_FILE, else the system's)")
 
 
 def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: float,
@@ -94,7 +116,7 @@ def missing_dependency(run_dir: str, exc: ImportError) -> int:
     """Log and leave ``<run_dir>/agent.error`` (for the worker that started us); the exit code."""
     module = getattr(exc, "name", None) or str(exc)
     line = (f"perftracker: no report will come: the node agent cannot run its localizer without the Python "
-            f"package {module!r}; install it (pip install {module.split('.')[0]}) or reinstall perftracker "
+            f"package {module!r}; install it (pip install {module.split('.')[0]}) or reinstall perftracker-ml "
             "with its default dependencies")
     log.error("%s", line)
     with contextlib.suppress(OSError):

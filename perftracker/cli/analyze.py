@@ -59,8 +59,8 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="PATH", help="directory of per-rank Kineto trace files, or one trace file")
     parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
-    parser.add_argument("--expect", metavar="FILE", help="expected ranges (TOML) instead of the built-in profile")
+    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    parser.add_argument("--expect", metavar="FILE", help="expected ranges (TOML) instead of the built-in profile (default: built in)")
     parser.add_argument("--rank-from-filename", action="store_true",
                         help="take each rank from its file name even when the trace has distributedInfo")
     parser.add_argument("--rank", type=int, default=None, metavar="R",

@@ -8,6 +8,11 @@
 4. Waits for perftracker's own detector to trigger, for every worker's profile window and for the
    localizer's report; prints the report, the end-to-end time from trigger to stored report minus
    the window, and whether the report names the throttled rank with compute as the cause.
+
+examples:
+  perftracker demo
+  perftracker demo --slow-rank 1 --slowdown 0.3 --format json
+  perftracker demo --keep-windows && perftracker export-trace latest --rank 2 -o rank2.trace.json
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.cli import output
+from perftracker.cli.options import add_data_dir
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model.names import check_name, safe_text
 
@@ -46,9 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detector-wait-s", type=float, default=90.0,
                    help="trigger on demand if the detector has not triggered this long after the fault (default %(default)s)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long (default %(default)s)")
-    p.add_argument("--runs-dir", default="perftracker-runs", help="store and reports (default %(default)s)")
+    add_data_dir(p, "the embedded localizer's store, reports and token")
     p.add_argument("--script", default=None, help="training script (default: the demo job shipped in the package, perftracker/examples/train.py)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="report output (default text)")
+    from perftracker.cli.run import add_keep_windows
+
+    add_keep_windows(p)
 
 
 def find_script(given: str | None) -> Path:
@@ -110,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--slow-rank {args.slow_rank}: not a rank of {args.workers} workers")
     t_start = time.monotonic()
     _say(f"starting a node agent with an embedded localizer (reports under {Path(args.runs_dir).resolve()})")
-    agent = LocalAgent.start(args.runs_dir, args.window_s, collect_grace_s=60.0)
+    agent = LocalAgent.start(args.runs_dir, args.window_s, collect_grace_s=60.0, keep_windows=args.keep_windows)
     train = None
     try:
         progress = agent.run_dir / "progress"

@@ -26,21 +26,25 @@ from typing import Any
 import numpy as np
 
 from perftracker.cli import output
+from perftracker.cli.options import RUN_DIR_DEFAULT_TEXT, add_data_dir
 from perftracker.errors import PerftrackerError
 from perftracker.model.raw_window import EventKind, RawWindow
 
 HELP = "write one rank's window as a Perfetto/Chrome trace with the critical path"
 DESCRIPTION = """Write one rank's profile window as a Chrome/Perfetto trace (open it in ui.perfetto.dev).
 
-The raw window is looked up under the run directory (--run-dir, default $PERFTRACKER_RUN_DIR),
-in windows/<session>-rank<R>.raw.npz. The node agent deletes raw windows after uploading the
-patterns unless it runs with --keep-files; --raw FILE names a raw window file directly, or a
-Kineto trace (.json or .json.gz, as torch.profiler exports it; its rank from distributedInfo,
-the file name or --rank).
+The raw window windows/<session>-rank<R>.raw.npz is looked up under the data directory
+(--data-dir, where `perftracker run --keep-windows` and `perftracker demo --keep-windows` keep
+them), then under the agent's run directory (--run-dir). SESSION `latest` is the newest session
+with a raw window of that rank. The node agent deletes raw windows after uploading the patterns
+unless it runs with --keep-files (run and demo: --keep-windows); --raw FILE names a raw window
+file directly, or a Kineto trace (.json or .json.gz, as torch.profiler exports it; its rank from
+distributedInfo, the file name or --rank).
 
 examples:
-  perftracker export-trace s-20261122-125301-7f3a --rank 3 -o rank3.trace.json
-  perftracker export-trace --raw /tmp/perftracker-0/windows/s1-rank3.raw.npz -o rank3.json
+  perftracker demo --keep-windows && perftracker export-trace latest --rank 0 -o t.json
+  perftracker export-trace 20261128-020900-c5e6ca --rank 3 -o rank3.trace.json
+  perftracker export-trace --raw perftracker-runs/windows/20261128-020900-c5e6ca-rank3.raw.npz -o rank3.json
   perftracker export-trace --raw worker3.pt.trace.json.gz -o rank3.json
 """
 
@@ -50,21 +54,25 @@ _KIND_NAMES = {k.value: k.name.lower() for k in EventKind}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", nargs="?", default=None, help="session id (not needed with --raw)")
+    parser.add_argument("session", nargs="?", default=None,
+                        help="session id, or 'latest' (not needed with --raw; default latest)")
     parser.add_argument("--rank", type=int, default=None,
                         help="rank whose window to export (required without --raw; with a Kineto trace that "
                              "has no distributedInfo, its rank)")
     parser.add_argument("-o", "--output", metavar="FILE", required=True, help="trace JSON file to write")
-    parser.add_argument("--run-dir", default=None, help="run directory holding windows/ (default $PERFTRACKER_RUN_DIR)")
+    add_data_dir(parser, "where run/demo --keep-windows keep windows/")
+    parser.add_argument("--run-dir", default=None, metavar="DIR",
+                        help=f"the agent's run directory, whose windows/ it also searches (default {RUN_DIR_DEFAULT_TEXT})")
     parser.add_argument("--raw", "--trace", metavar="FILE", default=None,
                         help="a raw window file (.raw.npz) or a Kineto trace (.json, .json.gz) to export")
 
 
 def run(args: argparse.Namespace) -> int:
     output.check_writable(args.output)
-    if not args.raw and args.session is None:
-        raise PerftrackerError("give a SESSION and --rank R, or --raw FILE")
-    path = Path(args.raw) if args.raw else find_raw_window(args.session, args.rank, args.run_dir)
+    if not args.raw and args.rank is None:
+        raise PerftrackerError("give a SESSION (or latest) and --rank R, or --raw FILE")
+    path = Path(args.raw) if args.raw else find_raw_window(args.session or "latest", args.rank, args.run_dir,
+                                                           args.runs_dir)
     raw = load_window(path, args.rank)
     trace = build_trace(raw)
     out = output.write_file(args.output, lambda fh: json.dump(trace, fh, separators=(",", ":")))
@@ -85,24 +93,35 @@ def load_window(path: Path, rank: int | None = None) -> RawWindow:
     return RawWindow.load(path)
 
 
-def find_raw_window(session: str, rank: int | None, run_dir: str | None) -> Path:
-    """The raw window file of (session, rank) under the run directory."""
+def find_raw_window(session: str, rank: int | None, run_dir: str | None, data_dir: str | None = None) -> Path:
+    """The raw window file of (session, rank) under the data directory's or the run directory's
+    windows/; session ``latest``: the newest such file of that rank."""
     if rank is None:
         raise PerftrackerError("--rank R is required (or --raw FILE)")
     if run_dir is None:
         from perftracker.config import Config
 
         run_dir = Config.from_env().run_dir
-    windows = Path(run_dir) / "windows"
+    dirs = [Path(d) / "windows" for d in (data_dir, run_dir) if d]
+    where = " or ".join(str(d) for d in dirs)
+    if session == "latest":
+        found = [p for d in dirs for p in d.glob(f"*-rank{rank}.raw.npz") if p.is_file() and not p.is_symlink()]
+        if found:
+            return max(found, key=lambda p: p.stat().st_mtime_ns)
+        raise PerftrackerError(
+            f"no raw window of rank {rank} under {where}; the agent deletes raw windows after upload: run "
+            "`perftracker run --keep-windows ...` or `perftracker demo --keep-windows` (an agent: --keep-files), "
+            "or pass --raw FILE")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
-    candidates = [windows / f"{safe}-rank{rank}.raw.npz", *sorted((windows / safe).glob(f"*rank{rank}.raw.npz"))]
+    candidates = [c for d in dirs for c in (d / f"{safe}-rank{rank}.raw.npz",
+                                            *sorted((d / safe).glob(f"*rank{rank}.raw.npz")))]
     for c in candidates:
         if c.is_file():
             return c
     raise PerftrackerError(
-        f"no raw window for session {session!r} rank {rank} under {windows} "
-        f"(looked for {candidates[0].name}); the agent deletes raw windows after upload unless it runs "
-        "with --keep-files; pass --raw FILE or --run-dir DIR"
+        f"no raw window for session {session!r} rank {rank} under {where} "
+        f"(looked for {safe}-rank{rank}.raw.npz); the agent deletes raw windows after upload unless it runs "
+        "with --keep-files (run and demo: --keep-windows); pass --raw FILE, --data-dir DIR or --run-dir DIR"
     )
 
 

@@ -18,7 +18,13 @@ sessions are localized when every expected worker uploaded or the deadline passe
 Token: --token, else PERFTRACKER_TOKEN, else --token-file / PERFTRACKER_TOKEN_FILE, else the file
 `token` beside the store; with none, a new token is generated once and written there (mode 0600), so
 a restart keeps it. Short or placeholder tokens are refused. TLS, job-scoped tokens and the
-slow-client limits: docs/security.md."""
+slow-client limits: docs/security.md. One machine needs none of this: the node agent runs an
+embedded localizer (`perftracker agent --embedded-localizer`, what `import perftracker` starts).
+
+examples:
+  perftracker localizer                                  # 127.0.0.1:8765, store in ./perftracker-runs/
+  perftracker localizer --host 0.0.0.0 --port 8765 --store /var/lib/perftracker/localizer.sqlite
+  perftracker localizer --tls-cert tls.crt --tls-key tls.key --job-tokens job-tokens.json"""
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all; default %(default)s)")
     p.add_argument("--port", type=int, default=8765, help="TCP port, 0 for any free one (default %(default)s)")
     p.add_argument("--store", default="perftracker-runs/localizer.sqlite", help="sqlite store path (default %(default)s)")
-    p.add_argument("--token", default=None, help="bearer token (prefer PERFTRACKER_TOKEN or --token-file)")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument("--token", default=None, help="bearer token (default $PERFTRACKER_TOKEN; prefer it or --token-file)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file holding the bearer token (default $PERFTRACKER_TOKEN_FILE, else `token` beside the store, "
+                        "made once)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="request size limit (default %(default)s)")
     p.add_argument("--window-s", type=float, default=20.0, help="default profile window of a session (default %(default)s)")
     p.add_argument("--collect-grace-s", type=float, default=45.0,

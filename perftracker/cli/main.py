@@ -45,6 +45,17 @@ _SUMMARIES: dict[str, str] = {
     "localizer": "run the localizer service",
 }
 
+EPILOG = """\
+start with `perftracker demo`: a slow rank found end to end on 4 CPU workers, in about a minute.
+
+examples:
+  perftracker demo
+  perftracker run --nproc-per-node 4 -- train.py     # your own job, with a local agent
+  perftracker report latest --format html -o report.html
+  perftracker analyze traces/                        # PyTorch profiler traces you already have
+
+`perftracker COMMAND --help` for each command's options and examples; docs: docs/getting-started.md"""
+
 log = logging.getLogger("perftracker")
 
 
@@ -57,7 +68,9 @@ def add_verbose(parser: argparse.ArgumentParser, dest: str) -> None:
                         help="more log output (-vv for debug); anywhere on the command line")
 
 
-def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str], load_all: bool = False) -> argparse.ArgumentParser:
+    """The command line; only the command in ``argv`` is loaded, unless ``load_all`` (the generated
+    reference, tools/cli_reference.py)."""
     parser = argparse.ArgumentParser(
         prog="perftracker",
         description=(
@@ -65,6 +78,8 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             "Add `import perftracker` to a training script; when it slows down or hangs, every "
             "worker profiles a short window and the localizer names the abnormal functions and ranks."
         ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     add_verbose(parser, "verbose")
@@ -72,7 +87,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     # Only the command actually being run is imported; the rest get a summary line.
     wanted = next((a for a in argv if a in COMMANDS), None)
     for name in COMMANDS:
-        if name == wanted:
+        if name == wanted or load_all:
             try:
                 mod = _load(name)
             except ImportError as exc:

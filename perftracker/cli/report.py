@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.cli import output
+from perftracker.cli.options import DEFAULT_DATA_DIR
 from perftracker.errors import PerftrackerError, SchemaError, TransportError
 from perftracker.model import Report
 from perftracker.model.names import check_name
@@ -20,32 +21,37 @@ from perftracker.model.names import check_name
 HELP = "show a stored report as text, JSON or HTML"
 DESCRIPTION = """Show the report of one profiling session.
 
-The report is read from the localizer's sqlite store (--store, the embedded default), from a
-running localizer over HTTP (--url, with the bearer token from --token, PERFTRACKER_TOKEN,
---token-file or PERFTRACKER_TOKEN_FILE), or from a JSON file written by `--format json` (--file).
+The report is read from the embedded localizer's sqlite store (in --data-dir, the default, or
+the file --store), from a running localizer over HTTP (--url, with the bearer token from --token,
+PERFTRACKER_TOKEN, --token-file or PERFTRACKER_TOKEN_FILE), or from a JSON file written by
+`--format json` (--file). `latest` is the newest session that has a report.
 
 examples:
   perftracker report                        # the latest report, in the terminal
   perftracker report latest --format html -o report.html
-  perftracker report s-20261122-125301-7f3a --format json
+  perftracker report 20261128-020900-c5e6ca --format json
+  perftracker report --data-dir /scratch/perftracker-runs latest
   perftracker report --url http://perftracker-localizer:8765 latest
   perftracker report --file report.json --format html -o report.html
 """
 
-DEFAULT_STORE = "perftracker-runs/localizer.sqlite"
+DEFAULT_STORE = f"{DEFAULT_DATA_DIR}/localizer.sqlite"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", nargs="?", default="latest", help="session id, or 'latest' (default)")
+    parser.add_argument("session", nargs="?", default="latest", help="session id, or 'latest' (default latest)")
     parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
-    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write here instead of stdout")
+    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE (default: stdout)")
     src = parser.add_mutually_exclusive_group()
+    src.add_argument("--data-dir", dest="runs_dir", metavar="DIR", default=None,
+                     help=f"the embedded localizer's directory: its store DIR/localizer.sqlite (default {DEFAULT_DATA_DIR})")
+    src.add_argument("--runs-dir", dest="runs_dir", metavar="DIR", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     src.add_argument("--store", metavar="PATH", default=None,
-                     help=f"localizer sqlite store (default $PERFTRACKER_STORE or {DEFAULT_STORE})")
-    src.add_argument("--url", metavar="URL", default=None, help="a running localizer, e.g. http://127.0.0.1:8765")
-    src.add_argument("--file", metavar="REPORT.json", default=None, help="a report written by --format json")
+                     help=f"a localizer's sqlite store file (default $PERFTRACKER_STORE, else {DEFAULT_STORE})")
+    src.add_argument("--url", metavar="URL", default=None, help="a running localizer, e.g. http://127.0.0.1:8765 (default: none, the store)")
+    src.add_argument("--file", metavar="REPORT.json", default=None, help="a report written by --format json (default: none, the store)")
     parser.add_argument("--token", default=None, help="bearer token for --url (default $PERFTRACKER_TOKEN)")
-    parser.add_argument("--token-file", default=None, help="file holding the bearer token for --url")
+    parser.add_argument("--token-file", default=None, help="file holding the bearer token for --url (default $PERFTRACKER_TOKEN_FILE)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +76,12 @@ def load_report(args: argparse.Namespace) -> Report:
         return _from_file(Path(args.file), args.session)
     if args.url:
         return _from_url(args.url, args.session, _token(args))
-    store = args.store or os.environ.get("PERFTRACKER_STORE")
+    store = args.store or (str(Path(args.runs_dir) / "localizer.sqlite") if getattr(args, "runs_dir", None) else None)
+    if store and not args.store:
+        from perftracker.localizer.service.embedded import check_runs_dir
+
+        check_runs_dir(Path(store).parent, other="pass --data-dir DIR of your own")
+    store = store or os.environ.get("PERFTRACKER_STORE")
     if not store and Path(DEFAULT_STORE).parent.exists():  # not another user's (planted) runs dir
         from perftracker.localizer.service.embedded import check_runs_dir
 

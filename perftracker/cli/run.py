@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perftracker.cli.options import DEFAULT_DATA_DIR, add_data_dir
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model.names import safe_text
 from perftracker.role import AGENT, child_env
@@ -37,12 +38,13 @@ examples:
   perftracker run --nproc-per-node 2 -- perftracker/examples/train.py --iters 500
   perftracker run -- torchrun --nproc_per_node 4 perftracker/examples/train.py
   perftracker run -- python my_training.py
+  perftracker run --keep-windows --nproc-per-node 2 -- my_train.py   # then: perftracker export-trace latest --rank 0 -o t.json
 
 A script path with --nproc-per-node is started with torchrun (python -m torch.distributed.run);
 a script path alone with python. Reports go to ./perftracker-runs/ (see `perftracker report`)."""
 
 log = logging.getLogger(__name__)
-DEFAULT_RUNS_DIR = "perftracker-runs"
+DEFAULT_RUNS_DIR = DEFAULT_DATA_DIR
 # A command that failed stays a zombie until the agent has opened a crash session for it, for at
 # most this long, so that the agent can read its wait status from /proc (perftracker.agent.daemon.worker_exits.watch_exit
 # polls for 1 s after the worker's socket closes). A clean exit is reaped at once.
@@ -50,14 +52,23 @@ FAILED_EXIT_HOLD_S = 3.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc-per-node", type=int, default=None, help="start a script with torchrun and N workers")
-    p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="store and reports (default %(default)s)")
-    p.add_argument("--window-s", type=float, default=None, help="profile window of each session (default 20)")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="start a script with torchrun and N workers (default: a script runs with python)")
+    add_data_dir(p, "the embedded localizer's store, reports and token")
+    p.add_argument("--window-s", type=float, default=None, metavar="S",
+                   help="profile window of each session, seconds (default $PERFTRACKER_WINDOW_S, else 20)")
     p.add_argument("--collect-grace-s", type=float, default=45.0,
                    help="a session waits window + this for every worker's upload (default %(default)s)")
     p.add_argument("--wait-s", type=float, default=120.0,
                    help="after the command ends, wait up to this long for open sessions (default %(default)s)")
+    add_keep_windows(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+
+
+def add_keep_windows(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--keep-windows", action="store_true",
+                   help="keep each rank's raw profile window in <data-dir>/windows/ (the agent's --keep-files), "
+                        "for `perftracker export-trace latest --rank R -o trace.json` (default: deleted after upload)")
 
 
 def free_port() -> int:
@@ -95,13 +106,14 @@ class LocalAgent:
     run_dir: Path
     proc: subprocess.Popen[bytes]
     log_path: Path
+    keep_windows: bool = False
     url: str = ""
     token: str = ""
     started_wall_ns: int = field(default_factory=time.time_ns)
 
     @classmethod
     def start(cls, runs_dir: str | Path, window_s: float | None = None, collect_grace_s: float = 45.0,
-              extra: list[str] | None = None, timeout_s: float = 60.0) -> LocalAgent:
+              extra: list[str] | None = None, timeout_s: float = 60.0, keep_windows: bool = False) -> LocalAgent:
         from perftracker.localizer.service.embedded import check_runs_dir
         from perftracker.rundir import make_private_dir, open_owned
 
@@ -113,8 +125,8 @@ class LocalAgent:
         log_fd = open_owned(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what="agent log")
         run_dir = Path(tempfile.mkdtemp(prefix="perftracker-run-", dir="/tmp"))  # short: AF_UNIX path limit
         cmd = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(run_dir), "--embedded-localizer",
-               "--runs-dir", str(runs), "--collect-grace-s", str(collect_grace_s), "--poll-timeout-s", "10",
-               *(extra or [])]
+               "--data-dir", str(runs), "--collect-grace-s", str(collect_grace_s), "--poll-timeout-s", "10",
+               *(["--keep-files"] if keep_windows else []), *(extra or [])]
         if window_s is not None:
             cmd += ["--window-s", str(window_s)]
         env = child_env(AGENT)
@@ -122,7 +134,7 @@ class LocalAgent:
         with os.fdopen(log_fd, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-        agent = cls(runs, run_dir, proc, log_path)
+        agent = cls(runs, run_dir, proc, log_path, keep_windows=keep_windows)
         agent._wait_ready(timeout_s)
         return agent
 
@@ -198,8 +210,33 @@ class LocalAgent:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.keep_windows:
+            self.save_windows()
         if remove_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+    def save_windows(self) -> list[Path]:
+        """Move the raw windows the agent kept (``--keep-files``) from the temporary run dir to
+        ``<runs_dir>/windows/``, where ``perftracker export-trace`` looks; the moved files."""
+        from perftracker.rundir import make_private_dir
+
+        kept = sorted((self.run_dir / "windows").glob("*.raw.npz"))
+        if not kept:
+            return []
+        dest = self.runs_dir / "windows"
+        make_private_dir(dest)
+        moved = []
+        for f in kept:
+            if f.is_symlink() or not f.is_file():
+                continue  # only the regular files the workers wrote
+            with contextlib.suppress(OSError):
+                shutil.move(str(f), str(dest / f.name))
+                moved.append(dest / f.name)
+        if moved:
+            sys.stderr.write(f"perftracker: kept {len(moved)} raw window(s) in {dest} "
+                             "(perftracker export-trace latest --rank R -o trace.json)\n")
+        return moved
 
 
 def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: Any) -> None:
@@ -217,8 +254,8 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
                 if report is not None:  # a hang session's report may be a crash report (issue 22)
                     line = f"perftracker: session {sid} ({report.kind}, {s.get('reason')}): {s.get('state')}"
                     line += f", {report.status}: {report.summary}"
-            line += f"\n  report: {reports / (sid + '.json')}  (perftracker report {sid} --store "\
-                    f"{agent.runs_dir / 'localizer.sqlite'})"
+            line += f"\n  report: {reports / (sid + '.json')}  (perftracker report {sid} --data-dir "\
+                    f"{agent.runs_dir})"
         elif s.get("error"):
             line += f": {s['error']}"
         out.write(safe_text(line, newlines=True) + "\n")  # reasons and names: shown, never obeyed
@@ -251,7 +288,7 @@ def _crash_session_open(agent: LocalAgent) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     cmd = build_command(args.command, args.nproc_per_node)
-    agent = LocalAgent.start(args.runs_dir, args.window_s, args.collect_grace_s)
+    agent = LocalAgent.start(args.runs_dir, args.window_s, args.collect_grace_s, keep_windows=args.keep_windows)
     sys.stderr.write(f"perftracker: agent and embedded localizer at {agent.url}; reports under {agent.runs_dir}\n"
                      f"perftracker: running {shlex.join(cmd)}\n")
     try:

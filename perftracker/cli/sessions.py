@@ -16,9 +16,15 @@ from perftracker.model.names import safe_text
 HELP = "list profiling sessions"
 DESCRIPTION = """List sessions, oldest first: why each opened, its state, how many ranks uploaded and which
 are missing. `perftracker report SESSION` shows one. Reads a running localizer (--url,
-$PERFTRACKER_LOCALIZER_URL or the embedded one under --runs-dir), or with --store (or when nothing
+$PERFTRACKER_LOCALIZER_URL or the embedded one under --data-dir), or with --store (or when nothing
 runs) the sqlite store itself. In a terminal each session is one line and the reason is cut to its
-width; --format json has every field whole."""
+width; --format json has every field whole.
+
+examples:
+  perftracker sessions
+  perftracker sessions --job demo --limit 5
+  perftracker sessions --format json --url http://perftracker-localizer:8765
+  perftracker sessions --store /var/lib/perftracker/localizer.sqlite"""
 
 
 class _DeprecatedJson(argparse.Action):
@@ -29,8 +35,10 @@ class _DeprecatedJson(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--job", default=None, help="only this job")
-    p.add_argument("--store", default=None, help="read this sqlite store instead of a running localizer")
+    p.add_argument("--job", default=None, help="only this job (default: every job)")
+    p.add_argument("--store", default=None, metavar="PATH",
+                   help="read this sqlite store file instead of a running localizer (default: the running one, "
+                        "else <data-dir>/localizer.sqlite)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     p.add_argument("--json", action=_DeprecatedJson, nargs=0, help=argparse.SUPPRESS)  # before --format existed
     p.add_argument("--limit", type=_limit, default=50, help="newest N sessions (default %(default)s; 0: all)")

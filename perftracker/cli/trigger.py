@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perftracker.cli.options import add_data_dir
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model.names import check_name, safe_text
 
@@ -18,8 +19,13 @@ DESCRIPTION = """Open a session (or join the job's open one), wait until the loc
 and print where the report is.
 
 The localizer is --url, else $PERFTRACKER_LOCALIZER_URL, else the embedded localizer serving
---runs-dir (./perftracker-runs by default). The token is --token, $PERFTRACKER_TOKEN, --token-file,
-$PERFTRACKER_TOKEN_FILE, or the embedded localizer's token file."""
+--data-dir (./perftracker-runs by default). The token is --token, $PERFTRACKER_TOKEN, --token-file,
+$PERFTRACKER_TOKEN_FILE, or the embedded localizer's token file.
+
+examples:
+  perftracker trigger                           # the only job registered with the local agent
+  perftracker trigger --job train-29500 --window-s 10 --reason "loss spiked"
+  perftracker trigger --job my-job --url http://perftracker-localizer:8765 --token-file /var/run/perftracker/token --no-wait"""
 
 DEFAULT_RUNS_DIR = "perftracker-runs"
 
@@ -32,16 +38,19 @@ def say(text: str) -> None:
 
 
 def add_connection_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=None, help="localizer URL, e.g. http://perftracker-localizer:8765")
-    p.add_argument("--token", default=None, help="bearer token (prefer PERFTRACKER_TOKEN or --token-file)")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token")
-    p.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="embedded localizer directory (default %(default)s)")
+    p.add_argument("--url", default=None,
+                   help="localizer URL, e.g. http://perftracker-localizer:8765 (default $PERFTRACKER_LOCALIZER_URL, "
+                        "else the embedded localizer of --data-dir)")
+    p.add_argument("--token", default=None, help="bearer token (default $PERFTRACKER_TOKEN; prefer it or --token-file)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file holding the bearer token (default $PERFTRACKER_TOKEN_FILE, else the embedded localizer's)")
+    add_data_dir(p, "the embedded localizer's store, reports and token")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=None, help="job id (default $PERFTRACKER_JOB_ID, or the only registered job)")
-    p.add_argument("--window-s", type=float, default=None, help="profile window (default: the localizer's)")
-    p.add_argument("--reason", default="on-demand (perftracker trigger)", help="recorded in the report")
+    p.add_argument("--window-s", type=float, default=None, metavar="S", help="profile window, seconds (default: the localizer's)")
+    p.add_argument("--reason", default="on-demand (perftracker trigger)", help="recorded in the report (default %(default)r)")
     p.add_argument("--no-wait", action="store_true", help="print the session and return at once")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up waiting after this long (default %(default)s)")
     add_connection_arguments(p)

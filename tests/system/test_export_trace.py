@@ -80,6 +80,29 @@ def test_cli_exports_hand_built_window_found_in_run_dir(tmp_path: Path) -> None:
     assert trace["otherData"]["session"] == "s-1" and trace["otherData"]["rank"] == 3
 
 
+def test_latest_is_found_in_the_data_dir_where_keep_windows_keeps_it(tmp_path: Path) -> None:
+    """`perftracker run/demo --keep-windows` move the windows to <data-dir>/windows/; `latest` is the
+    newest of the rank's; the old --runs-dir spelling still works (issue 35)."""
+    path = _window(tmp_path)
+    data = tmp_path / "data"
+    (data / "windows").mkdir(parents=True)
+    kept = path.rename(data / "windows" / "20261128-020900-c5e6ca-rank3.raw.npz")
+    for option in ("--data-dir", "--runs-dir"):
+        out = tmp_path / f"t{option}.json"
+        r = _cli("latest", "--rank", "3", option, str(data), "--run-dir", str(tmp_path / "none"), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        evs = json.loads(out.read_text())["traceEvents"]
+        assert evs and all({"ph", "pid", "name"} <= e.keys() for e in evs)
+        assert all({"ts", "tid"} <= e.keys() for e in evs if e["ph"] == "X")
+    r = _cli("--rank", "3", "--data-dir", str(data), "--run-dir", str(tmp_path / "none"), "-o", str(tmp_path / "d.json"))
+    assert r.returncode == 0, r.stderr  # SESSION defaults to latest
+    r = _cli("20261128-020900-c5e6ca", "--rank", "3", "--data-dir", str(data), "-o", str(tmp_path / "s.json"))
+    assert r.returncode == 0 and kept.is_file(), r.stderr
+    r = _cli("latest", "--rank", "0", "--data-dir", str(data), "--run-dir", str(tmp_path / "none"),
+             "-o", str(tmp_path / "x.json"))
+    assert r.returncode == 1 and "--keep-windows" in r.stderr
+
+
 def test_cli_errors_are_clear(tmp_path: Path) -> None:
     r = _cli("s-404", "--rank", "0", "--run-dir", str(tmp_path), "-o", str(tmp_path / "x.json"))
     assert r.returncode == 1 and "no raw window for session 's-404' rank 0" in r.stderr and "--keep-files" in r.stderr

@@ -1,0 +1,24 @@
+"""Options that several commands share, one word per concept (issue 35).
+
+- ``--data-dir DIR``: where the embedded localizer keeps its store, reports and token
+  (``./perftracker-runs`` by default); ``--runs-dir`` is its old, hidden spelling.
+- ``--run-dir DIR``: the node agent's socket, log and raw windows (``$PERFTRACKER_RUN_DIR``).
+- ``SESSION``: a session id such as ``20261128-020900-c5e6ca`` (what the localizer makes), or ``latest``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_DATA_DIR = "perftracker-runs"
+EXAMPLE_SESSION = "20261128-020900-c5e6ca"  # the shape of a real id: UTC date-time and 6 hex digits
+RUN_DIR_DEFAULT_TEXT = "$PERFTRACKER_RUN_DIR, else /tmp/perftracker-<uid>"
+
+
+def add_data_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str,
+                 default: str | None = DEFAULT_DATA_DIR) -> None:
+    """``--data-dir`` (dest ``runs_dir``) and its deprecated spelling ``--runs-dir``, hidden, for one release."""
+    shown = default if default is not None else "none"
+    p.add_argument("--data-dir", dest="runs_dir", metavar="DIR", default=default,
+                   help=f"{what} (default {shown})")
+    p.add_argument("--runs-dir", dest="runs_dir", metavar="DIR", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
