@@ -22,7 +22,9 @@ from perftracker.localizer.diagnose.imbalance import (
     StageImbalance,
     compute_seconds,
     moving_imbalance,
+    moving_saves,
     stage_imbalance,
+    stage_saves,
 )
 from perftracker.localizer.diagnose.waits import LateGroup, MemberSets, WaitOptions
 
@@ -136,8 +138,14 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"stages wait for it about {pct(s.cost)} of the window{wait_text} — rebalance the layers "
                     f"between the pipeline stages")
         impact = max(s.cost, max((w.share for w in waits), default=0.0))
+        jg = arr.job_groups
+        if jg.steps is not None and arr.stage is not None:
+            saves = stage_saves(jg.steps, arr.stage, s.heavy) / 1000.0 / float(arr.window_s)
+        else:  # balanced, the heavy stage would compute halfway to the lightest: half of what it costs
+            saves = s.cost / 2.0
+        sentence += _saves_text(saves)
         return _finding(STAGE_KEY, f"pipeline stage {s.heavy}", ranks, "specific", sentence, heavy, light,
-                        impact, arr, waits)
+                        impact, arr, waits, saves)
     if cause.moving is not None:
         m = cause.moving
         ranks = tuple(np.sort(arr.ranks[m.members]).tolist())
@@ -150,17 +158,28 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"slowest {pct(m.cost)} of the window{wait_text}")
         b = float(np.median(beta_compute[m.members]))
         impact = max(m.cost, max((w.share for w in waits), default=0.0))
+        jg = arr.job_groups
+        saves = m.cost
+        if jg.steps is not None and jg.step_group is not None:
+            saves = moving_saves(jg.steps, jg.step_group, m.groups) / 1000.0 / float(arr.window_s)
+        sentence += _saves_text(saves)
         return _finding(MOVING_KEY, "slowest rank moves from step to step", ranks, "random", sentence, b, b,
-                        impact, arr, waits)
+                        impact, arr, waits, saves)
     return None
 
 
+def _saves_text(saves: float) -> str:
+    return f"; fixing it would save about {pct(saves)} of the step" if saves >= 0.01 else ""
+
+
 def _finding(key: str, label: str, ranks: tuple[int, ...], kind: str, sentence: str, observed: float,
-             median: float, impact: float, arr: PatternArrays, waits: tuple[Wait, ...]) -> Finding:
+             median: float, impact: float, arr: PatternArrays, waits: tuple[Wait, ...], saves: float) -> Finding:
+    saves = min(1.0, max(0.0, saves))
     return Finding(key=key, label=label, category=Category.COMPUTE, ranks=ranks, kind=kind, tests=("waits",),
                    observed=Triple(rounded(observed), 0.0, 0.0), median=Triple(rounded(median), 0.0, 0.0),
                    expected=OPEN_BOX, sentence=sentence, impact=rounded(impact),
-                   impact_s=rounded(impact * float(arr.window_s)), waits=waits)
+                   impact_s=rounded(impact * float(arr.window_s)), waits=waits, saves_share=rounded(saves),
+                   saves_s=rounded(saves * float(arr.window_s)))
 
 
 def groups_note(arr: PatternArrays) -> str:

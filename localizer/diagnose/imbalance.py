@@ -176,3 +176,26 @@ def step_late(steps: np.ndarray | None, step_group: np.ndarray | None, window_s:
         if late.any():
             out.append((int(g), np.sort(cols[late]), np.sort(cols[~late]), share))
     return out
+
+
+def stage_saves(steps: np.ndarray, stage: np.ndarray, heavy: int) -> float:
+    """What balancing the stages would save, in ms summed over the steps: per step, the heavy
+    stage's median compute brought to the mean of the stages' medians. A stated estimate."""
+    stages = [int(s) for s in np.unique(stage) if s >= 0]
+    with np.errstate(invalid="ignore"):
+        med = {s: np.nanmedian(steps[stage == s], axis=0) for s in stages}
+    mean = np.mean([med[s] for s in stages], axis=0)
+    gain = med[heavy] - mean
+    return float(np.nansum(np.clip(gain, 0.0, None)))
+
+
+def moving_saves(steps: np.ndarray, step_group: np.ndarray, groups: tuple[int, ...]) -> float:
+    """What an even split of the work would save, in ms summed over the steps: per step, the
+    slowest member of the costliest moving group brought to its median. A stated estimate."""
+    best = 0.0
+    for g in groups:
+        sub = steps[step_group == g]
+        sub = sub[:, ~np.isnan(sub).any(axis=0)]
+        if sub.size:
+            best = max(best, float((sub.max(axis=0) - np.median(sub, axis=0)).sum()))
+    return best

@@ -75,6 +75,10 @@ class Finding:
     impact_s: float = 0.0  # the same in seconds of the window
     waits: tuple[Wait, ...] = ()  # peers that wait for these ranks (folded victims)
     parts: tuple[tuple[str, float], ...] = ()  # (label, median β) of the functions a grouped finding holds
+    # what fixing the cause would save, as a share of the window and in seconds: an estimate
+    # (docs/diagnosis.md, "What fixing it would save"); 0 where none is made
+    saves_share: float = 0.0
+    saves_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +97,7 @@ class Finding:
             "impact_s": rounded(self.impact_s),
             "waits": [w.to_dict() for w in self.waits],
             "parts": [[label, rounded(b)] for label, b in self.parts],
+            **({"saves_share": rounded(self.saves_share), "saves_s": rounded(self.saves_s)} if self.saves_share else {}),
         }
 
     @classmethod
@@ -115,6 +120,8 @@ class Finding:
             impact_s=float(optional(d, "impact_s", float, where, 0.0)),
             waits=tuple(Wait.from_dict(w) for w in optional(d, "waits", list, where, [])),
             parts=tuple(_part(p, f"{where}.parts[{i}]") for i, p in enumerate(optional(d, "parts", list, where, []))),
+            saves_share=float(optional(d, "saves_share", float, where, 0.0)),
+            saves_s=float(optional(d, "saves_s", float, where, 0.0)),
         )
 
 

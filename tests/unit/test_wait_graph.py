@@ -239,3 +239,26 @@ def test_a_small_wait_elsewhere_does_not_explain_a_large_lateness() -> None:
     assert wait_roots([small, late])[1] == [0, 1]
     enough = _lg([5], [4], group=0, share=0.065)  # more than half of its lateness: followed
     assert wait_roots([enough, late])[1] == [0, 0]
+
+
+def test_a_root_says_what_fixing_it_would_save_and_the_report_keeps_it() -> None:
+    from perftracker.model import Report
+
+    report = localize(_job(0))
+    first = report.findings[0]
+    assert first.ranks == (0,) and 0.3 <= first.saves_share <= 1.0
+    assert first.saves_s == pytest.approx(first.saves_share * report.window_s, rel=1e-3)
+    assert "fixing it would save about" in first.sentence
+    again = Report.from_dict(report.to_dict())
+    assert again.findings[0].saves_share == first.saves_share
+    clean = localize(_job(None))
+    assert all(f.saves_share == 0.0 or len(f.ranks) >= 8 for f in clean.findings)
+
+
+def test_stage_and_moving_saves_are_stated_from_the_steps() -> None:
+    from perftracker.localizer.diagnose.imbalance import moving_saves, stage_saves
+
+    steps = np.array([[4.0, 4.0], [6.0, 6.0], [4.0, 4.0], [6.0, 6.0]])
+    assert stage_saves(steps, np.array([0, 1, 0, 1]), 1) == pytest.approx(2.0)  # 1 ms a step, 2 steps
+    s = np.array([[10.0, 13.0, 10.0], [13.0, 10.0, 10.0], [10.0, 10.0, 13.0]])
+    assert moving_saves(s, np.zeros(3, dtype=np.int64), (0,)) == pytest.approx(9.0)
