@@ -262,3 +262,33 @@ def test_stage_and_moving_saves_are_stated_from_the_steps() -> None:
     assert stage_saves(steps, np.array([0, 1, 0, 1]), 1) == pytest.approx(2.0)  # 1 ms a step, 2 steps
     s = np.array([[10.0, 13.0, 10.0], [13.0, 10.0, 10.0], [10.0, 10.0, 13.0]])
     assert moving_saves(s, np.zeros(3, dtype=np.int64), (0,)) == pytest.approx(9.0)
+
+
+def _pipeline_job(ratio: float, n_dp: int = 8) -> list[PatternSet]:
+    """DP n_dp x PP2 whose stage 1 computes ``ratio`` x stage 0; stage 0 waits for it in send/recv."""
+    sets = []
+    n = 2 * n_dp
+    for r in range(n):
+        d, s = divmod(r, 2)
+        gemm = 0.4 * (ratio if s == 1 else 1.0) * (1 + 0.01 * (d % 3))
+        wait = 0.05 + (0.4 * (ratio - 1.0) if s == 0 else 0.0)
+        groups = (ProcessGroup(f"pp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", (2 * d, 2 * d + 1), True),
+                  ProcessGroup(f"dp{s}", "DATA_PARALLEL_GROUP", tuple(range(s, n, 2))))
+        pats = (Pattern("gemm", Category.COMPUTE, min(gemm, 1.0), 0.0, 0.0, "gemm"),
+                Pattern("nccl:send_recv", Category.COLLECTIVE, wait, 0.0, 0.0, "nccl:send_recv"))
+        sets.append(PatternSet("j", "s", r, n, f"h{r}", 0, 10**9, pats, source="kineto", gpu=True, groups=groups,
+                               comm={"nccl:send_recv": (f"pp{d}",)}))
+    return sets
+
+
+def test_a_heavy_stage_is_named_once_and_its_pipeline_partners_are_its_victims() -> None:
+    report = localize(_pipeline_job(1.5))
+    assert report.findings[0].key == "pipeline stage imbalance"
+    assert report.findings[0].ranks == tuple(range(1, 16, 2))
+    assert {r for w in report.findings[0].waits for r in w.ranks} == set(range(0, 16, 2))
+    assert not [f for f in report.findings if len(f.ranks) < 8]  # no rank of either stage on its own
+
+
+def test_a_nearly_balanced_pipeline_has_no_heavy_stage() -> None:
+    report = localize(_pipeline_job(1.1))  # below stage_ratio (1.2)
+    assert not [f for f in report.findings if f.key == "pipeline stage imbalance"]
