@@ -7,7 +7,7 @@ writes (``--check`` does the same here: exit 1 and a diff). Every command of
 options; hidden (deprecated) spellings are listed beside the name that replaced them.
 
 The output does not depend on the machine: PERFTRACKER_* variables are ignored and the usage lines
-are wrapped at 100 columns.
+are wrapped at 90 columns.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "cli-reference.md"
-WIDTH = "100"
+WIDTH = "90"
 
 HEADER = """\
 # CLI reference
