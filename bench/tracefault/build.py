@@ -20,9 +20,10 @@ The dependencies, per rank:
   not wait keeps its duration.
 
 Across ranks, **collectives**: the k-th NCCL kernel of one process group on each member rank is
-one instance (the group from ``record_param_comms`` args where the trace has them, otherwise all
-ranks; SendRecv instances without group ranks are split into the peer sets that ended together in
-the input). Each member ends at the members' latest start plus the instance's transfer time, the
+one instance (the group from the kernel's own args, else from ``record_param_comms`` args where the
+trace has them, otherwise all ranks). A point-to-point kernel that names its ``Src Rank``,
+``Dst Rank`` and ``Seq`` is one transfer with the kernel of the same four on its peer; other SendRecv
+instances without group ranks are split into the peer sets that ended together in the input. Each member ends at the members' latest start plus the instance's transfer time, the
 shortest member duration in the input.
 """
 
@@ -359,7 +360,9 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
                 k -= 1
                 if events[r].start_us - s > 1e6:
                     break
-        key, members, given = _group_of(rpc, world)
+        own = events[g].ref.get("args") or {}
+        # the kernel's own group fields (PyTorch >= 2.2 writes them on NCCL kernels too) win
+        key, members, given = _group_of(events[g].ref if any(k in own for k in _PG_NAME_KEYS) else rpc, world)
         out.append((key, members, given, g))
     log.debug("rank %s: %d launches (min lag %.1f us), %d stream waits, %d syncs", events[lo].rank if hi > lo else "?",
               len(launched), min_lag, n_wait, len(sync_wait))
@@ -379,9 +382,13 @@ def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[st
     number of them (pipeline stages)."""
     seqs: dict[str, dict[int, list[tuple[list[int], bool, int]]]] = defaultdict(lambda: defaultdict(list))
     pooled: dict[str, list[int]] = defaultdict(list)
+    by_peer: dict[tuple[str, int, int, int], list[int]] = defaultdict(list)
     for rank, lst in nccl_by_rank.items():
         for key, members, given, g in lst:
-            if not given and _is_p2p(events[g].name):
+            peer = _p2p_peer(events[g], key)
+            if peer is not None:
+                by_peer[peer].append(g)
+            elif not given and _is_p2p(events[g].name):
                 pooled[key].append(g)
             else:
                 seqs[key][rank].append((members, given, g))
@@ -408,7 +415,20 @@ def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[st
     for key, gs in pooled.items():
         for k, grp in enumerate(_pair_by_end(events, gs)):
             add(key, k, grp)
+    for (key, src, dst, seq), gs in sorted(by_peer.items()):
+        add(f"{key}:{src}->{dst}", seq, gs)  # a send and its recv: one transfer
     return instances, edge_inst
+
+
+def _p2p_peer(ev: Event, key: str) -> tuple[str, int, int, int] | None:
+    """(group, source, destination, sequence) of a point-to-point kernel whose trace names them
+    (``Src Rank``/``Dst Rank``, global ranks, and ``Seq``): the send on the source and the recv on
+    the destination carry the same four, and are one transfer."""
+    args = ev.ref.get("args") or {}
+    src, dst, seq = args.get("Src Rank"), args.get("Dst Rank"), args.get("Seq")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (src, dst, seq)):
+        return None
+    return key, int(src), int(dst), int(seq)
 
 
 def _pair_by_end(events: list[Event], kernels: list[int]) -> list[list[int]]:

@@ -44,3 +44,17 @@ def test_dlrm_says_its_groups_are_inferred(dlrm_dir: Path) -> None:
     report = localize_summaries(summarize_dir(dlrm_dir, jobs=2), dlrm_dir)
     assert "groups: inferred (one group)" in report.summary
     assert report.findings and report.findings[0].ranks == (4, 5)
+
+
+def test_the_mutator_keeps_the_traces_groups() -> None:
+    """bench/tracefault reads each kernel's own group and pairs a send with its recv by Src/Dst
+    Rank and Seq: instances of the real traces are pipeline pairs and data-parallel groups of 32."""
+    from collections import Counter
+
+    from bench.tracefault.build import build
+    from bench.tracefault.traces import read_trace_dir
+
+    if not SA_SE_DIR.is_dir():
+        pytest.skip(f"no {SA_SE_DIR}")
+    jg = build(read_trace_dir(SA_SE_DIR))
+    assert set(Counter(len(i.members) for i in jg.instances)) == {2, 32}
