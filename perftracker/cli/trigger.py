@@ -151,7 +151,7 @@ def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> 
     check_runs_dir(runs_dir)
     local = runs_dir / "reports" / f"{session}.json"
     make_private_dir(local.parent)
-    check_dir(local.parent, what="reports dir", other="pass --runs-dir a directory of your own")
+    check_dir(local.parent, what="reports dir", other="pass --data-dir a directory of your own")
     write_private(local, json.dumps(report.to_dict(), indent=2) + "\n")
     return 0, str(local)
 
