@@ -387,6 +387,7 @@ def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int
             desc = g.get("pg_desc")
             groups[name] = (name, str(desc)[:200] if isinstance(desc, str) else "", _pg_ranks(g.get("ranks")))
     comm: list[tuple[str, int, int, str, str, int, int, int]] = []
+    host: list[tuple[str, int, int, str, str, int, int, int]] = []
     events = doc.get("traceEvents")
     for ev in events if isinstance(events, list) else ():
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -410,12 +411,15 @@ def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int
             groups[name] = (name, str(args["Process Group Description"])[:200], groups[name][2])
         coll = args.get("Collective name")
         start = int(round(float(ts) * 1000))
-        comm.append((str(ev.get("name", ""))[:500], start, start + int(round(float(dur) * 1000)), name,
-                     str(coll)[:100] if isinstance(coll, str) else "", _pg_int(args.get("Seq")),
-                     _pg_int(args.get("Src Rank")), _pg_int(args.get("Dst Rank"))))
-        if len(comm) >= MAX_COMM_EVENTS:
+        row = (str(ev.get("name", ""))[:500], start, start + int(round(float(dur) * 1000)), name,
+               str(coll)[:100] if isinstance(coll, str) else "", _pg_int(args.get("Seq")),
+               _pg_int(args.get("Src Rank")), _pg_int(args.get("Dst Rank")))
+        (comm if ev.get("cat") == "kernel" else host).append(row)
+        if len(comm) + len(host) >= MAX_COMM_EVENTS:
             break
-    return tuple(groups.values()), tuple(comm)
+    # one record per collective: a real NCCL trace names the group on the kernel and on its
+    # record_param_comms; the kernels (the critical path's functions) when there are any
+    return tuple(groups.values()), tuple(comm or host)
 
 
 def with_process_groups(doc: dict[str, Any], raw: RawWindow) -> RawWindow:

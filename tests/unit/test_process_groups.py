@@ -117,3 +117,16 @@ def test_rank_ranges_encode_compactly() -> None:
     g = ProcessGroup("2", "DATA_PARALLEL_GROUP", tuple(range(1, 64, 2)))
     assert g.to_list()[2] == {"start": 1, "stop": 65, "step": 2}
     assert ProcessGroup.from_list(g.to_list(), "g") == g
+
+
+def test_a_collective_named_on_its_kernel_and_its_record_param_comms_is_one_record() -> None:
+    doc = _doc(0, [100.0] * 4)
+    for ev in list(doc["traceEvents"]):
+        if "args" in ev:  # the same fields on the CPU op that launched it, as real NCCL traces write them
+            doc["traceEvents"].append({**ev, "cat": "cpu_op", "name": "record_param_comms", "tid": 1})
+    _, comm = process_groups(doc)
+    assert comm and all(c[0] != "record_param_comms" for c in comm)
+    kernels_only = {"distributedInfo": doc["distributedInfo"],
+                    "traceEvents": [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]}
+    _, host = process_groups(kernels_only)  # no kernel names a group: the CPU records are used
+    assert host and all(c[0] == "record_param_comms" for c in host)
