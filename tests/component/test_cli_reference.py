@@ -82,3 +82,23 @@ def test_run_and_demo_can_keep_windows() -> None:
     for command in ("run", "demo"):
         args = build_parser([command]).parse_args([command, "--keep-windows"])
         assert args.keep_windows is True
+
+
+def test_keep_windows_moves_the_agents_windows_to_the_data_dir(tmp_path: Path) -> None:
+    """What `run`/`demo --keep-windows` do when they stop the agent: its kept raw windows go from the
+    temporary run dir to <data-dir>/windows/, where `export-trace latest` finds them."""
+    from perftracker.cli.export_trace import find_raw_window
+    from perftracker.cli.run import LocalAgent
+
+    run_dir, data = tmp_path / "run", tmp_path / "data"
+    (run_dir / "windows").mkdir(parents=True)
+    data.mkdir()
+    for rank in (0, 1):
+        (run_dir / "windows" / f"20261128-020900-c5e6ca-rank{rank}.raw.npz").write_bytes(b"x")
+    (run_dir / "windows" / "elsewhere-rank0.raw.npz").symlink_to(tmp_path / "nowhere")
+    agent = LocalAgent(data, run_dir, proc=None, log_path=data / "agent.log", keep_windows=True)  # type: ignore[arg-type]
+    moved = agent.save_windows()
+    assert sorted(p.name for p in moved) == ["20261128-020900-c5e6ca-rank0.raw.npz",
+                                             "20261128-020900-c5e6ca-rank1.raw.npz"]
+    assert find_raw_window("latest", 1, str(tmp_path / "none"), str(data)) == data / "windows" / moved[1].name
+    assert not (data / "windows" / "elsewhere-rank0.raw.npz").exists()  # a link is not moved
