@@ -753,10 +753,141 @@ def item_report_file(tree: Path, tmp: Path) -> str:
         f"; U+202E in HTML output: {raw} raw ({_outcome(html)})"
 
 
+# ---------------------------------------------------------------- issue 33, items 1 and 2: sizes from tenants
+def _hwm_mb(pid: int, key: str = "VmHWM") -> float:
+    """The process's peak (VmHWM) or current (VmRSS) resident size, MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def _wait_report(loc: Localizer, session: str, timeout: float = 120) -> str:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        st, body = loc.request("GET", f"/v1/sessions/{session}/report", timeout=60)
+        if st == 200:
+            return str(json.loads(body).get("status"))
+        if st not in (202,):
+            try:
+                return f"{st} {json.loads(body).get('error', '')[:100]}"
+            except ValueError:
+                return str(st)
+        time.sleep(0.2)
+    return f"no report after {timeout:.0f} s"
+
+
+def item_world_upload(tree: Path, tmp: Path) -> str:
+    """Register two ranks, upload rank 0 with world_size 20,000,000 (then rank 1): the peak RSS;
+    then window_end_ns, executions and a hang snapshot's taken_ns of 2**70."""
+    (tmp / "store").mkdir()
+    loc = Localizer(tree, tmp, extra=["--window-s", "300"])
+    try:
+        out = []
+        _, b = loc.request("POST", "/v1/agents/register", {"job": "w", "agent_id": "a", "host": "n",
+                                                           "workers": _workers([0, 1], 2)})
+        key = {"X-Perftracker-Agent-Key": json.loads(b).get("agent_key", "")}
+        _, b = loc.request("POST", "/v1/jobs/w/triggers", {"reason": "t"})
+        session = json.loads(b)["session"]
+        peak0 = _hwm_mb(loc.proc.pid)
+        st0, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", _ps(tree, "w", session, 0, 20_000_000),
+                             headers=key)
+        if st0 != 200:  # refused: rank 0 uploads its real patterns, so that the session completes
+            loc.request("POST", f"/v1/sessions/{session}/patterns", _ps(tree, "w", session, 0, 2), headers=key)
+        st1, _ = loc.request("POST", f"/v1/sessions/{session}/patterns", _ps(tree, "w", session, 1, 2), headers=key)
+        status = _wait_report(loc, session)
+        out.append(f"upload world_size 20,000,000: {st0}; rank 1: {st1}; report {status}; peak RSS "
+                   f"{peak0:.0f} -> {_hwm_mb(loc.proc.pid):.0f} MB")
+        _, b = loc.request("POST", "/v1/agents/register", {"job": "x", "agent_id": "b", "host": "n",
+                                                           "workers": _workers([0, 1], 2)})
+        key = {"X-Perftracker-Agent-Key": json.loads(b).get("agent_key", "")}
+        _, b = loc.request("POST", "/v1/jobs/x/triggers", {"reason": "t", "window_s": 0.5})
+        s2 = json.loads(b)["session"]
+        ps = _ps(tree, "x", s2, 0, 2)
+        ps["patterns"][0][6] = 2**70  # a row: [..., executions, critical_ns, resource]
+        st_ex, _ = loc.request("POST", f"/v1/sessions/{s2}/patterns", ps, headers=key)
+        st_end, _ = loc.request("POST", f"/v1/sessions/{s2}/patterns", _ps(tree, "x", s2, 1, 2, window_end_ns=2**70),
+                                headers=key)
+        snap = {"schema_version": 1, "job": "x", "rank": 0, "world_size": 2, "host": "n", "pid": 1, "taken_ns": 2**70,
+                "last_iteration": 1, "idle_s": 30.0, "stack": [["dist.py", 10, "all_reduce"]], "session": s2}
+        st_snap, _ = loc.request("POST", "/v1/hang-snapshots", snap, headers=key)
+        st_ok, _ = loc.request("POST", f"/v1/sessions/{s2}/patterns", _ps(tree, "x", s2, 1, 2), headers=key)
+        out.append(f"executions 2**70: {st_ex}; window_end_ns 2**70: {st_end}; hang taken_ns 2**70: {st_snap}; "
+                   f"then a valid upload: {st_ok}, report {_wait_report(loc, s2)}")
+        tb = loc.log_path.read_text().count("Traceback")
+        return "; ".join(out) + f"; {tb} traceback(s) in the log"
+    finally:
+        loc.stop()
+
+
+def item_huge_registration(tree: Path, tmp: Path) -> str:
+    """One rank registered with world_size 10,000,000, 5 sessions triggered: RSS, idle CPU,
+    GET /v1/sessions (size, time) and healthz meanwhile, report files."""
+    import threading
+
+    import psutil
+
+    (tmp / "store").mkdir()
+    loc = Localizer(tree, tmp, extra=["--collect-grace-s", "20"])
+    try:
+        proc = psutil.Process(loc.proc.pid)
+        rss0 = _hwm_mb(loc.proc.pid, "VmRSS")
+        loc.request("POST", "/v1/agents/register", {"job": "huge", "agent_id": "a", "host": "n",
+                                                    "workers": _workers([0], 10_000_000)})
+        statuses = []
+        for i in range(5):
+            st, b = loc.request("POST", "/v1/jobs/huge/triggers", {"reason": f"t{i}", "window_s": 0.1}, timeout=120)
+            statuses.append(st)
+            time.sleep(2.3)  # past the window and the join slack: the next opens a session
+        rss1 = _hwm_mb(loc.proc.pid, "VmRSS")
+        cpu0 = sum(proc.cpu_times()[:2])
+        time.sleep(4)  # the sessions are open, nothing arrives
+        idle_cpu = (sum(proc.cpu_times()[:2]) - cpu0) / 4 * 100
+        got: dict[str, Any] = {}
+
+        def listing() -> None:
+            t0 = time.monotonic()
+            st, body = loc.request("GET", "/v1/sessions", timeout=120)
+            got.update(status=st, size=len(body), took=time.monotonic() - t0)
+
+        th = threading.Thread(target=listing)
+        th.start()
+        worst = 0.0
+        while th.is_alive():
+            t0 = time.monotonic()
+            conn = http.client.HTTPConnection("127.0.0.1", loc.port, timeout=60)
+            conn.request("GET", "/v1/healthz")
+            conn.getresponse().read()
+            conn.close()
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.02)
+        th.join()
+        end = time.monotonic() + 120
+        reports = tmp / "store" / "reports"
+        while time.monotonic() < end:
+            _, body = loc.request("GET", "/v1/sessions?state=open,localizing", timeout=120)
+            if not json.loads(body)["sessions"]:
+                break
+            time.sleep(0.5)
+        files = sorted(reports.glob("*.json")) if reports.exists() else []
+        size = max((f.stat().st_size for f in files), default=0)
+        return (f"5 triggers: {statuses}; RSS {rss0:.0f} -> {rss1:.0f} MB (peak {_hwm_mb(loc.proc.pid):.0f}), "
+                f"{idle_cpu:.0f}% CPU idle; GET /v1/sessions {got.get('status')}: {_size(got.get('size', 0))} in "
+                f"{got.get('took', 0):.2f} s, healthz meanwhile at most {worst:.2f} s; {len(files)} report file(s) of "
+                f"up to {size / 1e6:.1f} MB")
+    finally:
+        loc.stop()
+
+
 ITEMS = {"1 run dir": item_run_dir, "2 slow clients": item_slow_clients, "3 sessions > 1000": item_sessions_1000,
          "4 write scope": item_write_scope, "5 memory": item_memory, "6 tokens": item_tokens, "7/8 bad input": item_bad_input,
          "9 counts": item_counts, "10 agent inputs": item_agent_inputs, "11 modes": item_modes,
          # issue 33
+         "33.1 upload world_size": item_world_upload, "33.2 huge registration": item_huge_registration,
          "33.3 planted runs dir": item_planted_runs_dir, "33.4 terminal escapes": item_escapes,
          "33.5 markup": item_markup, "33.6 -o symlink": item_o_symlink, "33.7 trigger path": item_trigger_path,
          "33.8 gzip bomb": item_gzip_bomb, "33.9 trace numbers": item_trace_numbers,
