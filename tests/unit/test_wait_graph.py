@@ -292,3 +292,24 @@ def test_a_heavy_stage_is_named_once_and_its_pipeline_partners_are_its_victims()
 def test_a_nearly_balanced_pipeline_has_no_heavy_stage() -> None:
     report = localize(_pipeline_job(1.1))  # below stage_ratio (1.2)
     assert not [f for f in report.findings if f.key == "pipeline stage imbalance"]
+
+
+@pytest.mark.parametrize("gap, found", [(0.04, False), (0.08, True)])
+def test_two_workers_in_one_named_group(gap: float, found: bool) -> None:
+    """N = 2 keeps working with groups read: the one that holds the all-reduce less is late when the
+    other waits at least wait_min (0.05) longer."""
+    sets = []
+    for r in range(2):
+        gemm = 0.5 + (gap if r == 1 else 0.0)
+        wait = 0.1 + (gap if r == 0 else 0.0)
+        pats = (Pattern("gemm", Category.COMPUTE, gemm, 0.0, 0.0, "gemm"),
+                Pattern("nccl:all_reduce", Category.COLLECTIVE, wait, 0.0, 0.0, "nccl:all_reduce"))
+        sets.append(PatternSet("j", "s", r, 2, f"h{r}", 0, 10**9, pats, source="kineto", gpu=True,
+                               groups=(ProcessGroup("dp", "DATA_PARALLEL_GROUP", (0, 1)),),
+                               comm={"nccl:all_reduce": ("dp",)}))
+    report = localize(sets)
+    named = [f for f in report.findings if f.ranks == (1,)]
+    assert bool(named) is found
+    assert not [f for f in report.findings if f.ranks == (0,)]
+    if found:
+        assert named[0].waits and named[0].waits[0].ranks == (0,)
