@@ -21,21 +21,67 @@ from collections import Counter
 import numpy as np
 
 from perftracker.model import ProcessGroup
-from perftracker.model.raw_window import WindowMeta
+from perftracker.model.raw_window import COLUMNS, RawWindow, WindowMeta
 
 MIN_STEPS = 3
 MAX_STEPS = 64
 _P2P = ("send", "recv", "sendrecv", "isend", "irecv")
 
 
+def group_label(meta: WindowMeta, group: str) -> str:
+    """What a group is for, the same on every worker: its description (``DATA_PARALLEL_GROUP``),
+    else "group of N" (its size), else its name."""
+    for name, desc, ranks in meta.process_groups:
+        if name == group:
+            if desc and desc.lower() not in ("undefined", "unknown", "none"):
+                return desc
+            return f"group of {len(ranks)}" if ranks else f"group {group}"
+    return f"group {group}"
+
+
+def shared_names(meta: WindowMeta) -> dict[tuple[str, int], str]:
+    """(event name, start ns) -> a name of its own, for the communication events whose name runs in
+    more than one group on this worker (the same all-reduce kernel in the data-parallel and the
+    tensor- or embedding-parallel group): "<name> [<group label>]". Judged as one function they
+    would be one β, the sum of two groups' waits."""
+    labels: dict[str, set[str]] = {}
+    for c in meta.comm:
+        labels.setdefault(c[0], set()).add(group_label(meta, c[3]))
+    return {(c[0], c[1]): f"{c[0]} [{group_label(meta, c[3])}]" for c in meta.comm if len(labels[c[0]]) > 1}
+
+
+def split_shared(raw: RawWindow) -> RawWindow:
+    """``raw`` with each communication event whose name runs in several groups renamed by its group
+    (``shared_names``); ``raw`` itself when there is none."""
+    renames = shared_names(raw.meta)
+    if not renames:
+        return raw
+    names = list(raw.names)
+    index = {n: i for i, n in enumerate(names)}
+    name_id = raw.col("name_id").copy()
+    start = raw.col("start_ns")
+    for row in range(len(name_id)):
+        new = renames.get((names[int(name_id[row])], int(start[row])))
+        if new is not None:
+            if new not in index:
+                index[new] = len(names)
+                names.append(new)
+            name_id[row] = index[new]
+    cols = dict(raw.columns)
+    cols["name_id"] = name_id.astype(COLUMNS["name_id"])
+    return RawWindow(meta=raw.meta, columns=cols, names=tuple(names), stacks=raw.stacks)
+
+
 def worker_groups(meta: WindowMeta, normalize: dict[str, str]) -> tuple[tuple[ProcessGroup, ...],
                                                                         dict[str, tuple[str, ...]]]:
     """(the worker's groups, collective function key -> group names). ``normalize`` maps an event
-    name to its function key."""
+    name to its function key (names shared by several groups carry their group: ``split_shared``)."""
     p2p = {c[3] for c in meta.comm if c[6] >= 0 or c[7] >= 0 or c[4].lower() in _P2P}
+    renames = shared_names(meta)
     used: dict[str, set[str]] = {}
     for c in meta.comm:
-        used.setdefault(normalize.get(c[0], c[0]), set()).add(c[3])
+        name = renames.get((c[0], c[1]), c[0])
+        used.setdefault(normalize.get(name, name), set()).add(c[3])
     groups = []
     for name, desc, ranks in meta.process_groups:
         if ranks and meta.rank not in ranks:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
-from perftracker.agent.summarize.groups import steps_ms, worker_groups
+from perftracker.agent.summarize.groups import shared_names, split_shared, steps_ms, worker_groups
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from perftracker.agent.summarize.timeline import (
     Nesting,
@@ -220,6 +220,7 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     if window_ns <= 0:
         raise InputError(f"raw window {meta.file or meta.session!r}: empty window "
                          f"[{meta.window_start_ns}, {meta.window_end_ns}]")
+    raw = split_shared(raw)  # a collective kernel of several groups: one function per group
     fr = window_frames(raw, opt, samples)
     names, gpu, nesting, segs = fr.names, fr.gpu, fr.nesting, fr.segments
     f_kind, f_name, f_role = fr.kind, fr.name_id, fr.role
@@ -306,7 +307,7 @@ def _with_groups(ps: PatternSet, raw: RawWindow, fr: Frames) -> PatternSet:
     """The worker's process groups, its collectives' groups and its compute per step
     (``perftracker.agent.summarize.groups``)."""
     meta = raw.meta
-    normalize = {n: cat.normalize_name(n) for n in {c[0] for c in meta.comm}}
+    normalize = {n: cat.normalize_name(n) for n in {c[0] for c in meta.comm} | set(shared_names(meta).values())}
     groups, comm = worker_groups(meta, normalize)
     kind = raw.col("kind")
     annotations = np.flatnonzero((kind == EventKind.ANNOTATION) & (raw.col("device") < 0))

@@ -72,6 +72,8 @@ def group_label(arr: PatternArrays, label: str, group: int) -> str:
     if group < 0 or not arr.job_groups.read:
         return label
     g = arr.job_groups.groups[group]
+    if label.endswith("]") and " [" in label:  # the summarizer named it by its group already
+        return label
     return f"{label} in {g.desc or 'group ' + g.name}"
 
 

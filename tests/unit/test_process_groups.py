@@ -130,3 +130,21 @@ def test_a_collective_named_on_its_kernel_and_its_record_param_comms_is_one_reco
                     "traceEvents": [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]}
     _, host = process_groups(kernels_only)  # no kernel names a group: the CPU records are used
     assert host and all(c[0] == "record_param_comms" for c in host)
+
+
+def test_a_kernel_name_shared_by_two_groups_is_one_function_per_group() -> None:
+    doc = _doc(0, [100.0] * 5)
+    t = 10_000.0
+    for i in range(5):  # the same all-reduce kernel in a second group, as an embedding group runs it
+        doc["traceEvents"].append(_kernel("ncclDevKernel_AllReduce_Sum_f32", t + 100 * i, 30.0, **{
+            "Collective name": "allreduce", "Process Group Name": "emb0", "Process Group Description":
+            "EMBEDDING_GROUP", "Process Group Ranks": "[0, 1]", "Seq": i}))
+    ps = summarize_window(window_from_trace(doc, Path("r0.json"), RankInfo(0, 4, "distributedInfo")))
+    keys = {p.key for p in ps.patterns}
+    assert {"ncclDevKernel_AllReduce_Sum_f32 [DATA_PARALLEL_GROUP]",
+            "ncclDevKernel_AllReduce_Sum_f32 [EMBEDDING_GROUP]"} <= keys
+    assert "ncclDevKernel_AllReduce_Sum_f32" not in keys
+    assert ps.comm["ncclDevKernel_AllReduce_Sum_f32 [EMBEDDING_GROUP]"] == ("emb0",)
+    single = summarize_window(window_from_trace(_doc(0, [100.0] * 5), Path("r0.json"),
+                                                RankInfo(0, 4, "distributedInfo")))
+    assert "ncclDevKernel_AllReduce_Sum_f32" in {p.key for p in single.patterns}  # one group: its own name
