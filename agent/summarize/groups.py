@@ -60,7 +60,8 @@ def split_shared(raw: RawWindow) -> RawWindow:
     index = {n: i for i, n in enumerate(names)}
     name_id = raw.col("name_id").copy()
     start = raw.col("start_ns")
-    for row in range(len(name_id)):
+    shared = [index[n] for n in {n for n, _ in renames} if n in index]
+    for row in np.flatnonzero(np.isin(name_id, shared)).tolist():  # only the rows of shared names
         new = renames.get((names[int(name_id[row])], int(start[row])))
         if new is not None:
             if new not in index:
