@@ -125,7 +125,7 @@ def moving_imbalance(steps: np.ndarray | None, step_group: np.ndarray | None, wi
         return None
     ratios = np.concatenate([r for _, _, r, _ in found])
     members = np.sort(np.concatenate([c for _, c, _, _ in found]))
-    n_steps = max(r.size // 1 for _, _, r, _ in found)
+    n_steps = max(r.size for _, _, r, _ in found)
     slowest = len({int(c[np.argmax(steps[c][:, k])]) for _, c, _, _ in found
                    for k in range(steps.shape[1]) if not np.isnan(steps[c][:, k]).any()})
     cost = max(w for *_, w in found) / 1000.0 / window_s
