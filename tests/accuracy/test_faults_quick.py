@@ -1,4 +1,6 @@
-"""The fault benchmark's --quick run (clean + slow-compute + slow-dataloader) as part of the suite.
+"""The fault benchmark's --quick run (clean + slow-compute + slow-dataloader), in the accuracy tier:
+three 4-worker jobs with their agents take minutes on a 2-core host (over 5 under load), and each
+report must come within 60 s.
 
 It runs the real harness: 4-worker torchrun jobs of perftracker/examples/train.py, one network namespace per
 worker where the machine allows it (single-host mode otherwise, which the harness announces), a
@@ -12,14 +14,19 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+# generous limits: the harness ends its node agents itself, but killed from outside (by pytest-timeout's
+# 300 s default, once on a loaded host) it left them running
+@pytest.mark.timeout(900)
 def test_quick_fault_suite() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), PERFTRACKER_DISABLE="1")
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "faults.py"), "--quick"],
-        capture_output=True, text=True, timeout=420, env=env, cwd=REPO,
+        capture_output=True, text=True, timeout=840, env=env, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MODE:" in proc.stderr
