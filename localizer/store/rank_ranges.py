@@ -12,9 +12,12 @@ Stored as JSON ``[[lo, hi), ...]`` pairs; a store written before holds a plain l
 from __future__ import annotations
 
 import bisect
+import itertools
 import operator
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+import numpy as np
 
 
 class RankRanges:
@@ -81,8 +84,7 @@ class RankRanges:
         return i >= 0 and rank < self._hi[i]
 
     def __iter__(self) -> Iterator[int]:
-        for lo, hi in zip(self._lo, self._hi, strict=True):
-            yield from range(lo, hi)
+        return itertools.chain.from_iterable(map(range, self._lo, self._hi))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RankRanges):
@@ -102,22 +104,33 @@ class RankRanges:
         return sum(1 for r in ranks if r in self)
 
     def without(self, ranks: Iterable[int]) -> RankRanges:
-        """The set minus ``ranks``: O(ranges + len(ranks)), never expanding the ranges."""
-        cut = sorted({int(r) for r in ranks if r in self})
-        if not cut:
+        """The set minus ``ranks``: O((ranges + len(ranks)) log), never expanding the ranges (numpy)."""
+        if not self._lo:
             return self
-        out: list[tuple[int, int]] = []
-        j = 0
-        for lo, hi in zip(self._lo, self._hi, strict=True):
-            start = lo
-            while j < len(cut) and cut[j] < hi:
-                if cut[j] > start:
-                    out.append((start, cut[j]))
-                start = cut[j] + 1
-                j += 1
-            if start < hi:
-                out.append((start, hi))
-        return RankRanges(out)
+        seq = ranks if isinstance(ranks, (list, tuple, np.ndarray)) else list(ranks)
+        cut = np.unique(np.asarray(seq, dtype=np.int64))
+        if cut.size == 0:
+            return self
+        lo = np.array(self._lo, dtype=np.int64)
+        hi = np.array(self._hi, dtype=np.int64)
+        i = np.searchsorted(lo, cut, side="right") - 1
+        cut = cut[(i >= 0) & (cut < hi[np.maximum(i, 0)])]
+        if cut.size == 0:
+            return self
+        # each range [lo, hi) cut at c1 < c2 < ...: [lo, c1), [c1 + 1, c2), ..., [cm + 1, hi); the ranges
+        # are disjoint and sorted, so the sorted starts and the sorted ends pair up
+        starts = np.sort(np.concatenate((lo, cut + 1)))
+        ends = np.sort(np.concatenate((cut, hi)))
+        keep = starts < ends
+        return RankRanges._sorted(starts[keep].tolist(), ends[keep].tolist())
+
+    @classmethod
+    def _sorted(cls, lo: list[int], hi: list[int]) -> RankRanges:
+        """From ranges already sorted, disjoint and not touching (no merge pass)."""
+        out = cls.__new__(cls)
+        out._lo, out._hi = tuple(lo), tuple(hi)
+        out._len = sum(hi) - sum(lo)
+        return out
 
     def head(self, n: int) -> list[int]:
         """The first ``n`` ranks (a bounded listing)."""

@@ -68,11 +68,11 @@ class SessionRecord:
     def missing(self) -> tuple[int, ...]:
         return tuple(self.missing_ranges)
 
-    def summary_dict(self, max_ranges: int = 16) -> dict[str, Any]:
+    def summary_dict(self, max_ranges: int = 16, missing: RankRanges | None = None) -> dict[str, Any]:
         """The session without its rank lists: counts, and at most ``max_ranges`` ranges of the
         missing ranks (``missing_ranges``, [lo, hi) pairs; ``missing_more`` when there are more).
         Its size does not grow with the world size (a page of ``GET /v1/sessions``)."""
-        missing = self.missing_ranges
+        missing = self.missing_ranges if missing is None else missing
         pairs = missing.to_json()
         return {
             "schema_version": STORE_SCHEMA_VERSION, "session": self.session, "job": self.job,
@@ -85,9 +85,10 @@ class SessionRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole session, its rank lists included (O(expected ranks): build it off the event loop)."""
-        d = self.summary_dict()
-        d.update({"expected": list(self.expected), "uploaded": list(self.uploaded), "missing": list(self.missing),
-                  "expected_ranges": self.expected.to_json(), "missing_ranges": self.missing_ranges.to_json(),
+        missing = self.missing_ranges
+        d = self.summary_dict(missing=missing)
+        d.update({"expected": list(self.expected), "uploaded": list(self.uploaded), "missing": list(missing),
+                  "expected_ranges": self.expected.to_json(), "missing_ranges": missing.to_json(),
                   "missing_more": False})
         return d
 
