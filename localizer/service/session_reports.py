@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from perftracker.localizer.service.columns import SessionColumns
+from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.sqlite_store import HeartbeatRecord, SessionRecord
 
 from perftracker.model import HangSnapshot, Report
@@ -78,13 +79,14 @@ def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
     )
 
     got = {snap.rank for snap in snapshots}
-    silent = silent_ranks(s.expected, got, heartbeats, now_ns)
-    crash = localize_crash(list(snapshots), silent, list(s.expected), now_ns=now_ns)
+    expected, unheard = diagnosed_ranks(s.expected, got, heartbeats)
+    silent = silent_ranks(expected, got, heartbeats, now_ns)
+    crash = localize_crash(list(snapshots), silent, expected, now_ns=now_ns)
     if crash is not None:
-        return dataclasses.replace(crash, job=s.job, session=s.session, trigger_reason=s.reason)
+        return _with_unheard(dataclasses.replace(crash, job=s.job, session=s.session, trigger_reason=s.reason), unheard)
     if options is None:
         options = HangOptions.from_env()
-    report = localize_hang(list(snapshots), silent, list(s.expected), options, now_ns=now_ns)
+    report = localize_hang(list(snapshots), silent, expected, options, now_ns=now_ns)
     if report is None:
         # every rank pauses in user code (a checkpoint save, an evaluation): not a hang (yet).
         # "pause" re-opens the session for a later look; "resumed" closes it with no report.
@@ -93,4 +95,30 @@ def build_hang_report(s: SessionRecord, snapshots: Sequence[HangSnapshot],
                       trigger_reason=s.reason, window_s=0.0, ranks_reported=tuple(sorted(got)),
                       ranks_missing=tuple(sorted(silent)), status=RESUMED if resumed else PAUSE,
                       summary="the snapshots show no hang: the ranks were pausing, not blocked")
-    return dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason)
+    return _with_unheard(dataclasses.replace(report, job=s.job, session=s.session, trigger_reason=s.reason), unheard)
+
+
+MAX_UNHEARD = 1024  # expected ranks that sent nothing at all, diagnosed one by one; the rest only listed
+
+
+def diagnosed_ranks(expected: RankRanges, got: set[int], heartbeats: Sequence[HeartbeatRecord],
+                    max_unheard: int = MAX_UNHEARD) -> tuple[list[int], RankRanges]:
+    """The expected ranks a hang diagnosis looks at one by one: those with a snapshot or a
+    heartbeat (data received), and at most ``max_unheard`` of those that sent nothing; and the
+    other silent ones, as ranges. A claimed world of 1,000,000 ranks of which one registered
+    costs ~1,000 SilentRanks, not a million (issue 33)."""
+    missing = expected.without(got)
+    heard = [h.rank for h in heartbeats if h.rank in missing]
+    listed = [r for r in missing.without(heard).head(max_unheard)]
+    rest = missing.without(heard + listed)
+    return sorted({*got, *heard, *listed}), rest
+
+
+def _with_unheard(report: Report, unheard: RankRanges) -> Report:
+    """The report, with the expected ranks that sent nothing and were not diagnosed one by one
+    listed as missing (and said so in the summary)."""
+    if not unheard:
+        return report
+    return dataclasses.replace(report, ranks_missing=tuple(unheard | report.ranks_missing),
+                               summary=f"{report.summary} ({len(unheard)} more expected rank(s) sent nothing, "
+                                       "not even a heartbeat: listed as missing only)")

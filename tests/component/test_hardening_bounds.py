@@ -305,3 +305,23 @@ def test_retention_settings_from_the_environment() -> None:
     for bad in ("-1", "nan", "inf", "x"):
         with pytest.raises(ConfigError, match="PERFTRACKER_RETENTION_DAYS"):
             RetentionOptions.from_env({"PERFTRACKER_RETENTION_DAYS": bad})
+
+
+def test_a_hang_session_of_a_claimed_world_diagnoses_what_was_heard(tmp_path: Path) -> None:
+    """One rank registered with world_size 10,000,000 reports a hang: the session expects 1,000,000
+    ranks; the diagnosis looks at the ranks heard from and ~1,000 silent ones, the others are only
+    listed as missing (before: a million SilentRanks, ~1 GB and a 150 MB report)."""
+    opts = ServiceOptions(sessions=SessionOptions(hang_collect_s=0.3))
+    with ServiceThread(tmp_path / "s.sqlite", opts) as svc:
+        up = Uplink(svc.url, TOKEN, retries=0)
+        up.register("hw", "agent-hw", "n", workers([0], 10_000_000))
+        snap = HangSnapshot("hw", 0, 2, "n", 100, time.time_ns(), 41, 300.0, (Frame("dist.py", 10, "all_reduce"),),
+                            current_op="c10d::allreduce_")
+        session = up.upload_hang_snapshot(snap)["session"]
+        end = time.monotonic() + 60
+        while (report := up.get_report(session)) is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert report is not None and report.kind == "hang"
+        assert len(report.ranks_missing) == 999_999 and report.ranks_missing[:2] == (1, 2)
+        assert len(report.hang_states) <= 1 + 1024 and "998975 more expected rank(s)" in report.summary  # said once
+        assert len(json.dumps(svc.store.events.get_report_dict(session))) < 12 * 2**20
