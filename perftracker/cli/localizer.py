@@ -73,25 +73,30 @@ def add_limit_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--triggers-per-minute", type=int, default=12, metavar="N",
                    help=f"{prefix}sessions each job token (the main token: each job) may open per minute, "
                         "then 429 (0: no limit; default %(default)s)")
-    p.add_argument("--retention-days", type=float, default=float(os.environ.get("PERFTRACKER_RETENTION_DAYS") or 30),
+    p.add_argument("--retention-days", type=float, default=None, metavar="DAYS",
                    help=f"{prefix}delete closed sessions and their reports this many days after they closed "
-                        "(0: never; default %(default)s, PERFTRACKER_RETENTION_DAYS)")
-    p.add_argument("--retention-max-mb", type=float,
-                   default=float(os.environ.get("PERFTRACKER_RETENTION_MAX_MB") or 1024),
+                        "(0: never; default $PERFTRACKER_RETENTION_DAYS, else 30)")
+    p.add_argument("--retention-max-mb", type=float, default=None, metavar="MB",
                    help=f"{prefix}past this many MiB of stored sessions and report files, delete the oldest closed "
-                        "ones (0: no bound; default %(default)s, PERFTRACKER_RETENTION_MAX_MB)")
+                        "ones (0: no bound; default $PERFTRACKER_RETENTION_MAX_MB, else 1024)")
 
 
 def limit_options(args: argparse.Namespace) -> dict[str, object]:
     """The ServiceOptions/SessionOptions fields the limit arguments set: {"retention": ..., "sessions": {...}}."""
+    from dataclasses import replace
+
     from perftracker.localizer.service.retention import DAY_S, MIB, RetentionOptions
 
     for name in ("max_open_sessions", "triggers_per_minute", "retention_days", "retention_max_mb"):
         v = getattr(args, name)
-        if not v >= 0 or v == float("inf"):
+        if v is not None and (not v >= 0 or v == float("inf")):
             raise ConfigError(f"--{name.replace('_', '-')} {v}: must be a finite number >= 0 (0: no limit)")
-    return {"retention": RetentionOptions(max_age_s=args.retention_days * DAY_S,
-                                          max_bytes=int(args.retention_max_mb * MIB)),
+    retention = RetentionOptions.from_env()  # ConfigError naming a bad PERFTRACKER_RETENTION_* variable
+    if args.retention_days is not None:
+        retention = replace(retention, max_age_s=args.retention_days * DAY_S)
+    if args.retention_max_mb is not None:
+        retention = replace(retention, max_bytes=int(args.retention_max_mb * MIB))
+    return {"retention": retention,
             "sessions": {"max_open_sessions_per_job": args.max_open_sessions,
                          "triggers_per_minute": args.triggers_per_minute}}
 
