@@ -311,7 +311,8 @@ class LocalizerService:
 
     async def jobs(self, request: web.Request) -> web.Response:
         scope = request.get(SCOPE)
-        return json_response({"jobs": [j for j in self.store.jobs() if job_allowed(scope, j)]})
+        jobs = await asyncio.to_thread(self.store.jobs)  # read off the event loop, like every listing
+        return json_response({"jobs": [j for j in jobs if job_allowed(scope, j)]})
 
     async def poll_trigger(self, request: web.Request) -> web.StreamResponse:
         job = parse_name(request.match_info["job"], "job")
