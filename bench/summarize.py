@@ -57,7 +57,7 @@ def record(out: str, window_s: float) -> None:
     prof.__enter__()
     state["t0"] = time.perf_counter()
     sys.argv = ["perftracker/examples/train.py", "--iters", "100000000", "--quiet"]
-    runpy.run_path(str(REPO / "examples" / "train.py"), run_name="__main__")
+    runpy.run_path(str(REPO / "perftracker" / "examples" / "train.py"), run_name="__main__")
 
 
 def cpu_s() -> float:

@@ -33,7 +33,7 @@ from perftracker.model import Report
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train.py"
+TRAIN = REPO / "perftracker" / "examples" / "train.py"
 
 
 @dataclass
