@@ -426,8 +426,9 @@ def _outcome(done: subprocess.CompletedProcess[str]) -> str:
     return f"rc {done.returncode}" + (f", {len(lines)} error line(s)" if done.returncode else "")
 
 
-class _Server:
-    """An HTTP server on a thread: answers ``routes`` (path -> JSON), counts the requests."""
+class JsonServer:
+    """An HTTP server on a thread: answers ``routes`` (path -> JSON) and every POST with ``post``;
+    counts the requests (``hits``). A stand-in localizer for the hardening rows and their tests."""
 
     def __init__(self, routes: dict[str, Any], post: Any = None) -> None:
         import http.server
@@ -513,7 +514,7 @@ def item_planted_runs_dir(tree: Path, tmp: Path) -> str:
     planted = shared / "perftracker-runs"
     planted.mkdir(mode=0o777)
     os.chmod(planted, 0o777)
-    theirs = _Server({"/v1/healthz": {"ok": True}, "/v1/jobs": {"jobs": []}})
+    theirs = JsonServer({"/v1/healthz": {"ok": True}, "/v1/jobs": {"jobs": []}})
     try:
         (planted / "localizer.json").write_text(json.dumps({"url": theirs.url, "pid": 1}))
         (planted / "token").write_text("attacker-token-0123456789\n")
@@ -650,7 +651,7 @@ def item_o_symlink(tree: Path, tmp: Path) -> str:
 def item_trigger_path(tree: Path, tmp: Path) -> str:
     sid = "../../pwn/planted-by-localizer"
     report = _report_dict(tree, session=sid)
-    fake = _Server({"/v1/jobs": {"jobs": ["j"]},
+    fake = JsonServer({"/v1/jobs": {"jobs": ["j"]},
                     f"/v1/sessions/{sid}": {"session": sid, "state": "done", "deadline_ns": time.time_ns(),
                                             "uploaded": [0], "expected": [0], "window_s": 1.0, "error": "",
                                             "report_path": ""},

@@ -28,7 +28,7 @@ over the steps, as a share of the window.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,12 +112,7 @@ def moving_imbalance(steps: np.ndarray | None, step_group: np.ndarray | None, wi
     if steps is None or step_group is None or window_s <= 0:
         return None
     found: list[tuple[int, np.ndarray, np.ndarray, float]] = []
-    for g in np.unique(step_group):
-        if g < 0:
-            continue
-        cols = np.flatnonzero(step_group == g)
-        sub = steps[cols]
-        full = ~np.isnan(sub).any(axis=0)
+    for g, cols, sub, full in _step_groups(steps, step_group):
         moving, ratio, wait = moving_in_group(sub[:, full], opts)
         if moving:
             found.append((int(g), cols, ratio, wait))
@@ -163,12 +158,7 @@ def step_late(steps: np.ndarray | None, step_group: np.ndarray | None, window_s:
     out: list[tuple[int, np.ndarray, np.ndarray, float]] = []
     if steps is None or step_group is None or window_s <= 0:
         return out
-    for g in np.unique(step_group):
-        if g < 0:
-            continue
-        cols = np.flatnonzero(step_group == g)
-        sub = steps[cols]
-        full = ~np.isnan(sub).any(axis=0)
+    for g, cols, sub, full in _step_groups(steps, step_group):
         if cols.size < 2 or int(full.sum()) < MIN_STEPS:
             continue
         w = step_waits(sub[:, full]) / 1000.0 / window_s
@@ -199,3 +189,14 @@ def moving_saves(steps: np.ndarray, step_group: np.ndarray, groups: tuple[int, .
         if sub.size:
             best = max(best, float((sub.max(axis=0) - np.median(sub, axis=0)).sum()))
     return best
+
+
+def _step_groups(steps: np.ndarray, step_group: np.ndarray
+                 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+    """(group, its worker columns, their per-step compute, the steps every member has) per group."""
+    for g in np.unique(step_group):
+        if g < 0:
+            continue
+        cols = np.flatnonzero(step_group == g)
+        sub = steps[cols]
+        yield int(g), cols, sub, ~np.isnan(sub).any(axis=0)

@@ -217,14 +217,7 @@ class Store:
 
     def rank_owners(self, job: str, ranks: Sequence[int]) -> dict[int, str]:
         """rank -> the agent_id that registered it, for the given ranks that are registered."""
-        out: dict[int, str] = {}
-        wanted = list(ranks)
-        for i in range(0, len(wanted), 500):
-            chunk = wanted[i:i + 500]
-            rows = self._query(f"SELECT rank, agent_id FROM workers WHERE job=? AND rank IN ({','.join('?' * len(chunk))})",
-                               (job, *chunk))
-            out.update({int(r): str(a) for r, a in rows})
-        return out
+        return {int(r): str(a) for r, a in self._worker_column(job, "agent_id", ranks)}
 
     def workers(self, job: str) -> list[WorkerRecord]:
         rows = self._query("SELECT job, rank, agent_id, local_rank, world_size, pid, tid, host "
@@ -233,14 +226,19 @@ class Store:
 
     def rank_worlds(self, job: str, ranks: Sequence[int]) -> dict[int, int]:
         """rank -> the world size it registered with, for the given ranks that are registered."""
-        out: dict[int, int] = {}
+        return {int(r): int(w) for r, w in self._worker_column(job, "world_size", ranks)}
+
+    def _worker_column(self, job: str, column: str, ranks: Sequence[int]) -> list[tuple[Any, ...]]:
+        """(rank, column) of the given registered ranks, queried 500 ranks at a time."""
+        if column not in ("agent_id", "world_size"):  # a fixed column name, never data
+            raise ValueError(f"not a worker column: {column!r}")
         wanted = [int(r) for r in ranks]
+        rows: list[tuple[Any, ...]] = []
         for i in range(0, len(wanted), 500):
             chunk = wanted[i:i + 500]
-            rows = self._query(f"SELECT rank, world_size FROM workers WHERE job=? AND rank IN ({','.join('?' * len(chunk))})",
-                               (job, *chunk))
-            out.update({int(r): int(w) for r, w in rows})
-        return out
+            rows += self._query(f"SELECT rank, {column} FROM workers WHERE job=? AND rank IN "
+                                f"({','.join('?' * len(chunk))})", (job, *chunk))
+        return rows
 
     def world_size(self, job: str) -> int:
         """The largest world size the job's registrations name (0: none registered)."""

@@ -6,14 +6,12 @@ line (4, 5), trace files that are skipped, not fatal (8, 9), and report files wi
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 from report_samples import slow_compute_report
 from service_helpers import TOKEN, ServiceThread, workers
 
+from bench.hardening import JsonServer
 from perftracker.cli import output
 from perftracker.errors import PerftrackerError
 from perftracker.rundir import RunDirError, open_owned
@@ -207,36 +206,11 @@ class _FakeLocalizer:
                                         "report_path": ""},
             f"/v1/sessions/{session}/report": report,
         }
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                from urllib.parse import unquote
-
-                path = unquote(self.path.split("?")[0])
-                body = {"session": session, "joined": False} if self.command == "POST" else routes.get(path)
-                data = json.dumps(body if body is not None else {"error": "no"}).encode()
-                self.send_response(200 if body is not None else 404)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._answer()
-
-            def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                self._answer()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = JsonServer(routes, post={"session": session, "joined": False})
+        self.url = self.server.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
 
 
 @pytest.mark.parametrize("session", ["../../pwn/planted-by-localizer", "s-1\n"])

@@ -84,7 +84,10 @@ def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_po
     progress.mkdir()  # perftracker/examples/train.py does not create it
     # nothing configured but a private run dir (so parallel tests do not share /tmp/perftracker-<uid>);
     # autostart is the default, set explicitly because the suite's environment turns it off (conftest.py)
-    env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1")
+    # A window the detector may open by itself is 2 s, not 20: on a loaded CI host a 20 s window of
+    # each rank, summarized at nice 19 beside the training, missed its session's deadline (rank 1
+    # missing once in a CI run); the test is about the autostart, not the window's length.
+    env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1", PERFTRACKER_WINDOW_S="2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port),
          TRAIN, "--iters", "100000", "--quiet", "--progress-dir", str(progress)],
@@ -112,7 +115,7 @@ def test_plain_torchrun_with_import_autostarts_one_agent(tmp_path: Path, free_po
             _, report = _trigger_and_wait(runs, f"train-{free_port}", 2.0, timeout_s=180.0)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nagent log:\n{_agent_log(run_dir)}") from None
-        assert report.ranks_reported == (0, 1), (report.ranks_missing, _agent_log(run_dir))
+        assert report.ranks_reported == (0, 1), f"missing {report.ranks_missing}\nagent log:\n{_agent_log(run_dir)}"
         assert (runs / "reports").is_dir() and list((runs / "reports").glob("*.json"))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
