@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,6 +117,10 @@ def test_a_zombie_of_another_creation_time_is_not_read_and_the_error_file_comes_
     proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(4)"], stdin=subprocess.PIPE,
                             env={"PATH": "/usr/bin:/bin", "TORCHELASTIC_ERROR_FILE": err})
     try:
+        # between fork and exec the child still shows this process's environment: wait for the exec
+        deadline = time.monotonic() + 30
+        while error_file_of(proc.pid) != err and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert error_file_of(proc.pid) == err
         started = started_at(proc.pid)
         assert zombie_status(proc.pid, started) is None  # alive
@@ -124,6 +129,8 @@ def test_a_zombie_of_another_creation_time_is_not_read_and_the_error_file_comes_
         assert watch_exit(proc.pid, started, timeout_s=30) == ExitStatus("exit", 4)
         assert zombie_status(proc.pid, started + 0.01) is None  # the pid of a process created at another time
     finally:
+        if proc.poll() is None and proc.stdin is not None and not proc.stdin.closed:
+            proc.kill()  # an assertion failed while it still waits for its stdin
         proc.wait()
     assert zombie_status(proc.pid, started) is None and error_file_of(proc.pid) == ""  # reaped
     assert watch_exit(proc.pid, started, timeout_s=5) is None  # gone: returns at once, not at the timeout
