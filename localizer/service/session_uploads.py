@@ -102,8 +102,8 @@ class PatternUploads:
         s = self.store.get_session(session, with_uploaded=False)
         if s is None:
             raise RequestError(f"unknown session {session!r}", status=404)
-        if s.job != job:
-            raise RequestError(f"session {session!r} belongs to job {s.job!r}, not {job!r}", status=422)
+        if s.job != job:  # answered as unknown: a job's token learns nothing of another job's sessions
+            raise RequestError(f"unknown session {session!r} for job {job!r}", status=404)
         if s.state != OPEN:
             raise RequestError(f"session {session!r} is already {s.state}; uploads are closed", status=409)
         unknown = [r for r in ranks if r not in s.expected_set]

@@ -118,7 +118,7 @@ def test_upload_errors_are_clear_4xx(localizer: LocalizerProcess) -> None:
     cases = [
         (make_pattern_set("job-c", "no-such-session", 0, 2), 404, "unknown session"),
         (make_pattern_set("job-c", session, 5, 6), 422, "rank 5 is not registered"),
-        (make_pattern_set("job-x", session, 0, 2), 422, "belongs to job"),
+        (make_pattern_set("job-x", session, 0, 2), 404, "unknown session .* for job 'job-x'"),
     ]
     for ps, status, msg in cases:
         with pytest.raises(UplinkError, match=msg) as e:
