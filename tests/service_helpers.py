@@ -104,7 +104,8 @@ class ServiceThread:
     """The real LocalizerService on its own event-loop thread, listening on a free port (in-process,
     so a test can look at its guard, cache and store)."""
 
-    def __init__(self, store_path: Path, options: object | None = None, token: str = TOKEN, host: str = "127.0.0.1") -> None:
+    def __init__(self, store_path: Path, options: object | None = None, token: str = TOKEN, host: str = "127.0.0.1",
+                 k8s_client: object | None = None) -> None:
         import asyncio
         import threading
 
@@ -112,7 +113,7 @@ class ServiceThread:
         from perftracker.localizer.store.sqlite_store import Store
 
         self.store = Store(store_path)
-        self.service = LocalizerService(self.store, token, options)  # type: ignore[arg-type]
+        self.service = LocalizerService(self.store, token, options, k8s_client=k8s_client)  # type: ignore[arg-type]
         self.host = host
         self.url = ""
         self.port = 0

@@ -7,7 +7,6 @@ and the real `kubernetes` client talks to it. Not verified on a cluster.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import threading
 import time
@@ -22,13 +21,12 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s ex
 
 from perftracker.agent.daemon.localizer_client import Uplink  # noqa: E402
 from perftracker.localizer.k8s.client import K8sOptions, KubernetesClient  # noqa: E402
-from perftracker.localizer.service.http_service import LocalizerService, ServiceOptions  # noqa: E402
+from perftracker.localizer.service.http_service import ServiceOptions  # noqa: E402
 from perftracker.localizer.service.sessions import SessionOptions  # noqa: E402
-from perftracker.localizer.store.sqlite_store import Store  # noqa: E402
 
 from perftracker.model import Category, Pattern  # noqa: E402
 from tests.k8s_fake import FakeApiServer  # noqa: E402
-from tests.service_helpers import TOKEN, make_pattern_set, workers  # noqa: E402
+from tests.service_helpers import TOKEN, ServiceThread, make_pattern_set, workers  # noqa: E402
 
 SA_TOKEN = "sa-token-for-service-tests"
 POD_OF_RANK = {0: "train-0-7xk2p", 1: "train-0-7xk2p", 2: "train-1-h2w9r", 3: "train-1-h2w9r"}
@@ -38,40 +36,6 @@ POD_OF_RANK = {0: "train-0-7xk2p", 1: "train-0-7xk2p", 2: "train-1-h2w9r", 3: "t
 def api() -> Iterator[FakeApiServer]:
     with FakeApiServer(SA_TOKEN) as server:
         yield server
-
-
-class ServiceThread:
-    """The real LocalizerService on its own event loop thread, listening on a free port."""
-
-    def __init__(self, store_path: Path, k8s: KubernetesClient | None, options: ServiceOptions) -> None:
-        self.store = Store(store_path)
-        self.service = LocalizerService(self.store, TOKEN, options, k8s_client=k8s)
-        self.url = ""
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-
-    async def _serve(self) -> None:
-        port = await self.service.start("127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{port}"
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await self.service.stop()
-            self.store.close()
-
-    def __enter__(self) -> ServiceThread:
-        self._thread.start()
-        assert self._ready.wait(20), "service did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(20)
 
 
 def _options(**kw: Any) -> ServiceOptions:
@@ -115,7 +79,7 @@ def test_session_expects_the_pods_ranks_and_findings_become_pod_events(api: Fake
     # as soon as all 4 ranks uploaded): a 1 s collect grace expired before the join on a loaded machine.
     options = ServiceOptions(sessions=SessionOptions(default_window_s=0.5, collect_grace_s=60.0),
                              k8s_lookup_wait_s=30.0)
-    with ServiceThread(tmp_path / "store.sqlite", _client(api), options) as svc:
+    with ServiceThread(tmp_path / "store.sqlite", options, k8s_client=_client(api)) as svc:
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "gpu-node-a", workers(range(2), 2))  # only pod train-0's agent registered
         assert api.pod_listings() == []  # nothing is asked of the API server before a session opens
@@ -177,7 +141,7 @@ def test_pod_listing_failure_falls_back_to_the_registrations(api: FakeApiServer,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="localizer")
     api.forbid = True
-    with ServiceThread(tmp_path / "store.sqlite", _client(api), _options()) as svc:
+    with ServiceThread(tmp_path / "store.sqlite", _options(), k8s_client=_client(api)) as svc:
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "gpu-node-a", workers(range(2), 2))
         session, _ = up.create_trigger("train", "cli", window_s=0.5)
@@ -195,7 +159,7 @@ def test_pod_listing_failure_falls_back_to_the_registrations(api: FakeApiServer,
 
 def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with ServiceThread(tmp_path / "store.sqlite", None, _options()) as svc:
+    with ServiceThread(tmp_path / "store.sqlite", _options(), k8s_client=None) as svc:
         assert svc.service.k8s is None and svc.service.cluster is None  # from_environment() said None
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "node0", workers(range(2), 2))
@@ -208,14 +172,14 @@ def test_outside_a_cluster_kubernetes_is_a_no_op(tmp_path: Path, monkeypatch: py
 
 def test_a_session_opened_before_a_restart_still_gets_its_events(api: FakeApiServer, tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite"
-    with ServiceThread(store, None, _options(kubernetes=False)) as svc:  # e.g. the API was unreachable then
+    with ServiceThread(store, _options(kubernetes=False), k8s_client=None) as svc:  # e.g. the API was unreachable then
         up = Uplink(svc.url, TOKEN)
         up.register("train", "agent-a", "gpu-node-a", workers(range(4), 4))
         session, _ = up.create_trigger("train", "cli", window_s=30)
         for rank in range(3):
             up.upload_patterns(_patterns(session, rank, 4))
     assert api.pod_listings() == []
-    with ServiceThread(store, _client(api), _options()) as svc:  # restarted, now with the cluster
+    with ServiceThread(store, _options(), k8s_client=_client(api)) as svc:  # restarted, now with the cluster
         up.url = svc.url  # the same agent (it holds its agent key) reaches the restarted localizer
         up.upload_patterns(_patterns(session, 3, 4, slow_python=True))
         closed = _wait(lambda: _closed(up, session))
