@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perftracker.localizer.diagnose.hang_diagnosis import SilentRank, _user_callers, place
+from perftracker.localizer.diagnose.headline import fit
 
 from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
 from perftracker.model.frames import SELF_PREFIX, innermost_user_frame, is_collective, is_user_frame
@@ -147,7 +148,8 @@ def localize_crash(
         job=any_snap.job, session=any_snap.session, kind=CRASH,
         created_ns=max(s.taken_ns for s in snapshots) if now_ns is None else now_ns,
         trigger_reason="crash", window_s=0.0, ranks_reported=tuple(sorted(by_rank)),
-        ranks_missing=tuple(sorted(quiet)), hang_states=tuple(states), summary=summary)
+        ranks_missing=tuple(sorted(quiet)), hang_states=tuple(states), summary=summary,
+        headline=fit(summary))
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from perftracker.localizer.diagnose.headline import fit
+
 from perftracker.model import Frame, HangSnapshot, RankState, Report, compress_ranks
 from perftracker.model.frames import (
     SELF_PREFIX,
@@ -234,6 +236,7 @@ def localize_hang(
         ranks_missing=tuple(sorted({*quiet, *followers})),
         hang_states=tuple(states),
         summary=summary,
+        headline=fit(summary),
     )
 
 

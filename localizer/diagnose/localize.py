@@ -35,6 +35,7 @@ from perftracker.localizer.diagnose.distances import (
 from perftracker.localizer.diagnose.expect import OPEN_BOX, Expectations, load_expectations
 from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings
 from perftracker.localizer.diagnose.floors import Floors, floors_for
+from perftracker.localizer.diagnose.headline import dress_report
 from perftracker.localizer.diagnose.host_bound import with_host_total, with_idle_share
 from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import (
@@ -44,6 +45,7 @@ from perftracker.localizer.diagnose.rule import (
     minority_only,
     small_job_threshold,
 )
+from perftracker.localizer.diagnose.step_lanes import step_lanes
 
 from perftracker.model import PatternSet, Report
 
@@ -253,7 +255,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
             missing = tuple(_first_missing(inside, MAX_LISTED_MISSING))
     keep_iter = {r for f in findings for r in f.ranks[:8]}
     keep_iter.update(sorted(arr.iteration_ms)[:8])
-    return Report(
+    report = Report(
         job=arr.job, session=arr.session, kind="offline" if arr.offline else "slowdown",
         created_ns=time.time_ns() if opts.created_ns is None else opts.created_ns,
         trigger_reason=opts.trigger_reason, window_s=float(arr.window_s),
@@ -262,6 +264,8 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
         iteration_ms={r: tuple(arr.iteration_ms[r]) for r in sorted(keep_iter) if r in arr.iteration_ms},
         status="partial" if missing else "complete",
     )
+    report = dress_report(report, arr.n_workers, samples=not arr.offline)
+    return dataclasses.replace(report, step_lanes=step_lanes(arr, report.findings))
 
 
 __all__ = ["LocalizeOptions", "localize", "localize_arrays", "analyze_function", "resolve_expectations",

@@ -26,8 +26,11 @@ from perftracker.model.patterns import (
     _pattern_from_row,
 )
 from perftracker.model.report import (
+    LANE_PARTS,
+    REPORT_SCHEMA_VERSION,
     Box,
     Finding,
+    Lane,
     RankState,
     Report,
     TopFunction,
@@ -42,6 +45,9 @@ __all__ = [
     "Box",
     "Category",
     "Finding",
+    "LANE_PARTS",
+    "Lane",
+    "REPORT_SCHEMA_VERSION",
     "Frame",
     "HangSnapshot",
     "Pattern",

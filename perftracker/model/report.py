@@ -12,7 +12,6 @@ from typing import Any
 from perftracker.errors import SchemaError
 from perftracker.model.patterns import Category, Triple, parse_category
 from perftracker.model.schema import (
-    SCHEMA_VERSION,
     check_schema_version,
     float_items,
     int_items,
@@ -20,6 +19,12 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+
+# Version 2 (issue 32) adds a finding's ``title``, ``evidence``, ``next_steps`` and ``cause``, the
+# report's ``headline`` and ``step_lanes``; version 1 documents (``sentence`` and ``summary`` only)
+# are still read, and version 2 still writes ``sentence`` and ``summary`` (dropped in version 3).
+REPORT_SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,24 @@ class Finding:
     # (docs/diagnosis.md, "What fixing it would save"); 0 where none is made
     saves_share: float = 0.0
     saves_s: float = 0.0
+    # issue 32: a plain-words headline (at most 120 characters), one fact per evidence line, what to
+    # check next, and the cause kind they were chosen by ("load_imbalance", "host_bound", ...)
+    title: str = ""
+    evidence: tuple[str, ...] = ()
+    next_steps: tuple[str, ...] = ()
+    cause: str = ""
+
+    @property
+    def headline(self) -> str:
+        """The title, or the sentence of a finding read from a version 1 report."""
+        return self.title or self.sentence
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "title": self.title,
+            "cause": self.cause,
+            "evidence": list(self.evidence),
+            "next_steps": list(self.next_steps),
             "key": self.key,
             "label": self.label,
             "category": self.category.value,
@@ -122,7 +142,42 @@ class Finding:
             parts=tuple(_part(p, f"{where}.parts[{i}]") for i, p in enumerate(optional(d, "parts", list, where, []))),
             saves_share=float(optional(d, "saves_share", float, where, 0.0)),
             saves_s=float(optional(d, "saves_s", float, where, 0.0)),
+            title=optional(d, "title", str, where, ""),
+            evidence=_strings(optional(d, "evidence", list, where, []), f"{where}.evidence"),
+            next_steps=_strings(optional(d, "next_steps", list, where, []), f"{where}.next_steps"),
+            cause=optional(d, "cause", str, where, ""),
         )
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One rank's representative step in the report's step picture: how long the step takes and
+    how it divides into parts, in the order drawn. ``parts``: (part, ms) with part one of
+    ``LANE_PARTS``; a share of the window's critical path, scaled to the step, not a timeline."""
+
+    rank: int
+    role: str  # "culprit", "waits", "stage 1", ...
+    step_ms: float
+    parts: tuple[tuple[str, float], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "role": self.role, "step_ms": rounded(self.step_ms),
+                "parts": [[name, rounded(ms)] for name, ms in self.parts]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Lane:
+        where = "Lane"
+        parts = []
+        for i, p in enumerate(require(d, "parts", list, where)):
+            if not isinstance(p, list) or len(p) != 2 or p[0] not in LANE_PARTS:
+                raise SchemaError(f"{where}.parts[{i}]: expected [one of {', '.join(LANE_PARTS)}, ms], got {p!r:.80}")
+            parts.append((str(p[0]), float_items(p[1:], f"{where}.parts[{i}]", first=1)[0]))
+        return cls(rank=require(d, "rank", int, where), role=require(d, "role", str, where),
+                   step_ms=float(require(d, "step_ms", float, where)), parts=tuple(parts))
+
+
+# the parts of a step, in the order a lane draws them
+LANE_PARTS = ("host", "compute", "waiting", "communication", "other")
 
 
 @dataclass(frozen=True)
@@ -204,7 +259,14 @@ class Report:
     profile: str = ""  # expected-range profile used: "gpu" | "cpu" | a file name
     iteration_ms: Mapping[int, tuple[float, ...]] = field(default_factory=dict)  # rank -> series around the trigger
     status: str = "complete"  # "complete" | "partial" | "resolved"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = REPORT_SCHEMA_VERSION
+    headline: str = ""  # at most 120 characters: the first finding's title, "(+N more)"
+    step_lanes: tuple[Lane, ...] = ()  # one representative step of a few ranks, for the step picture
+
+    @property
+    def top_line(self) -> str:
+        """What a reader sees first: the headline, or the summary of a version 1 report."""
+        return self.headline or self.summary
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -224,13 +286,17 @@ class Report:
             "top_functions": [t.to_dict() for t in self.top_functions],
             "hang_states": [s.to_dict() for s in self.hang_states],
             "iteration_ms": {str(k): [rounded(x) for x in v] for k, v in self.iteration_ms.items()},
+            "headline": self.headline,
+            "step_lanes": [lane.to_dict() for lane in self.step_lanes],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
         where = "Report"
-        check_schema_version(d, where)
+        check_schema_version(d, where, _READABLE_VERSIONS)  # a version 1 report is read as version 2
         return cls(
+            headline=optional(d, "headline", str, where, ""),
+            step_lanes=tuple(Lane.from_dict(x) for x in optional(d, "step_lanes", list, where, [])),
             job=require(d, "job", str, where),
             session=require(d, "session", str, where),
             kind=require(d, "kind", str, where),
@@ -247,6 +313,13 @@ class Report:
             hang_states=tuple(RankState.from_dict(s) for s in optional(d, "hang_states", list, where, [])),
             iteration_ms=_series(optional(d, "iteration_ms", dict, where, {}), f"{where}.iteration_ms"),
         )
+
+
+def _strings(values: Sequence[Any], where: str) -> tuple[str, ...]:
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise SchemaError(f"{where}[{i}]: expected a string, got {v!r:.80}")
+    return tuple(values)
 
 
 def _point(p: Any, where: str) -> tuple[int, float, float]:

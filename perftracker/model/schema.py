@@ -55,16 +55,17 @@ def float_items(values: Sequence[Any], where: str, first: int = 0) -> tuple[floa
     return tuple(float(v) for v in values)
 
 
-def check_schema_version(d: Mapping[str, Any], where: str) -> None:
+def check_schema_version(d: Mapping[str, Any], where: str, readable: tuple[int, ...] = (SCHEMA_VERSION,)) -> int:
+    """The document's schema version, checked to be one of ``readable`` (the newest last)."""
     if not isinstance(d, Mapping):
         raise SchemaError(f"{where}: expected an object, got {type(d).__name__}")
     version = d.get("schema_version")
     if version is None:
-        raise SchemaError(f"{where}: missing schema_version (expected {SCHEMA_VERSION})")
-    if version != SCHEMA_VERSION:
-        raise SchemaError(
-            f"{where}: unsupported schema_version {version!r} (this perftracker reads {SCHEMA_VERSION})"
-        )
+        raise SchemaError(f"{where}: missing schema_version (expected {readable[-1]})")
+    if isinstance(version, bool) or version not in readable:
+        reads = " or ".join(str(v) for v in readable)
+        raise SchemaError(f"{where}: unsupported schema_version {version!r} (this perftracker reads {reads})")
+    return int(version)
 
 
 

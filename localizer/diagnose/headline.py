@@ -1,0 +1,236 @@
+"""A finding's headline (``title``, at most 120 characters), its evidence lines and next steps, and
+the report's headline: plain words first, internal terms (β, μ, the tests) in the evidence.
+
+Pure functions over a built Finding (its numbers and its sentence's cause clause), so that every
+finding kind gets them the same way, whoever built it (functions, waits, pipeline stages, moving
+stragglers). The cause kind comes from ``next_steps.cause_kind``; docs/reports.md explains the terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+
+from perftracker.localizer.diagnose.explain import describe_ranks, frame_text, pct
+from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
+from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
+from perftracker.localizer.diagnose.next_steps import cause_kind, cause_of, next_steps
+
+from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
+
+MAX_TITLE_CHARS = 120
+_MAX_LABEL_CHARS = 40
+_MAX_WHO_CHARS = 22
+_CPP_ARGS = re.compile(r"^(?P<name>[^(]+?)\((?:[^()]|\([^()]*\))*\)(?P<rest>.*)$")
+_FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<fn>.+)$")
+_TESTS = {
+    "expectation": "expectation: outside the expected range of its category",
+    "differential": "differential: unlike most other ranks",
+    "waits": "waits: the others wait for these ranks at a collective",
+}
+_KINDS = {
+    "common": "common: most ranks (a job-wide cause)",
+    "specific": "specific: a few ranks (look at their hosts and inputs)",
+    "random": "random: scattered ranks whose share varies from worker to worker",
+}
+
+
+def fit(text: str, limit: int = MAX_TITLE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters: at the last clause ("; ") that fits, else with "…"."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("; ", 0, limit)
+    if cut >= limit // 2:
+        return text[:cut]
+    return text[:limit - 1].rstrip() + "…"
+
+
+def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
+    """A function's name for a headline: a Python frame's function, a C++ kernel without its
+    argument list ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""
+    m = _FRAME.match(label)
+    if m is not None:
+        label = m.group("fn")
+    else:
+        c = _CPP_ARGS.match(label)
+        if c is not None and not label.startswith("("):
+            label = (c.group("name") + c.group("rest")).strip()
+    label = " ".join(label.split())
+    if len(label) <= limit:
+        return label
+    head = (limit - 1) * 2 // 3
+    return label[:head] + "…" + label[-(limit - 1 - head):]
+
+
+def _who(ranks: Sequence[int], n_workers: int) -> str:
+    text = describe_ranks(list(ranks), n_workers)
+    if len(text) <= _MAX_WHO_CHARS:
+        return text
+    return f"{len(ranks):,} of {n_workers:,} ranks"
+
+
+def cause_clause(sentence: str) -> str:
+    """The likely cause a sentence states after its dash, up to the next clause."""
+    if " — " not in sentence:
+        return sentence
+    return sentence.split(" — ", 1)[1].split("; ", 1)[0]
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _core(f: Finding, who: str, n: int) -> str:
+    """Who does what, and how much of the window it takes."""
+    fn = short_label(f.label or f.key)
+    obs, med = f.observed.beta, f.median.beta
+    if f.key == STAGE_KEY:
+        ratio = obs / med if med > 0 else 0.0
+        what = f"{f.label} ({who})" if who != "all ranks" else f.label
+        return f"{what} computes {ratio:.1f}× the other stages" if ratio else f"{what} computes more"
+    if f.key == MOVING_KEY:
+        return f"the slowest rank changes from step to step ({who})"
+    if f.key == HOST_KEY:
+        expected = f", expected ≤ {pct(f.expected.hi.beta)}" if f.expected.hi.beta < 1 else ""
+        prefix = "" if who == "all ranks" else f"{who}: "
+        return f"{prefix}the GPU waits for the host {pct(obs)} of the window ({pct(med)} median{expected})"
+    if f.key == IDLE_KEY:
+        return f"{who} {_plural(n, 'stalls', 'stall')} outside traced ops ({pct(obs)} vs {pct(med)} of the window)"
+    if f.key == LINK_KEY:
+        return f"{who}: TCP retransmits {pct(f.observed.mu)} of segments (median {pct(f.median.mu)})"
+    if f.kind == "random":
+        return f"{fn} takes a varying share of the window on {who}, scattered"
+    if f.tests == ("waits",) and f.category is Category.COLLECTIVE:
+        coll = short_label(f.waits[0].function) if f.waits else fn
+        return f"{who} {_plural(n, 'arrives', 'arrive')} last at {coll}"
+    if f.kind == "common" and "expectation" in f.tests:
+        hi = f.expected.hi.beta
+        if obs > hi:
+            return f"{who}: {fn} takes {pct(obs)} of the window (expected ≤ {pct(hi)})"
+        return f"{who}: {fn} outside its expected range ({pct(obs)} of the window)"
+    rm = f.observed.mu / f.median.mu if f.median.mu > 0 else None
+    if f.category is Category.COMPUTE and rm is not None and rm <= 0.9 and obs <= med * 1.1 + 1e-9:
+        return f"{who} {_plural(n, 'runs', 'run')} {fn} at {rm * 100:.0f}% of the others' utilization"
+    if med < 1e-4 or obs >= med * 1.1:
+        verb = _plural(n, "runs", "run")
+        if med < 1e-4:
+            return f"{who} {verb} extra {fn} ({pct(obs)} of the window, others {pct(med)})"
+        return f"{who} {_plural(n, 'spends', 'spend')} {obs / med:.1f}× longer in {fn} ({pct(obs)} vs {pct(med)})"
+    if obs <= med * 0.9:
+        return f"{who} {_plural(n, 'spends', 'spend')} less in {fn} ({pct(obs)} vs {pct(med)}): the others wait"
+    return f"{who}: {fn} unlike the other ranks ({pct(obs)} of the window)"
+
+
+def _wait_part(f: Finding, n_workers: int) -> str:
+    if not f.waits or f.key == MOVING_KEY:
+        return ""
+    w = f.waits[0]
+    obj = _plural(len(f.ranks), "it", "them")
+    return (f"; {_who(w.ranks, n_workers)} {_plural(len(w.ranks), 'waits', 'wait')} "
+            f"{pct(w.share)} for {obj}")
+
+
+def title_of(f: Finding, n_workers: int, limit: int = MAX_TITLE_CHARS) -> tuple[str, str]:
+    """(the finding's headline of at most ``limit`` characters, its cause kind)."""
+    kind = cause_kind(cause_clause(f.sentence), f.key)
+    phrase = cause_of(kind).phrase
+    who = _who(f.ranks, n_workers)
+    core = _core(f, who, len(f.ranks))
+    waits = _wait_part(f, n_workers)
+    tail = f" — {phrase}" if phrase else ""
+    saves = f"; fixing it saves ~{pct(f.saves_share)}" if f.saves_share >= 0.01 else ""
+    for candidate in (core + waits + tail + saves, core + waits + tail, core + tail + saves, core + tail,
+                      _compact(core) + waits + tail, _compact(core) + tail):
+        if len(candidate) <= limit:
+            return candidate, kind
+    return fit(core, limit - len(tail)) + tail if len(tail) < limit // 2 else fit(core + tail, limit), kind
+
+
+def _compact(core: str) -> str:
+    """The headline's core without its parenthesised numbers (kept in the evidence)."""
+    return re.sub(r" \([^()]*\)$", "", core)
+
+
+def _range(lo: float, hi: float) -> str:
+    if lo <= 0 and hi >= 1:
+        return "any"
+    if lo <= 0:
+        return f"≤ {pct(hi)}"
+    if hi >= 1:
+        return f"≥ {pct(lo)}"
+    return f"{pct(lo)}–{pct(hi)}"
+
+
+def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, ...]:
+    """One fact per line: the pattern against the median rank and the expected range, the waits,
+    the test that fired, the kind, the cost."""
+    ranks = compress_ranks(f.ranks)
+    o, m, lo, hi = f.observed, f.median, f.expected.lo, f.expected.hi
+    lines = [f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
+             f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}"]
+    if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
+        what = "retransmitted share" if f.key == LINK_KEY else "utilization of its resource"
+        lines.append(f"μ ({what}): {pct(o.mu)}; median rank {pct(m.mu)}; expected {_range(lo.mu, hi.mu)}")
+        lines.append(f"σ (spread of that utilization): {pct(o.sigma)}; median rank {pct(m.sigma)}; "
+                     f"expected {_range(lo.sigma, hi.sigma)}")
+    for w in f.waits:
+        lines.append(f"waits: {describe_ranks(list(w.ranks), n_workers)} "
+                     f"{_plural(len(w.ranks), 'waits', 'wait')} {pct(w.share)} of the window "
+                     f"in {frame_text(w.function)}")
+    for label, b in f.parts:
+        lines.append(f"part: {frame_text(label)} {pct(b)} of the window (median)")
+    for t in f.tests:
+        lines.append("test: " + _TESTS.get(t, t))
+    lines.append("kind: " + _KINDS.get(f.kind, f.kind))
+    if f.impact > 0:
+        seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
+        lines.append(f"impact: {pct(f.impact)} of the window ({seconds}), its own excess plus the waits it causes")
+    if f.saves_share > 0:
+        lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the step (an estimate)")
+    return tuple(lines)
+
+
+def dress(f: Finding, n_workers: int, samples: bool = True) -> Finding:
+    """``f`` with its title, cause kind, evidence and next steps."""
+    title, kind = title_of(f, n_workers)
+    return dataclasses.replace(f, title=title, cause=kind, evidence=evidence_of(f, n_workers, samples),
+                               next_steps=next_steps(kind))
+
+
+def longest_step_note(f: Finding, iteration_ms: Mapping[int, Sequence[float]]) -> str:
+    """Why a culprit that is not the rank with the longest steps is still the culprit ("" when it is)."""
+    steps = {r: statistics.median(v) for r, v in iteration_ms.items() if v}
+    if not steps or not f.ranks or f.kind == "common":
+        return ""
+    longest = max(steps, key=lambda r: (steps[r], -r))
+    if longest in f.ranks:
+        return ""
+    mine = [steps[r] for r in f.ranks if r in steps]
+    here = f" ({max(mine):.1f} ms on ranks {compress_ranks(f.ranks)})" if mine else ""
+    why = ("a step's time includes the time a rank waits for the others, and the others wait for these ranks"
+           if f.waits else "a step's time includes waiting, and no test flags a function of that rank")
+    return f"longest steps: rank {longest}, {steps[longest]:.1f} ms{here}, is not named: {why}"
+
+
+def report_headline(findings: Sequence[Finding], n_workers: int, fallback: str) -> str:
+    """The report's headline: the first finding's title and "(+N more)", at most 120 characters."""
+    if not findings:
+        return fit(fallback)
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    first = findings[0]
+    if len(first.headline) + len(more) <= MAX_TITLE_CHARS:
+        return first.headline + more
+    return title_of(first, n_workers, MAX_TITLE_CHARS - len(more))[0] + more
+
+
+def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report:
+    """``report`` with every finding dressed, the culprit's longest-step note and the headline."""
+    findings = [dress(f, n_workers, samples) for f in report.findings]
+    if findings:
+        note = longest_step_note(findings[0], report.iteration_ms)
+        if note:
+            findings[0] = dataclasses.replace(findings[0], evidence=findings[0].evidence + (note,))
+    return dataclasses.replace(report, findings=tuple(findings),
+                               headline=report_headline(findings, n_workers, report.summary))
