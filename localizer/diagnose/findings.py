@@ -23,6 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.cpu_starvation import (
+    cpu_wait_function,
+    judge_cpu_wait,
+    like_peers,
+    own_functions,
+)
 from perftracker.localizer.diagnose.distances import exact_median
 from perftracker.localizer.diagnose.explain import (
     Consequence,
@@ -128,6 +134,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
             drafts.append(_draft(f, v, values, idx, tests, _stage_median(arr, values, idx, median), n,
                                  common_fraction))
     _fold_consequences(drafts, arr)
+    _cpu_wait_to_own_work(drafts, arr, verdicts, n, common_fraction)
     stage, moving = group_causes(arr, opts.waits)
     _fold_waits(drafts, arr, verdicts, opts.waits, (stage, moving))
     for d in drafts:
@@ -243,7 +250,8 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         owner = _owner(culprits, root.late)
         if owner is None:
             like = _like(arr, root.late, root.waiting)
-            cause = cause_of_lateness(beta, _computes_more(arr, root.late, like, causes, opts), root.late, like,
+            cands = _computes_more(arr, root.late, like, _unless_own_work_wait(arr, causes, root.late, like), opts)
+            cause = cause_of_lateness(beta, cands, root.late, like,
                                       arr.worker_window_s, opts)
             f = root.f if cause is None else cause[0]
             of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, root.waiting], axis=1)))
@@ -293,6 +301,51 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 v.folded = True
                 break
     _drop_split_long_waits(drafts, beta, families, opts)
+
+
+def _cpu_wait_to_own_work(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
+                          common_fraction: float) -> None:
+    """A rank-specific CPU-wait finding whose ranks' own work grew (``cpu_starvation``) names that work:
+    the function whose β grew most on those ranks gets a finding (made from the differential evidence
+    when the wait took so much of its critical path that it was not flagged itself). Where their wait
+    per unit of work did not grow too, the CPU wait is the work's: it folds into that finding as an
+    "also" clause; where it did, both stand (two causes)."""
+    wait_f = cpu_wait_function(arr.functions)
+    if wait_f is None:
+        return
+    beta = arr.values[:, 0, :]
+    own_fs = own_functions(arr.functions)
+    for d in [d for d in drafts if d.f == wait_f and not d.folded and d.kind != "common"
+              and d.observed.beta > d.median.beta]:
+        peers = like_peers(arr, d.idx)
+        if peers.size == 0:
+            continue
+        verdict = judge_cpu_wait(beta, wait_f, own_fs, d.idx, peers)
+        if not verdict.work_grew or verdict.work is None:
+            continue
+        g = verdict.work
+        work = next((w for w in drafts if w.f == g and not w.folded and np.isin(d.idx, w.idx).all()), None)
+        if work is None:
+            values = arr.values[g]
+            of_peers = Triple(*(float(x) for x in np.median(values[:, peers], axis=1)))
+            work = _draft(g, verdicts[g], values, d.idx, ("differential",), of_peers, n, common_fraction)
+            work.kind = "specific"
+            drafts.append(work)
+        if verdict.starved:  # both grew: the work and the starvation are two causes
+            continue
+        work.also = (work.also or []) + [d]
+        work.consequences.extend(d.consequences)
+        d.folded = True
+
+
+def _unless_own_work_wait(arr: PatternArrays, causes: list[int], late: np.ndarray, like: np.ndarray) -> list[int]:
+    """The candidate causes of lateness without the CPU wait where the late ranks' wait came with their
+    own work (``cpu_starvation``): then the work is the cause."""
+    wait_f = cpu_wait_function(arr.functions)
+    if wait_f is None or wait_f not in causes or like.size == 0:
+        return causes
+    verdict = judge_cpu_wait(arr.values[:, 0, :], wait_f, own_functions(arr.functions), late, like)
+    return [f for f in causes if f != wait_f] if verdict.work_grew and not verdict.starved else causes
 
 
 def _like(arr: PatternArrays, late: np.ndarray, waiting: np.ndarray) -> np.ndarray:

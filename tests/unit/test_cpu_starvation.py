@@ -1,0 +1,115 @@
+"""The cause under contention (issue 31): a rank that does more of its own work on a busy host waits
+more for a core too, and the report names its work; CPU starvation is the cause only when the rank's
+own work did not grow and its run-queue delay did (localizer/diagnose/cpu_starvation.py).
+
+Hand-built CPU windows of a synchronous job, from a time model of one step: every rank runs its own
+ops (``own`` s), waits ``q`` × that for a core (the busy host), and waits in the all-reduce for the
+slowest rank; each β is that time over the step. The rank under test changes its own work, its
+``q``, or both; the others spread by seeded noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.cpu_starvation import (
+    CPU_WAIT_KEY,
+    STARVED_Q,
+    WORK_GREW,
+    judge_cpu_wait,
+)
+from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.options import LocalizeOptions
+
+from perftracker.model import Category
+
+OPTS = LocalizeOptions(created_ns=1)
+FUNCS = (FunctionInfo("aten::mm", "aten::mm", Category.COMPUTE),
+         FunctionInfo("aten::addmm", "aten::addmm", Category.COMPUTE),
+         FunctionInfo("train.py(40): forward", "train.py(40): forward", Category.PYTHON),
+         FunctionInfo(CPU_WAIT_KEY, CPU_WAIT_KEY, Category.COMPUTE),
+         FunctionInfo("gloo:all_reduce", "gloo:all_reduce", Category.COLLECTIVE))
+MM, ADDMM, PY, WAIT, AR = range(5)
+OWN_S = np.array([0.030, 0.030, 0.008])  # mm, addmm, python per step on a rank with no fault
+Q_BUSY = 1.8  # a busy host: each rank waits 1.8 s for a core per s it runs
+
+
+def _job(n: int, rank: int, mm_factor: float, q_factor: float, seed: int) -> PatternArrays:
+    """``rank`` runs aten::mm ``mm_factor`` × as long as the others' median and waits ``q_factor`` × their
+    median per unit of work (exactly, so that a factor near a bar stays on its side of it)."""
+    rng = np.random.default_rng(seed)
+    own = OWN_S[:, None] * np.exp(rng.normal(0, 0.03, (3, n)))
+    others = np.arange(n) != rank
+    own[:, rank] = np.median(own[:, others], axis=1)  # the rank under test: exactly the others' median,
+    own[0, rank] *= mm_factor                         # then its fault
+    q = Q_BUSY * np.exp(rng.normal(0, 0.05, n))
+    q[rank] = float(np.median(q[others])) * q_factor
+    busy = own.sum(axis=0) * (1 + q)  # own work plus its waits for a core
+    floor = 0.01 * np.exp(rng.normal(0, 0.05, n))  # the all-reduce itself
+    step = float(busy.max() + floor.max()) * 1.02
+    values = np.zeros((len(FUNCS), 3, n))
+    values[:3, 0, :] = own / step
+    values[WAIT, 0, :] = own.sum(axis=0) * q / step
+    values[AR, 0, :] = (step - busy) / step
+    values[:3, 1, :] = 0.95  # CPU utilization of the ops
+    return PatternArrays(job="j", session="s", ranks=np.arange(n), functions=FUNCS, values=values, window_s=3.0,
+                         gpu=False, world_size=n)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize(("mm_factor", "q_factor"), [(1.6, 1.0), (3.0, 1.0), (2.0, 0.8), (1.6, 1.15)])
+def test_a_rank_with_extra_matmuls_on_a_busy_host_is_named_by_its_matmuls(n: int, mm_factor: float,
+                                                                          q_factor: float) -> None:
+    """Its own work grew (aten::mm 1.6-3×) and its wait for a core per unit of work did not grow
+    past STARVED_Q (0.8-1.15× the others'): the headline is rank 1's aten::mm with the others waiting
+    for it, and no finding says CPU starvation."""
+    arr = _job(n, 1, mm_factor, q_factor, seed=n * 10 + int(mm_factor * 10))
+    report = localize_arrays(arr, OPTS)
+    head = report.findings[0] if report.findings else None
+    assert head is not None and head.ranks == (1,) and head.label == "aten::mm", report.summary
+    assert {r for w in head.waits for r in w.ranks} == set(range(n)) - {1}, report.summary
+    assert "starvation" not in report.summary.lower(), report.summary
+    assert all(f.label != CPU_WAIT_KEY for f in report.findings), [f.sentence for f in report.findings]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("q_factor", [1.5, 3.0])
+def test_a_starved_rank_is_named_by_its_wait_for_a_core(n: int, q_factor: float) -> None:
+    """Its own work is as the others' and it waits 1.5-3× as long per unit of work: CPU starvation."""
+    arr = _job(n, 1, 1.0, q_factor, seed=n * 10 + int(q_factor * 10))
+    report = localize_arrays(arr, OPTS)
+    assert report.findings and report.findings[0].ranks == (1,), report.summary
+    head = report.findings[0]
+    assert head.label == CPU_WAIT_KEY and "CPU starvation" in head.sentence, report.summary
+
+
+@pytest.mark.parametrize(("q_factor", "starved"), [(STARVED_Q * 0.9, False), (STARVED_Q * 1.12, True)])
+def test_near_the_starvation_bar_a_rank_with_more_work_keeps_the_wait_only_when_above_it(q_factor: float,
+                                                                                      starved: bool) -> None:
+    """aten::mm 1.6× on rank 1 and its wait per unit of work just under or just over STARVED_Q × the
+    others': under, the wait folds into the matmuls; over, both are causes and the CPU wait stands
+    as its own finding or clause beside them."""
+    arr = _job(4, 1, 1.6, q_factor, seed=5)
+    report = localize_arrays(arr, OPTS)
+    assert report.findings and report.findings[0].ranks == (1,), report.summary
+    standalone = [f for f in report.findings if f.label == CPU_WAIT_KEY]
+    assert bool(standalone) == starved, [f.sentence for f in report.findings]
+    if not starved:
+        assert report.findings[0].label == "aten::mm", report.summary
+    else:
+        assert any(f.label == "aten::mm" or "aten::mm" in f.sentence for f in report.findings), report.summary
+
+
+def test_a_busy_host_with_no_fault_has_no_finding() -> None:
+    report = localize_arrays(_job(4, 1, 1.0, 1.0, seed=9), OPTS)
+    assert report.findings == (), [f.sentence for f in report.findings]
+
+
+@pytest.mark.parametrize(("own_factor", "grew"), [(WORK_GREW * 0.95, False), (WORK_GREW * 1.05, True)])
+def test_own_work_grows_at_the_bar(own_factor: float, grew: bool) -> None:
+    """The verdict itself, on rows: own work 0.95 or 1.05 × WORK_GREW the peers', equal q."""
+    beta = np.array([[0.1, 0.1, 0.1 * own_factor], [0.2, 0.2, 0.2 * own_factor], [0.5, 0.5, 0.1]])
+    v = judge_cpu_wait(beta, 1, [0], np.array([2]), np.array([0, 1]))
+    assert v.work_grew is grew and not v.starved and v.work == (0 if grew else v.work)
+    assert v.is_own_work is grew
