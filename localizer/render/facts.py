@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from perftracker.model import Finding, Report, compress_ranks
 
 _MAX_RANKS_SHOWN = 16
+_RANK_FIRST = re.compile(r"^rank (\d+): (.+)$", re.DOTALL)
+_RANK_LAST = re.compile(r"^(.+?) \(rank (\d+)\)$", re.DOTALL)
+
+
+def trigger_text(reason: str) -> str:
+    """"slowdown at iteration 268 (+49% over 42.9 ms), detected on rank 2": where the detector
+    fired, said so, so that it does not read as the culprit ("rank 2: slowdown …")."""
+    m = _RANK_FIRST.match(reason)
+    if m is not None:
+        return f"{m.group(2)}, detected on rank {m.group(1)}"
+    m = _RANK_LAST.match(reason)
+    if m is not None:
+        return f"{m.group(1)}, detected on rank {m.group(2)}"
+    return reason or "-"
+
+
+def brief_lines(report: Report) -> list[str]:
+    """``perftracker report --brief``: the headline, then each finding's title and its cost."""
+    lines = [report.top_line or "(no headline)"]
+    for i, f in enumerate(report.findings, 1):
+        cost = f" [{100 * f.impact:.0f}%]" if f.impact > 0 else ""
+        lines.append(f"  {i}. {f.headline}{cost}")
+    return lines
 
 
 def has_samples(report: Report) -> bool:

@@ -17,7 +17,12 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from perftracker.localizer.render import mu_names, short_frame
-from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
+from perftracker.localizer.render.facts import (
+    has_samples,
+    impact_text,
+    step_times_text,
+    trigger_text,
+)
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -56,8 +61,9 @@ def render(report: Report, file: TextIO, *, color: bool | None = None, width: in
                 console.print(_stack_text(s))
     samples = has_samples(report)
     if report.findings:
+        number = {id(f): i for i, f in enumerate(report.findings, 1)}
         for key, group in _group_by_function(report.findings):
-            console.print(_function_panel(key, group, samples))
+            console.print(_function_panel(key, group, samples, number))
     elif report.kind not in ("hang", "crash"):
         console.print(Text("No abnormal functions.", style="bold green"))
         if report.top_functions:
@@ -88,7 +94,7 @@ def _header(report: Report) -> Panel:
     if report.window_s > 0:
         window = f"{report.window_s:.3g} s" if report.window_s >= 1 else f"{report.window_s * 1000:.3g} ms"
         grid.add_row("window", _t(window + (f"  profile {report.profile}" if report.profile else "")))
-    grid.add_row("trigger", _t(report.trigger_reason or "-"))
+    grid.add_row("trigger", _t(trigger_text(report.trigger_reason)))
     grid.add_row("ranks reported", _t(_ranks_text(report.ranks_reported)))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
     grid.add_row("ranks missing", missing)
@@ -96,8 +102,8 @@ def _header(report: Report) -> Panel:
     if steps:
         grid.add_row("step time", _t(steps))
     parts: list[RenderableType] = [grid]
-    if report.summary:
-        parts = [_t(report.summary, style="bold"), Text(""), grid]
+    if report.top_line:
+        parts = [_t(report.top_line, style="bold"), Text(""), grid]
     return Panel(Group(*parts), title="perftracker report", title_align="left", box=box.ROUNDED)
 
 
@@ -133,13 +139,23 @@ def _pattern_table(f: Finding, samples: bool = True) -> Table:
     return table
 
 
-def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Panel:
+def _function_panel(key: str, group: list[Finding], samples: bool = True,
+                    number: dict[int, int] | None = None) -> Panel:
     first = group[0]
     body: list[RenderableType] = []
     if first.key != first.label:
         body.append(_t(_short_stack(first.key), style="dim"))
     for f in group:
-        body.append(_t(f.sentence, style="bold"))
+        n = (number or {}).get(id(f), 0)
+        # the first finding's title is the report's headline, printed once, in the header
+        body.append(_t(f"#{n}: the headline above" if n == 1 and f.title else
+                       (f"#{n} " if n else "") + f.headline, style="bold"))
+        if f.evidence:  # a version 2 finding: evidence lines and next steps replace the table
+            body.append(_bullets(f.evidence, "·", "dim"))
+            if f.next_steps:
+                body.append(_t("what to check next", style="bold"))
+                body.append(_bullets(f.next_steps, "-", ""))
+            continue
         meta = Text()
         meta.append("test ", style="dim")
         meta.append(safe_text(", ".join(f.tests) or "-"), style="cyan")
@@ -157,6 +173,16 @@ def _function_panel(key: str, group: list[Finding], samples: bool = True) -> Pan
     title.append("  ")
     title.append(safe_text(short_frame(first.label or key)), style="bold")
     return Panel(Group(*body), title=title, title_align="left", box=box.ROUNDED, border_style="red")
+
+
+def _bullets(lines: Iterable[str], mark: str, style: str) -> Table:
+    """One line per item, wrapped lines indented under their first."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=2, justify="right")
+    grid.add_column(style=style)
+    for line in lines:
+        grid.add_row(mark, _t(line))
+    return grid
 
 
 def _short_stack(key: str, keep: int = 4) -> str:

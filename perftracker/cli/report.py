@@ -16,7 +16,7 @@ from perftracker.cli import output
 from perftracker.cli.options import DEFAULT_DATA_DIR
 from perftracker.errors import PerftrackerError, SchemaError, TransportError
 from perftracker.model import Report
-from perftracker.model.names import check_name
+from perftracker.model.names import check_name, safe_text
 
 HELP = "show a stored report as text, JSON or HTML"
 DESCRIPTION = """Show the report of one profiling session.
@@ -28,6 +28,7 @@ PERFTRACKER_TOKEN, --token-file or PERFTRACKER_TOKEN_FILE), or from a JSON file 
 
 examples:
   perftracker report                        # the latest report, in the terminal
+  perftracker report --brief                # only the headline and each finding's title
   perftracker report latest --format html -o report.html
   perftracker report 20261128-020900-c5e6ca --format json
   perftracker report --data-dir /scratch/perftracker-runs latest
@@ -42,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("session", nargs="?", default="latest", help="session id, or 'latest' (default latest)")
     parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
     parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE (default: stdout)")
+    parser.add_argument("--brief", action="store_true",
+                        help="print only the headline and each finding's title (text; ignores --format)")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--data-dir", dest="runs_dir", metavar="DIR", default=None,
                      help=f"the embedded localizer's directory: its store DIR/localizer.sqlite (default {DEFAULT_DATA_DIR})")
@@ -59,6 +62,17 @@ def run(args: argparse.Namespace) -> int:
         output.check_writable(args.output)
     report = load_report(args)
     from perftracker.localizer.render import write
+
+    if getattr(args, "brief", False):
+        from perftracker.localizer.render.facts import brief_lines
+
+        text = "\n".join(brief_lines(report))
+        if args.output:
+            out = output.write_file(args.output, lambda fh: fh.write(safe_text(text, newlines=True) + "\n"))
+            output.message(f"wrote the brief report of session {report.session} to {out}")
+        else:
+            output.print_text(text)
+        return 0
 
     if args.output:
         out = output.write_file(args.output, lambda fh: write(report, args.format, fh))
