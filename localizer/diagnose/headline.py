@@ -94,8 +94,9 @@ def _core(f: Finding, who: str, n: int) -> str:
         return f"the slowest rank changes from step to step ({who})"
     if f.key == HOST_KEY:
         expected = f", expected ≤ {pct(f.expected.hi.beta)}" if f.expected.hi.beta < 1 else ""
-        prefix = "" if who == "all ranks" else f"{who}: "
-        return f"{prefix}the GPU waits for the host {pct(obs)} of the window ({pct(med)} median{expected})"
+        if who == "all ranks":
+            return f"the GPU waits for the host {pct(obs)} of the window on all ranks ({expected.lstrip(', ')})"
+        return f"{who}: the GPU waits for the host {pct(obs)} of the window ({pct(med)} median{expected})"
     if f.key == IDLE_KEY:
         return f"{who} {_plural(n, 'stalls', 'stall')} outside traced ops ({pct(obs)} vs {pct(med)} of the window)"
     if f.key == LINK_KEY:

@@ -24,6 +24,16 @@ def trigger_text(reason: str) -> str:
     return reason or "-"
 
 
+_BASELINE = re.compile(r"(?:over|shortest) (\d+(?:\.\d+)?) ms")
+
+
+def baseline_ms(reason: str) -> float | None:
+    """The iteration time before the slowdown, where the trigger reason states it
+    ("… (+49% over 42.9 ms)", "… > 1.05 x shortest 101 ms"); None otherwise."""
+    m = _BASELINE.search(reason)
+    return float(m.group(1)) if m is not None else None
+
+
 def brief_lines(report: Report) -> list[str]:
     """``perftracker report --brief``: the headline, then each finding's title and its cost."""
     lines = [report.top_line or "(no headline)"]

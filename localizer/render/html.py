@@ -1,9 +1,11 @@
 """HTML renderer: one self-contained file (inline CSS and SVG, no scripts, no external assets).
 
-It shows the summary, one card per finding with a scatter of every rank's (β, μ) from
-``Finding.points`` (abnormal ranks highlighted, expected range shaded, median rank marked), the
-iteration-time series from ``Report.iteration_ms``, the rank-by-state table of a hang and the top
-critical-path functions. Computes nothing beyond layout (axis scales, grouping rows for display).
+It shows the headline, a picture of one step (``Report.step_lanes``: a swimlane per chosen rank,
+host / compute / waiting / communication time), one card per finding (its title, evidence, what to
+check next, and a scatter of every rank's (β, μ) from ``Finding.points`` where the other ranks show
+anything), the iteration-time series from ``Report.iteration_ms`` (outliers clipped, the trigger and
+the pre-slowdown baseline marked), the rank-by-state table of a hang and the top critical-path
+functions. Computes nothing beyond layout (axis scales, grouping rows for display).
 
 Every string from the report goes through ``escape`` below: the HTML escape, after ``safe_text``
 shows control characters and the bidi overrides (U+202A-U+202E, U+2066-U+2069) as visible escapes,
@@ -19,7 +21,13 @@ from html import escape as _html_escape
 from typing import TextIO
 
 from perftracker.localizer.render import mu_names, short_frame
-from perftracker.localizer.render.facts import has_samples, impact_text, step_times_text
+from perftracker.localizer.render.facts import (
+    baseline_ms,
+    has_samples,
+    impact_text,
+    step_times_text,
+    trigger_text,
+)
 
 from perftracker.model import Finding, RankState, Report, compress_ranks
 from perftracker.model.names import safe_text
@@ -44,6 +52,11 @@ section, header { background: #fff; border: 1px solid var(--line); border-radius
 .bad { color: var(--bad); font-weight: 600; }
 .finding { border-left: 5px solid var(--bad); }
 .sentence { font-size: 19px; font-weight: 650; margin: 0 0 10px; }
+.evidence { margin: 6px 0 10px; padding-left: 20px; font-size: 14px; color: #333; }
+.evidence li, .steps li { margin: 1px 0; }
+.steps { margin: 4px 0 10px; padding-left: 20px; font-size: 14px; }
+h3 { font-size: 14px; margin: 10px 0 2px; color: var(--muted); text-transform: uppercase; letter-spacing: .04em; }
+details { font-size: 13px; color: var(--muted); margin: 6px 0; }
 .chips span { display: inline-block; background: #eef1f5; border-radius: 12px; padding: 1px 10px;
               margin: 0 6px 6px 0; font-size: 13px; }
 .chips span.r { background: #fde8e8; color: var(--bad); font-weight: 600; }
@@ -78,8 +91,10 @@ def render(report: Report, file: TextIO) -> None:
     if report.hang_states:
         out.append(_hang_section(report.hang_states))
     samples = has_samples(report)
-    for f in report.findings:
-        out.append(_finding_section(f, len(report.ranks_reported), samples))
+    if report.step_lanes:
+        out.append(_step_section(report))
+    for i, f in enumerate(report.findings, 1):
+        out.append(_finding_section(f, len(report.ranks_reported), samples, i))
     if not report.findings and report.kind not in ("hang", "crash"):
         out.append('<section><h2>No abnormal functions</h2>')
         out.append(_top_table(report, samples) if report.top_functions else "")
@@ -110,7 +125,7 @@ def _header(report: Report) -> str:
     ]
     if report.window_s > 0:
         rows.append(("window", _window(report.window_s) + (f", profile {escape(report.profile)}" if report.profile else "")))
-    rows.append(("trigger", escape(report.trigger_reason or "-")))
+    rows.append(("trigger", escape(trigger_text(report.trigger_reason))))
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))
     rows.append(("ranks missing", f'<span class="bad">{missing}</span>' if report.ranks_missing else missing))
@@ -118,7 +133,7 @@ def _header(report: Report) -> str:
     if steps:
         rows.append(("step time", escape(steps)))
     meta = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
-    summary = f"<h1>{escape(report.summary)}</h1>" if report.summary else ""
+    summary = f"<h1>{escape(report.top_line)}</h1>" if report.top_line else ""
     return f'<header><div class="brand">perftracker report</div>{summary}<dl class="meta">{meta}</dl></header>'
 
 
@@ -126,7 +141,7 @@ def _window(window_s: float) -> str:
     return f"{window_s:.3g} s" if window_s >= 1 else f"{window_s * 1000:.3g} ms"
 
 
-def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True) -> str:
+def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True, number: int = 0) -> str:
     chips = [
         f"<span>{escape(f.category.value)}</span>",
         f"<span>{escape(short_frame(f.label or f.key))}</span>",
@@ -138,12 +153,33 @@ def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True) -> str:
         chips.append(f"<span>impact {escape(impact_text(f))}</span>")
     stack = " \u203a ".join(short_frame(fr) for fr in f.key.split(";"))
     key = f'<p class="key" title="{escape(f.key)}">{escape(stack)}</p>' if f.key != f.label else ""
+    if number == 1 and f.title:  # the headline, already the page's heading: said once
+        head = '<p class="note">Finding 1: the headline above.</p>'
+    else:
+        head = f'<p class="sentence">{escape((f"{number}. " if number else "") + f.headline)}</p>'
+    details = ""
+    if f.evidence:
+        details += '<h3>Evidence</h3><ul class="evidence">' + "".join(
+            f"<li>{escape(line)}</li>" for line in f.evidence) + "</ul>"
+    if f.next_steps:
+        details += '<h3>What to check next</h3><ul class="steps">' + "".join(
+            f"<li>{escape(step)}</li>" for step in f.next_steps) + "</ul>"
+    if f.title and f.sentence:
+        details += f"<details><summary>in one sentence</summary>{escape(f.sentence)}</details>"
+    scatter = _scatter(f) if f.points and samples and shows_something(f) else ""
     return (
-        f'<section class="finding"><p class="sentence">{escape(f.sentence)}</p>'
-        f'<div class="chips">{"".join(chips)}</div>{key}'
-        f'<div class="row">{_scatter(f) if f.points and samples else ""}{_pattern_table(f, samples)}</div>'
-        f'{_sample_note(f, n_ranks) if samples else ""}</section>'
+        f'<section class="finding">{head}'
+        f'<div class="chips">{"".join(chips)}</div>{key}{details}'
+        f'<div class="row">{scatter}{_pattern_table(f, samples)}</div>'
+        f'{_sample_note(f, n_ranks) if scatter else ""}</section>'
     )
+
+
+def shows_something(f: Finding) -> bool:
+    """Whether the (β, μ) scatter shows more than the flagged ranks against a heap at (0, 0): some
+    other rank runs the function."""
+    flagged = set(f.ranks)
+    return any(b > 0 or m > 0 for r, b, m in f.points if r not in flagged)
 
 
 def _sample_note(f: Finding, n_ranks: int) -> str:
@@ -313,7 +349,11 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
     if not series:
         return ""
     n_max = max(len(s) for s in series.values())
-    y_top = _nice_max(max(max(s) for s in series.values()) * 1.05)
+    values = sorted(v for s in series.values() for v in s)
+    clip = values[min(len(values) - 1, int(0.98 * len(values)))] * 1.25  # past this: an outlier, drawn at the top
+    base = baseline_ms(report.trigger_reason)
+    y_top = _nice_max(max(min(values[-1], clip), base or 0.0) * 1.05)
+    clipped = sum(1 for v in values if v > y_top)
 
     def sx(i: float) -> float:
         return ml + pw * (i / max(n_max - 1, 1))
@@ -329,7 +369,16 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
         parts.append(f'<line x1="{ml}" y1="{y:.1f}" x2="{ml + pw}" y2="{y:.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt_tick(t)}</text>')
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
-    parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">iteration (oldest left, trigger at right)</text>')
+    parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">iteration in the profile window '
+                 f'(it opens after the trigger)</text>')
+    parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#2c7fb8" fill-opacity="0.04"/>')
+    parts.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333" stroke-width="2"/>'
+                 f'<text x="{ml + 4}" y="{mt + 12}" style="font-weight:700">trigger → window</text>')
+    if base is not None:
+        yb = sy(base)
+        parts.append(f'<line x1="{ml}" y1="{yb:.1f}" x2="{ml + pw}" y2="{yb:.1f}" stroke="#333" stroke-dasharray="6 4"/>'
+                     f'<text x="{ml + pw - 4}" y="{yb - 5:.1f}" text-anchor="end">before the slowdown: '
+                     f'{base:.3g} ms</text>')
     parts.append(f'<text transform="translate(14 {mt + ph / 2:.1f}) rotate(-90)" text-anchor="middle">iteration time, ms</text>')
     labelled = 0
     label_ys: list[float] = []
@@ -352,6 +401,64 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
         parts.append(f'<text x="{ml + pw + 6}" y="{mt + ph - 4}" style="fill:{NORMAL}">{others} other ranks</text>')
     parts.append("</svg>")
     note = ""
+    if clipped:
+        note += f'<p class="note">{clipped} outlier point(s) above {_fmt_tick(y_top)} ms drawn at the top.</p>'
     if len(ranks) > len(shown):
-        note = f'<p class="note">{len(ranks) - len(shown)} more ranks not drawn: {escape(compress_ranks(ranks[len(shown):]))}</p>'
-    return f"<section><h2>Iteration time around the trigger</h2>{''.join(parts)}{note}</section>"
+        note += f'<p class="note">{len(ranks) - len(shown)} more ranks not drawn: {escape(compress_ranks(ranks[len(shown):]))}</p>'
+    return f"<section><h2>Iteration time in the window</h2>{''.join(parts)}{note}</section>"
+
+
+# the step picture's parts, in drawing order, with their colours
+_PART_COLORS = {"host": "#9467bd", "compute": "#2c7fb8", "waiting": "#e6550d", "communication": "#31a354",
+                "other": "#c7c7c7"}
+
+
+def _step_section(report: Report) -> str:
+    return ("<section><h2>One step</h2>" + _step_svg(report)
+            + '<p class="note">Each lane is one rank\'s median step, split by the share of the window its '
+              "critical path spent in each part (host: Python and op dispatch; waiting: the waits the "
+              "findings measured; communication: the rest of its collectives). Shares in a fixed order, "
+              "not a timeline.</p></section>")
+
+
+def _step_svg(report: Report, width: int = 900) -> str:
+    lanes = report.step_lanes
+    lane_h, gap, ml, mr, mt = 30, 14, 170, 20, 34
+    height = mt + len(lanes) * (lane_h + gap) + 36
+    pw = width - ml - mr
+    top = _nice_max(max((lane.step_ms for lane in lanes), default=1.0))
+    culprits = {r for f in report.findings[:1] if f.kind != "common" for r in f.ranks}
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="one step of each chosen rank">']
+    lx = ml
+    for name, color in _PART_COLORS.items():
+        parts.append(f'<rect x="{lx}" y="8" width="12" height="12" fill="{color}"/>'
+                     f'<text x="{lx + 16}" y="18">{name}</text>')
+        lx += 30 + 8 * len(name)
+    for t in _ticks(top):
+        x = ml + pw * t / top
+        parts.append(f'<line x1="{x:.1f}" y1="{mt - 4}" x2="{x:.1f}" y2="{height - 30}" stroke="#eee"/>')
+        parts.append(f'<text x="{x:.1f}" y="{height - 16}" text-anchor="middle">{_fmt_tick(t)}</text>')
+    parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 2}" text-anchor="middle">ms of one step</text>')
+    for i, lane in enumerate(lanes):
+        y = mt + i * (lane_h + gap)
+        bad = lane.rank in culprits
+        style = f"fill:{ABNORMAL};font-weight:700" if bad else ""
+        parts.append(f'<text x="{ml - 8}" y="{y + 13}" text-anchor="end" style="{style}">rank {lane.rank}</text>')
+        parts.append(f'<text x="{ml - 8}" y="{y + 27}" text-anchor="end" class="note" '
+                     f'style="fill:#5f6b7a;font-size:11px">{escape(lane.role)}</text>')
+        x = float(ml)
+        for name, ms in lane.parts:
+            w = pw * ms / top
+            if w <= 0:
+                continue
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
+                         f'fill="{_PART_COLORS.get(name, "#999")}"><title>rank {lane.rank} {escape(name)}: '
+                         f'{ms:.3g} ms</title></rect>')
+            if w > 44:
+                parts.append(f'<text x="{x + w / 2:.1f}" y="{y + lane_h / 2 + 4:.1f}" text-anchor="middle" '
+                             f'style="fill:#fff">{ms:.3g}</text>')
+            x += w
+        parts.append(f'<text x="{x + 4:.1f}" y="{y + lane_h / 2 + 4:.1f}">{lane.step_ms:.3g} ms</text>')
+    parts.append("</svg>")
+    return "".join(parts)
