@@ -117,7 +117,7 @@ def _table(outcomes: list[Outcome]) -> str:
         if r is not None and r.detection_delay_iters is None and _watches_onset(o.scenario):
             delay = "missed"
         rep_s = "-" if r is None or r.report_s is None else f"{r.report_s:.1f}"
-        note = o.error or (r.summary if r else "")
+        note = o.error or ((r.report.top_line if r.report is not None else r.summary) if r else "")
         if r is not None and len(r.sessions) > 1:  # the others are scored too; name them
             note = f"[{len(r.sessions)} sessions: {'; '.join(x[:40] for x in r.sessions)}] {note}"
         hc = headline_correct(o.scenario, list(r.reports) if r else None)
@@ -200,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
               and any(m.category == "hang" for m in o.scenario.expect)]
     heads = [headline_correct(o.scenario, list(o.result.reports) if o.result else None) for o in ran]
     heads = [h for h in heads if h is not None]
+    # every report's headline (issue 32: at most 120 characters), the longest
+    headline_chars = [len(rep.top_line) for o in ran if o.result for rep in o.result.reports]
     summary = {
         "scenarios": len(ran),
         "skipped": len(outcomes) - len(ran),
@@ -213,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_report_s": round(max(report_s), 2) if report_s else -1.0,
         # hang scenarios: the fault (a SIGSTOP, ...) applied -> the hang report stored
         "max_hang_report_after_fault_s": round(max(hang_s), 2) if hang_s else -1.0,
+        "max_headline_chars": max(headline_chars, default=0),
     }
     crashes = [o for o in ran if any(m.category == "crash" for m in o.scenario.expect)]
     if crashes:  # the crash scenarios' headline: the first failing rank named (issue 22)

@@ -60,6 +60,9 @@ def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
     label = " ".join(label.split())
     if len(label) <= limit:
         return label
+    name, sep, group = label.rpartition(" [")
+    if sep and group.endswith("]") and len(group) < limit // 2:  # a per-group kernel keeps its group
+        return short_label(name, limit - len(group) - 2) + " [" + group
     head = (limit - 1) * 2 // 3
     return label[:head] + "…" + label[-(limit - 1 - head):]
 
@@ -142,8 +145,11 @@ def title_of(f: Finding, n_workers: int, limit: int = MAX_TITLE_CHARS) -> tuple[
     waits = _wait_part(f, n_workers)
     tail = f" — {phrase}" if phrase else ""
     saves = f"; fixing it saves ~{pct(f.saves_share)}" if f.saves_share >= 0.01 else ""
-    for candidate in (core + waits + tail + saves, core + waits + tail, core + tail + saves, core + tail,
-                      _compact(core) + waits + tail, _compact(core) + tail):
+    short = _compact(core)  # once fixing it has a price, that is the cost the title gives
+    for candidate in (core + waits + tail + saves, short + waits + tail + saves if saves else "",
+                      core + waits + tail, core + tail + saves, core + tail, short + waits + tail, short + tail):
+        if not candidate:
+            continue
         if len(candidate) <= limit:
             return candidate, kind
     return fit(core, limit - len(tail)) + tail if len(tail) < limit // 2 else fit(core + tail, limit), kind
