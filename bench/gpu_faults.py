@@ -14,7 +14,8 @@ A finding that names a rank which only waits for a culprit is a false positive.
 
 stdout: one table row per scenario (its measured step-time change, precision, recall, the
 report's headline, i.e. its first finding), then one JSON line:
-{"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max"}
+{"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max",
+"max_headline_chars"} (the longest report headline; at most 120 characters, issue 32)
 headline_correct: the share of fault scenarios whose first finding names a true culprit rank with
 the expected category. Progress goes to stderr.
 """
@@ -77,7 +78,7 @@ def headline(report: Report | None) -> str:
         return "(no findings)"
     f = report.findings[0]
     ranks = ",".join(map(str, f.ranks)) if len(f.ranks) < 8 else "all"
-    return f"[{f.category.value} r{ranks}] {f.sentence}"
+    return f"[{f.category.value} r{ranks}] {report.top_line}"
 
 
 def analyze(directory: Path, jobs: int) -> Report:
@@ -138,6 +139,8 @@ def summary(outcomes: list[Outcome]) -> dict[str, object]:
         "clean_false_findings": sum(len(o.score.fp) for o in outcomes if not o.is_fault),
         "analyze_s_max": round(max((o.analyze_s for o in outcomes), default=0.0), 2),
         "errors": sum(1 for o in outcomes if o.error),
+        # the longest report headline (issue 32: at most 120 characters)
+        "max_headline_chars": max((len(o.report.top_line) for o in outcomes if o.report is not None), default=0),
     }
 
 
