@@ -253,7 +253,7 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
                 report = up.get_report(sid)
                 if report is not None:  # a hang session's report may be a crash report (issue 22)
                     line = f"perftracker: session {sid} ({report.kind}, {s.get('reason')}): {s.get('state')}"
-                    line += f", {report.status}: {report.summary}"
+                    line += f", {report.status}: {report.top_line}"
             line += f"\n  report: {reports / (sid + '.json')}  (perftracker report {sid} --data-dir "\
                     f"{agent.runs_dir})"
         elif s.get("error"):

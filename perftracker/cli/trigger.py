@@ -179,6 +179,6 @@ def run(args: argparse.Namespace) -> int:
     say(f"report: {text}")
     if report is not None:
         missing = f" (partial: ranks {list(report.ranks_missing)} missing)" if report.ranks_missing else ""
-        say(f"{report.summary}{missing}")
+        say(f"{report.top_line}{missing}")
     say(f"view it: perftracker report {session}")
     return 0
