@@ -7,17 +7,18 @@ of the time it wants to run, so a rank that does more of its own work (more ops,
 waits more, and its CPU wait grows with its work. Judged on its β alone, that wait looks like
 starvation, and it takes the critical path from the very ops that grew.
 
-**[decision] Starvation is a higher wait per unit of own work.** For each rank, ``own`` is the β of
-everything it runs itself (every function but the collectives, the link and host-bound patterns and
-the CPU wait) and ``q = wait / own`` the run-queue delay per unit of its own run time. A flagged CPU
-wait on some ranks is
+**[decision] The work first.** A flagged CPU wait on some ranks is *the ranks' own work* when that
+work grew against their like peers: the sum, over the functions the ranks run themselves (every
+function but the collectives, the link and host-bound patterns and the CPU wait), of what each holds
+above the peers' median β is at least ``WORK_GREW`` of the peers' own β. Only the functions they hold
+*more* count: a pipeline stage's peers wait for it in Python frames (``_wait_batch_p2p``), which are
+"own" functions by category but shrink on the late rank. The finding then names the function whose
+β grew most, and the CPU wait is a clause of it. *CPU starvation* is the cause only when the work did
+not grow and the wait did (a CPU quota, another process on the rank's cores).
 
-- *the rank's own work* when their own work grew (median ``own`` at least ``WORK_GREW`` × that of
-  their like peers) and their ``q`` did not (below ``STARVED_Q`` × the peers'): the wait came with the
-  work; the finding names the function whose β grew most;
-- *CPU starvation* otherwise: the work did not grow and the wait did (a CPU quota, another process on
-  the rank's cores), or both grew and the rank waits for a core more per unit of its work than its
-  peers (then the work and the starvation are two findings).
+Why not the wait per unit of run time (schedstat's ``run_delay / run_time``): the patterns' μ is the
+thread's CPU utilization inside each function, and under contention it is measured over the waits
+too (aten::mm at μ 0.35 on a loaded host, a p2p wait at 0.17), so β·μ does not give the run time.
 
 Pure functions over the pattern arrays; ``findings`` applies the verdict.
 """
@@ -34,32 +35,21 @@ from perftracker.localizer.diagnose.host_bound import HOST_KEY
 from perftracker.model import LINK_KEY, Category
 
 CPU_WAIT_KEY = "CPU wait (runnable, no core)"  # the summarizer's pseudo-function (agent/summarize/summarizer.py)
-WORK_GREW = 1.1  # own work this much above the like peers' median has grown
-STARVED_Q = 1.3  # run-queue delay per unit of own work this much above the peers' is starvation
+WORK_GREW = 0.1  # own work this share of the peers' own β above theirs has grown
 
 
 @dataclass(frozen=True)
 class CpuWaitVerdict:
     """The judgement on a CPU wait of some ranks against their like peers."""
 
-    own: float  # median own-work β of the ranks
-    own_peers: float
-    q: float  # median run-queue delay per unit of own work of the ranks
-    q_peers: float
+    excess: float  # β the ranks hold above their peers' median, summed over their own functions
+    own_peers: float  # the peers' median own β
     work: int | None  # the own function whose β grew most on the ranks (None: none grew)
 
     @property
     def work_grew(self) -> bool:
-        return self.own >= WORK_GREW * self.own_peers and self.own > self.own_peers
-
-    @property
-    def starved(self) -> bool:
-        return self.q >= STARVED_Q * self.q_peers and self.q > self.q_peers
-
-    @property
-    def is_own_work(self) -> bool:
         """The wait came with the ranks' own work: name the work, not the wait."""
-        return self.work_grew and not self.starved and self.work is not None
+        return self.work is not None and self.excess > 0 and self.excess >= WORK_GREW * self.own_peers
 
 
 def is_cpu_wait(info: FunctionInfo) -> bool:
@@ -77,20 +67,15 @@ def cpu_wait_function(functions: Sequence[FunctionInfo]) -> int | None:
     return next((f for f, i in enumerate(functions) if is_cpu_wait(i)), None)
 
 
-def judge_cpu_wait(beta: np.ndarray, wait_f: int, own_fs: list[int], ranks: np.ndarray, peers: np.ndarray
-                   ) -> CpuWaitVerdict:
+def judge_cpu_wait(beta: np.ndarray, own_fs: Sequence[int], ranks: np.ndarray, peers: np.ndarray) -> CpuWaitVerdict:
     """``beta``: functions × workers; ``ranks``/``peers``: worker columns (peers not empty)."""
-    own = beta[own_fs].sum(axis=0) if own_fs else np.zeros(beta.shape[1])
-    wait = beta[wait_f]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(own > 0, wait / np.where(own > 0, own, 1.0), np.inf)
-    work = None
-    if own_fs:
-        excess = np.median(beta[own_fs][:, ranks], axis=1) - np.median(beta[own_fs][:, peers], axis=1)
-        i = int(np.argmax(excess))
-        work = own_fs[i] if float(excess[i]) > 0 else None
-    return CpuWaitVerdict(float(np.median(own[ranks])), float(np.median(own[peers])), float(np.median(q[ranks])),
-                          float(np.median(q[peers])), work)
+    if not own_fs:
+        return CpuWaitVerdict(0.0, 0.0, None)
+    own = beta[list(own_fs)]
+    more = np.median(own[:, ranks], axis=1) - np.median(own[:, peers], axis=1)
+    i = int(np.argmax(more))
+    return CpuWaitVerdict(float(np.clip(more, 0.0, None).sum()), float(np.median(own[:, peers].sum(axis=0))),
+                          list(own_fs)[i] if float(more[i]) > 0 else None)
 
 
 def like_peers(arr: PatternArrays, ranks: np.ndarray) -> np.ndarray:

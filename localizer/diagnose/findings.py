@@ -48,6 +48,12 @@ from perftracker.localizer.diagnose.group_findings import (
     groups_note,
     member_sets,
 )
+from perftracker.localizer.diagnose.health import (
+    WORDED_KEYS,
+    evidence_only,
+    health_excess,
+    health_text,
+)
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
 from perftracker.localizer.diagnose.imbalance import step_late
 from perftracker.localizer.diagnose.options import LocalizeOptions
@@ -65,7 +71,8 @@ from perftracker.localizer.diagnose.waits import (
     wait_roots,
 )
 
-from perftracker.model import LINK_KEY, Box, Category, Finding, TopFunction, Triple, Wait
+from perftracker.model import Box, Category, Finding, TopFunction, Triple, Wait
+from perftracker.model.hardware import HEALTH_KEYS, LINK_KEYS
 from perftracker.model.schema import rounded
 
 _RANDOM_MIN_WORKERS = 3
@@ -114,7 +121,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     drafts: list[_Draft] = []
     medians: dict[int, Triple] = {}
     for f, v in enumerate(verdicts):
-        if v.by_expectation is None or v.by_differential is None:
+        if v.by_expectation is None or v.by_differential is None or evidence_only(v.info.key):
             continue
         by_exp, by_diff = v.by_expectation, v.by_differential
         if not (by_exp.any() or by_diff.any()):
@@ -198,14 +205,14 @@ def _fold_consequences(drafts: list[_Draft], arr: PatternArrays) -> None:
             if a is b or a.folded or a.observed.beta < _MORE * a.median.beta:
                 continue
             if np.intersect1d(a.idx, b.idx, assume_unique=True).size * 2 >= b.idx.size:
-                if b.verdict.info.key != LINK_KEY:  # the link pattern's β is only the collectives' time
+                if b.verdict.info.key not in HEALTH_KEYS:  # a health pattern's β is only its category's time
                     a.consequences.append(Consequence(b.verdict.info.label, b.observed.beta / b.median.beta))
                 b.folded = True
                 break
 
 
 def _is_wait(info: FunctionInfo) -> bool:
-    return info.category is Category.COLLECTIVE and info.key != LINK_KEY
+    return info.category is Category.COLLECTIVE and info.key not in HEALTH_KEYS
 
 
 def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict],
@@ -220,7 +227,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     beta = arr.values[:, 0, :]
     waits = sorted((f for f, v in enumerate(verdicts) if _is_wait(v.info)), key=lambda f: verdicts[f].waits_for_peers)
     families = wait_families([v.info.label for v in verdicts], waits)
-    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in (LINK_KEY, HOST_KEY)]
+    causes = [f for f, v in enumerate(verdicts) if not _is_wait(v.info) and v.info.key not in HEALTH_KEYS | {HOST_KEY}]
     sets = member_sets(arr, families)
     groups = late_groups(beta, families, arr.stage, opts, sets)
     groups += _step_late_groups(arr, families, sets, groups, opts)
@@ -237,7 +244,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     if group_causes is not None:
         claimed = claim(arr, groups, roots, [verdicts[lg.f].info.label for lg in groups], *group_causes)
     culprits = [d for d in drafts if not d.folded and d.kind != "common" and d.observed.beta >= d.median.beta
-                and d.verdict.info.key != LINK_KEY
+                and d.verdict.info.key not in HEALTH_KEYS
                 and not (_is_wait(d.verdict.info) and 2 * int(waiting[d.idx].sum()) >= d.idx.size)]
     owners: list[tuple[np.ndarray, _Draft]] = []
     for i, lg in enumerate(groups):
@@ -266,7 +273,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             for v in drafts:
                 if not v.folded and _is_wait(v.verdict.info) and np.isin(v.idx, lg.waiting).all():
                     v.folded = True
-    links = [d for d in drafts if not d.folded and d.verdict.info.key == LINK_KEY]
+    links = [d for d in drafts if not d.folded and d.verdict.info.key in LINK_KEYS]
     family_of = {f: fam for fam in families for f in fam}
     for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
         if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
@@ -305,11 +312,10 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
 
 def _cpu_wait_to_own_work(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
                           common_fraction: float) -> None:
-    """A rank-specific CPU-wait finding whose ranks' own work grew (``cpu_starvation``) names that work:
-    the function whose β grew most on those ranks gets a finding (made from the differential evidence
-    when the wait took so much of its critical path that it was not flagged itself). Where their wait
-    per unit of work did not grow too, the CPU wait is the work's: it folds into that finding as an
-    "also" clause; where it did, both stand (two causes)."""
+    """A rank-specific CPU-wait finding whose ranks' own work grew (``cpu_starvation``) is that work's:
+    it folds, as an "also" clause, into the finding of the function whose β grew most on those ranks
+    (made from the differential evidence when the wait took so much of that function's critical path
+    that it was not flagged itself)."""
     wait_f = cpu_wait_function(arr.functions)
     if wait_f is None:
         return
@@ -320,7 +326,7 @@ def _cpu_wait_to_own_work(drafts: list[_Draft], arr: PatternArrays, verdicts: Se
         peers = like_peers(arr, d.idx)
         if peers.size == 0:
             continue
-        verdict = judge_cpu_wait(beta, wait_f, own_fs, d.idx, peers)
+        verdict = judge_cpu_wait(beta, own_fs, d.idx, peers)
         if not verdict.work_grew or verdict.work is None:
             continue
         g = verdict.work
@@ -331,8 +337,6 @@ def _cpu_wait_to_own_work(drafts: list[_Draft], arr: PatternArrays, verdicts: Se
             work = _draft(g, verdicts[g], values, d.idx, ("differential",), of_peers, n, common_fraction)
             work.kind = "specific"
             drafts.append(work)
-        if verdict.starved:  # both grew: the work and the starvation are two causes
-            continue
         work.also = (work.also or []) + [d]
         work.consequences.extend(d.consequences)
         d.folded = True
@@ -344,8 +348,8 @@ def _unless_own_work_wait(arr: PatternArrays, causes: list[int], late: np.ndarra
     wait_f = cpu_wait_function(arr.functions)
     if wait_f is None or wait_f not in causes or like.size == 0:
         return causes
-    verdict = judge_cpu_wait(arr.values[:, 0, :], wait_f, own_functions(arr.functions), late, like)
-    return [f for f in causes if f != wait_f] if verdict.work_grew and not verdict.starved else causes
+    verdict = judge_cpu_wait(arr.values[:, 0, :], own_functions(arr.functions), late, like)
+    return [f for f in causes if f != wait_f] if verdict.work_grew else causes
 
 
 def _like(arr: PatternArrays, late: np.ndarray, waiting: np.ndarray) -> np.ndarray:
@@ -404,7 +408,7 @@ def _suspects(drafts: Sequence[_Draft]) -> list[tuple[np.ndarray, float]]:
     cost: dict[tuple[int, ...], float] = {}
     for d in drafts:
         if (not d.folded and d.kind == "specific" and d.observed.beta >= d.median.beta
-                and d.verdict.info.key != LINK_KEY and not _is_wait(d.verdict.info)):
+                and d.verdict.info.key not in HEALTH_KEYS and not _is_wait(d.verdict.info)):
             key = tuple(np.sort(d.idx).tolist())
             cost[key] = cost.get(key, 0.0) + d.observed.beta - d.median.beta
     return [(np.array(k, dtype=np.int64), c) for k, c in cost.items()]
@@ -534,6 +538,9 @@ def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:
 
 
 def _own_impact(d: _Draft) -> float:
+    health = health_excess(d.verdict.info.key, d.observed, d.median)
+    if health is not None:  # a clock or port: the time it costs, not its β's distance (health.py)
+        return health
     over_box = d.observed.beta - d.verdict.box.hi.beta if "expectation" in d.tests else 0.0
     return max(over_box, abs(d.observed.beta - d.median.beta), 0.0)
 
@@ -549,11 +556,16 @@ def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
     info = d.verdict.info
     ranks = np.sort(arr.ranks[d.idx])
     waits = tuple(sorted(d.waits.values(), key=lambda w: -w.share)) if d.waits else ()
-    sentence = describe_finding(
-        label=info.label, key=info.key, category=info.category, resource=info.resource, kind=d.kind,
-        ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
-        expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
-        consequences=d.consequences, waits=waits, parts=d.parts)
+    label = info.label
+    if info.key in WORDED_KEYS:  # a throttled GPU, a slow InfiniBand port: their facts (health.py)
+        label, sentence = health_text(info.key, arr, d.f, d.idx, ranks.tolist(), d.observed, d.median,
+                                      (d.verdict.box.lo.mu, d.verdict.box.hi.mu), d.verdict.hint, waits)
+    else:
+        sentence = describe_finding(
+            label=info.label, key=info.key, category=info.category, resource=info.resource, kind=d.kind,
+            ranks=ranks.tolist(), n_workers=arr.n_workers, observed=d.observed, median=d.median,
+            expected=d.verdict.box, tests=d.tests, hint=d.verdict.hint, gpu=arr.gpu, beta_spread=d.spread,
+            consequences=d.consequences, waits=waits, parts=d.parts)
     for o in d.also or ():
         on = "" if o.idx.size == d.idx.size else f" on {describe_ranks(np.sort(arr.ranks[o.idx]).tolist(), arr.n_workers)}"
         sentence += f"; also{on} " + also_clause(o.verdict.info.label, o.verdict.info.key, o.verdict.info.category,
@@ -563,7 +575,7 @@ def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
     if saves >= _SAY_SAVES and arr.job_groups.read:
         sentence += f"; fixing it would save about {pct(saves)} of the step"
     return Finding(
-        key=info.key, label=info.label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
+        key=info.key, label=label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
         tests=d.tests, observed=d.observed, median=d.median, expected=d.verdict.box, sentence=sentence,
         points=_points(arr, d.f, d.idx, max_points), impact=impact, impact_s=rounded(impact * float(arr.window_s)),
         waits=waits, parts=d.parts, saves_share=rounded(saves), saves_s=rounded(saves * float(arr.window_s)))
@@ -622,8 +634,8 @@ def _median_triple(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], f: i
 def top_functions(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], n: int,
                   cache: dict[int, Triple] | None = None) -> list[TopFunction]:
     """The n functions with the largest median β (shown when nothing is abnormal). The link-health
-    pattern (``LINK_KEY``) is left out: its β is the collectives' time, not its own."""
-    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.key != LINK_KEY]
+    patterns (``HEALTH_KEYS``) are left out: their β is their category's time, not their own."""
+    funcs = [f for f in range(len(verdicts)) if verdicts[f].info.key not in HEALTH_KEYS]
     order = sorted(funcs, key=lambda f: (-verdicts[f].median_beta, verdicts[f].info.key))[:n]
     cache = {} if cache is None else cache
     out = []

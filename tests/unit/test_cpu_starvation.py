@@ -13,12 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
-from perftracker.localizer.diagnose.cpu_starvation import (
-    CPU_WAIT_KEY,
-    STARVED_Q,
-    WORK_GREW,
-    judge_cpu_wait,
-)
+from perftracker.localizer.diagnose.cpu_starvation import CPU_WAIT_KEY, WORK_GREW, judge_cpu_wait
 from perftracker.localizer.diagnose.localize import localize_arrays
 from perftracker.localizer.diagnose.options import LocalizeOptions
 
@@ -61,9 +56,9 @@ def _job(n: int, rank: int, mm_factor: float, q_factor: float, seed: int) -> Pat
 @pytest.mark.parametrize(("mm_factor", "q_factor"), [(1.6, 1.0), (3.0, 1.0), (2.0, 0.8), (1.6, 1.15)])
 def test_a_rank_with_extra_matmuls_on_a_busy_host_is_named_by_its_matmuls(n: int, mm_factor: float,
                                                                           q_factor: float) -> None:
-    """Its own work grew (aten::mm 1.6-3×) and its wait for a core per unit of work did not grow
-    past STARVED_Q (0.8-1.15× the others'): the headline is rank 1's aten::mm with the others waiting
-    for it, and no finding says CPU starvation."""
+    """Its own work grew (aten::mm 1.6-3×) and its wait for a core per unit of work stayed 0.8-1.15×
+    the others': the headline is rank 1's aten::mm with the others waiting for it, and no finding
+    says CPU starvation."""
     arr = _job(n, 1, mm_factor, q_factor, seed=n * 10 + int(mm_factor * 10))
     report = localize_arrays(arr, OPTS)
     head = report.findings[0] if report.findings else None
@@ -84,21 +79,32 @@ def test_a_starved_rank_is_named_by_its_wait_for_a_core(n: int, q_factor: float)
     assert head.label == CPU_WAIT_KEY and "CPU starvation" in head.sentence, report.summary
 
 
-@pytest.mark.parametrize(("q_factor", "starved"), [(STARVED_Q * 0.9, False), (STARVED_Q * 1.12, True)])
-def test_near_the_starvation_bar_a_rank_with_more_work_keeps_the_wait_only_when_above_it(q_factor: float,
-                                                                                      starved: bool) -> None:
-    """aten::mm 1.6× on rank 1 and its wait per unit of work just under or just over STARVED_Q × the
-    others': under, the wait folds into the matmuls; over, both are causes and the CPU wait stands
-    as its own finding or clause beside them."""
-    arr = _job(4, 1, 1.6, q_factor, seed=5)
+@pytest.mark.parametrize(("mm_factor", "work"), [(1.15, False), (1.35, True)])
+def test_near_the_work_bar_a_rank_that_also_waits_more_per_unit_of_work_is_named_by_its_work_only_above_it(
+        mm_factor: float, work: bool) -> None:
+    """Rank 1 waits 1.6× the others per unit of work, and its aten::mm is 1.15× or 1.35× theirs: an
+    excess of 0.45 or 1.05 × WORK_GREW of their own work. Below the bar the work did not grow and the
+    wait is CPU starvation; above it the headline is the work, with the CPU wait as its clause."""
+    arr = _job(4, 1, mm_factor, 1.6, seed=5)
     report = localize_arrays(arr, OPTS)
     assert report.findings and report.findings[0].ranks == (1,), report.summary
-    standalone = [f for f in report.findings if f.label == CPU_WAIT_KEY]
-    assert bool(standalone) == starved, [f.sentence for f in report.findings]
-    if not starved:
-        assert report.findings[0].label == "aten::mm", report.summary
+    head = report.findings[0]
+    if work:
+        assert head.label == "aten::mm" and "starvation" not in report.summary.lower(), report.summary
+        assert f"also compute op {CPU_WAIT_KEY}" in head.sentence, head.sentence
     else:
-        assert any(f.label == "aten::mm" or "aten::mm" in f.sentence for f in report.findings), report.summary
+        assert head.label == CPU_WAIT_KEY and "CPU starvation" in head.sentence, report.summary
+
+
+def test_peers_waiting_in_python_frames_are_not_work_they_did() -> None:
+    """A pipeline's peers wait for the late stage in a Python frame (``_wait_batch_p2p``), an own
+    function by category that the late rank holds less: it does not hide the late rank's extra
+    matmuls (the real 4-stage 1F1B job on a loaded host: 0.55 of the window on the peers, 0.10 on it)."""
+    beta = np.array([[0.003, 0.003, 0.149, 0.003],   # aten::mm
+                     [0.55, 0.56, 0.10, 0.52],       # schedules.py(678): _wait_batch_p2p
+                     [0.13, 0.19, 0.54, 0.18]])      # the CPU wait
+    v = judge_cpu_wait(beta, [0, 1], np.array([2]), np.array([0, 1, 3]))
+    assert v.work == 0 and v.work_grew, v
 
 
 def test_a_busy_host_with_no_fault_has_no_finding() -> None:
@@ -106,10 +112,10 @@ def test_a_busy_host_with_no_fault_has_no_finding() -> None:
     assert report.findings == (), [f.sentence for f in report.findings]
 
 
-@pytest.mark.parametrize(("own_factor", "grew"), [(WORK_GREW * 0.95, False), (WORK_GREW * 1.05, True)])
+@pytest.mark.parametrize(("own_factor", "grew"), [(1 + WORK_GREW * 0.95, False), (1 + WORK_GREW * 1.05, True)])
 def test_own_work_grows_at_the_bar(own_factor: float, grew: bool) -> None:
-    """The verdict itself, on rows: own work 0.95 or 1.05 × WORK_GREW the peers', equal q."""
+    """The verdict itself, on rows: both own functions of rank 2 at 1 + 0.95 or 1.05 × WORK_GREW the
+    peers'."""
     beta = np.array([[0.1, 0.1, 0.1 * own_factor], [0.2, 0.2, 0.2 * own_factor], [0.5, 0.5, 0.1]])
-    v = judge_cpu_wait(beta, 1, [0], np.array([2]), np.array([0, 1]))
-    assert v.work_grew is grew and not v.starved and v.work == (0 if grew else v.work)
-    assert v.is_own_work is grew
+    v = judge_cpu_wait(beta, [0, 1], np.array([2]), np.array([0, 1]))
+    assert v.work_grew is grew and v.work == 1, v
