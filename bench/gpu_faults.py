@@ -81,18 +81,19 @@ def headline(report: Report | None) -> str:
     return f"[{f.category.value} r{ranks}] {report.top_line}"
 
 
-def analyze(directory: Path, jobs: int) -> Report:
-    """Exactly what `perftracker analyze DIR` reports."""
-    summ = summarize_dir(directory, False, jobs, progress=None, warn=log.warning)
+def analyze(directory: Path, jobs: int, ranks_per_host: int = 0) -> Report:
+    """Exactly what `perftracker analyze DIR --ranks-per-host N` reports."""
+    summ = summarize_dir(directory, False, jobs, progress=None, warn=log.warning, ranks_per_host=ranks_per_host)
     return localize_summaries(summ, directory)
 
 
-def run_one(sc: GpuScenario, workdir: Path, jobs: int) -> Outcome:
+def run_one(sc: GpuScenario, workdir: Path, jobs: int, hardware: bool = True) -> Outcome:
     out = workdir / sc.name
     try:
-        mut = mutate_dir(sc.traces, out, sc.faults, sc.steps, sc.seed)
+        mut = mutate_dir(sc.traces, out, sc.faults, sc.steps, sc.seed, hardware=hardware,
+                         ranks_per_host=sc.ranks_per_host)
         t0 = time.monotonic()
-        report = analyze(out, jobs)
+        report = analyze(out, jobs, sc.ranks_per_host)
         return Outcome(sc, mut, report, score(sc.truth, report), time.monotonic() - t0)
     except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported, the suite goes on
         log.exception("scenario %s failed", sc.name)
@@ -152,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="per-rank Kineto traces to use instead of each scenario's `traces`")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="write the mutated trace sets under DIR and keep them (default: a temporary directory)")
+    p.add_argument("--beta-only", action="store_true",
+                   help="write no hardware series beside the traces: score what β alone finds (the old bench)")
     p.add_argument("-j", "--jobs", type=int, default=0, help="processes for summarizing (default: one per core)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", stream=sys.stderr)
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: {_faults_text(sc)}, {sc.steps} steps of {sc.traces}\n")
             sys.stderr.flush()
             t0 = time.monotonic()
-            o = run_one(sc, workdir, args.jobs)
+            o = run_one(sc, workdir, args.jobs, not args.beta_only)
             outcomes.append(o)
             sys.stderr.write(f"[{i}/{len(scenarios)}] {sc.name}: done in {time.monotonic() - t0:.1f} s "
                              f"(mutate {0 if o.mutation is None else o.mutation.build_s + o.mutation.solve_s:.1f} s, "

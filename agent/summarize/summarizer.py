@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import numpy as np
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
 from perftracker.agent.summarize.groups import shared_names, split_shared, steps_ms, worker_groups
+from perftracker.agent.summarize.hardware import clock_patterns, ib_wait_pattern, link_series
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from perftracker.agent.summarize.timeline import (
     Nesting,
@@ -62,6 +64,7 @@ class SummarizeOptions:
     attribute_reducer_wait: bool = True  # CPU jobs: DDP reducer wait inside run_backward -> collective
     split_late_peers: bool = True  # its part that varies between iterations -> LATE_PEERS_WAIT (victims.py)
     cpu_wait: bool = True  # the training thread's waits for a core -> CPU_WAIT_KEY (from the cpu_wait samples)
+    local_world_size: int = 0  # ranks per host; 0: the window's own (WindowMeta.local_world_size)
 
 
 # resource series per category, first present wins: (GPU window, CPU-only window)
@@ -81,6 +84,44 @@ def pick_series(level: int, gpu: bool, samples: SampleSet | None) -> UtilSeries 
         if s is not None and len(s.t_ns):
             return s
     return None
+
+
+def _series_choices(raw: RawWindow, kept: np.ndarray, level_f: np.ndarray, gpu: bool, samples: SampleSet | None,
+                    local_world_size: int, key_of: Callable[[int], str]
+                    ) -> list[tuple[int, np.ndarray, list[UtilSeries]]]:
+    """(level, functions, candidate series) to measure μ/σ against. A GPU window's collectives are
+    measured against their link (``perftracker.agent.summarize.hardware.link_series``): the NIC for a
+    group that spans hosts, NVLink or PCIe peer-to-peer inside a host (the one with more traffic)."""
+    out: list[tuple[int, np.ndarray, list[UtilSeries]]] = []
+    if samples is None:
+        return out
+    for level in range(cat.N_LEVELS):
+        sel = kept & (level_f == level)
+        if not sel.any():
+            continue
+        if level != cat.COLLECTIVE or not gpu:
+            series = pick_series(level, gpu, samples)
+            if series is not None:
+                out.append((level, sel, [series]))
+            continue
+        members = {g[0]: g[2] for g in raw.meta.process_groups}
+        comm: dict[str, set[str]] = {}
+        for c in raw.meta.comm:
+            comm.setdefault(cat.normalize_name(c[0]), set()).add(c[3])
+        by_names: dict[tuple[str, ...], list[int]] = {}
+        for f in np.flatnonzero(sel).tolist():
+            groups = [tuple(members.get(g, ())) for g in sorted(comm.get(key_of(f), ()))]
+            by_names.setdefault(link_series(samples, groups, local_world_size, raw.meta.rank), []).append(f)
+        for names, funcs in by_names.items():
+            present = [s for s in (samples.get(n) for n in names) if s is not None and len(s.t_ns)]
+            if not present:
+                continue
+            if names != ("nvlink", "pcie"):  # inside a host both links are candidates, else the first present
+                present = present[:1]
+            m = np.zeros(len(sel), dtype=bool)
+            m[funcs] = True
+            out.append((level, m, present))
+    return out
 
 
 # sweep priorities: the four categories, with non-GC Python frames one level below a GC pause, and
@@ -274,19 +315,21 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     # samples (a sub-millisecond wait shares its samples with the run around it)
     wait_f = np.zeros(n_funcs, dtype=bool)
     wait_f[func_of_frame[fr.is_wait]] = True
-    for level in range(cat.N_LEVELS):
-        series = pick_series(level, gpu, samples)
-        sel_funcs = kept_mask & (level_f == level) & ~wait_f
-        if series is None or not sel_funcs.any():
-            continue
+    lws = opt.local_world_size or meta.local_world_size
+    for _level, sel_funcs, candidates in _series_choices(raw, kept_mask & ~wait_f, level_f, gpu, samples, lws,
+                                                        lambda f: key_of(f)[0]):
         seg_sel = sel_funcs[func_of_frame[segs.owner]]
         func_map = np.where(sel_funcs[func_of_frame], func_of_frame, -1)
-        util = utilization(func_map, n_funcs, segs.owner[seg_sel], segs.start_ns[seg_sel], segs.end_ns[seg_sel],
-                           series, opt.max_zero_run)
-        mu_f[sel_funcs] = util.mu[sel_funcs]
-        sigma_f[sel_funcs] = util.sigma[sel_funcs]
-        for f in np.flatnonzero(sel_funcs).tolist():
-            resource_f[f] = series.resource
+        best = np.full(n_funcs, -1.0)
+        for series in candidates:  # inside a host: the link that carried the traffic (NVLink or PCIe p2p)
+            util = utilization(func_map, n_funcs, segs.owner[seg_sel], segs.start_ns[seg_sel],
+                               segs.end_ns[seg_sel], series, opt.max_zero_run)
+            better = sel_funcs & (util.mu > best)
+            best[better] = util.mu[better]
+            mu_f[better] = util.mu[better]
+            sigma_f[better] = util.sigma[better]
+            for f in np.flatnonzero(better).tolist():
+                resource_f[f] = series.resource
 
     patterns = []
     for f in keep.tolist():
@@ -295,9 +338,15 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             key=key, category=cat.CATEGORY_OF_LEVEL[int(level_f[f])], beta=float(min(beta_f[f], 1.0)),
             mu=float(mu_f[f]), sigma=float(sigma_f[f]), label=label, executions=int(execs_f[f]),
             critical_ns=int(round(crit_f[f])), resource=resource_f[f]))
-    link = link_pattern(samples, float(crit_f[level_f == cat.COLLECTIVE].sum()), window_ns)
-    if link is not None:
-        patterns.append(link)
+    collective_ns = float(crit_f[level_f == cat.COLLECTIVE].sum())
+    compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
+    health = [h for h in (link_pattern(samples, collective_ns, window_ns),
+                          ib_wait_pattern(samples, collective_ns, window_ns)) if h is not None]
+    if gpu:
+        health += clock_patterns(samples, fr.start_ns[compute], fr.end_ns[compute],
+                                 float(crit_f[level_f == cat.COMPUTE].sum()), meta.window_start_ns, meta.window_end_ns)
+    if health:
+        patterns.extend(health)
         patterns.sort(key=lambda p: -p.beta)
     ps = _with_groups(_pattern_set(raw, tuple(patterns), gpu), raw, fr)
     return _fit_budget(ps, opt.max_bytes)

@@ -14,6 +14,14 @@ from the forward pass alone (they wait in the collectives the culprit joins late
   its ops, picked with a seeded RNG (a garbage-collection pause at an arbitrary point).
 - ``imbalance {factor, name}``: kernels whose name contains ``name`` take ``factor`` times as
   long on the rank: more work in that part of the model.
+- ``throttle {clock, reason, factor}``: the rank's GPU runs at ``clock`` of its maximum SM clock
+  for ``reason`` ("thermal", "power" or "sw"), and its compute kernels take ``factor`` times as long
+  (1.0: kernels bound by memory or latency, or off the critical path, keep their time: the β stays).
+  The clock and the reason show only in the hardware series (bench/tracefault/hwseries.py).
+
+Every fault also shapes the hardware series written beside each rank's trace (hwseries.py): a
+throttled GPU its clock and reasons, a slow link the link rate of every member of the instances it
+slows and, on the rank's own port, ``port_xmit_wait``.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ KINDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "slow_memcpy": {"factor": (int, float)},
     "gc_pause": {"ms": (int, float), "every": int},
     "imbalance": {"factor": (int, float), "name": str},
+    "throttle": {"clock": (int, float), "reason": str, "factor": (int, float)},
 }
+THROTTLE_REASONS = ("thermal", "power", "sw")
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,10 @@ class GpuFault:
             raise ConfigError(f"{self.kind}.factor must be > 0")
         if "ms" in self.params and self.params["ms"] < 0:
             raise ConfigError(f"{self.kind}.ms must be >= 0")
+        if self.kind == "throttle" and not (0 < self.params["clock"] <= 1):
+            raise ConfigError(f"throttle.clock must be in (0, 1], got {self.params['clock']!r}")
+        if self.kind == "throttle" and self.params["reason"] not in THROTTLE_REASONS:
+            raise ConfigError(f"throttle.reason must be one of {list(THROTTLE_REASONS)}, got {self.params['reason']!r}")
         if "every" in self.params and self.params["every"] < 1:
             raise ConfigError(f"{self.kind}.every must be >= 1")
 
@@ -72,7 +86,6 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
     ev_rank = np.fromiter((e.rank for e in ev), dtype=np.int64, count=len(ev))
     src_ev = g.src // 2
     dst_ev = g.dst // 2
-    link = np.ones(len(jg.instances))
     present = set(ev_rank.tolist())
     for f in faults:
         missing = sorted(set(f.ranks) - present)
@@ -80,8 +93,8 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
             raise ConfigError(f"{f.kind}: ranks {missing} are not in the trace set (ranks {sorted(present)})")
         ranks = np.asarray(f.ranks, dtype=np.int64)
         k = f.kind
-        if k in ("slow_gpu", "slow_memcpy", "imbalance"):
-            if k == "slow_gpu":
+        if k in ("slow_gpu", "slow_memcpy", "imbalance", "throttle"):
+            if k in ("slow_gpu", "throttle"):
                 sel = np.fromiter((e.cat == "kernel" and not e.nccl for e in ev), dtype=bool, count=len(ev))
             elif k == "slow_memcpy":
                 sel = np.fromiter((e.cat in ("gpu_memcpy", "gpu_memset") for e in ev), dtype=bool, count=len(ev))
@@ -94,9 +107,7 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
             m = (g.kind == DURATION) & sel[src_ev] & np.isin(ev_rank[src_ev], ranks)
             w[m] *= float(f.params["factor"])
         elif k == "slow_link":
-            for i, inst in enumerate(jg.instances):
-                if any(ev[m].rank in f.ranks for m in inst.members):
-                    link[i] = max(link[i], float(f.params["factor"]))
+            pass  # link_factors below
         elif k in ("host_stall", "gc_pause"):
             for r in f.ranks:
                 nodes = (_stall_nodes(jg, r, str(f.params["before"])) if k == "host_stall"
@@ -106,10 +117,24 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
                     if not m.any():
                         raise ConfigError(f"{k}: rank {r}: the chosen point has no host predecessor")
                     w[m] += float(f.params["ms"]) * 1000.0
+    link = link_factors(jg, faults)
     tm = (g.kind == TRANSFER) & (jg.edge_instance >= 0)
     w[tm] = g.w0_us[tm] * link[jg.edge_instance[tm]]
     del dst_ev
     return w
+
+
+def link_factors(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault]) -> np.ndarray:
+    """Per collective instance: how many times as long its transfer takes (``slow_link``: the
+    largest factor among the faults that name one of its members' ranks; 1.0 elsewhere)."""
+    link = np.ones(len(jg.instances))
+    for f in faults:
+        if f.kind != "slow_link":
+            continue
+        for i, inst in enumerate(jg.instances):
+            if any(jg.events[m].rank in f.ranks for m in inst.members):
+                link[i] = max(link[i], float(f.params["factor"]))
+    return link
 
 
 def _main_events(jg: JobGraph, rank: int) -> list[int]:

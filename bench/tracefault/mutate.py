@@ -133,8 +133,10 @@ def apply_times(ranks: list[RankTrace], jg: JobGraph, t_out: np.ndarray) -> None
 
 
 def mutate_dir(in_dir: Path, out_dir: Path | None, faults: list[GpuFault] | tuple[GpuFault, ...] = (),
-               steps: int = 1, seed: int = 0) -> MutationResult:
-    """Read DIR, tile ``steps`` times, apply ``faults``, re-time and (unless out_dir is None) write."""
+               steps: int = 1, seed: int = 0, hardware: bool = True, ranks_per_host: int = 0) -> MutationResult:
+    """Read DIR, tile ``steps`` times, apply ``faults``, re-time and (unless out_dir is None) write,
+    with (``hardware``) each rank's hardware series beside its trace (bench/tracefault/hwseries.py;
+    ``ranks_per_host`` 0: one host)."""
     t0 = time.monotonic()
     ranks = read_trace_dir(in_dir)
     tile(ranks, steps)
@@ -161,4 +163,8 @@ def mutate_dir(in_dir: Path, out_dir: Path | None, faults: list[GpuFault] | tupl
         apply_times(ranks, jg, t_out)
         for rt in ranks:
             write_trace(rt, out_dir)
+        if hardware:
+            from bench.tracefault.hwseries import write_samples
+
+            write_samples(ranks, jg, faults, out_dir, ranks_per_host, seed)
     return res

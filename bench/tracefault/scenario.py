@@ -5,7 +5,9 @@ trace-level faults instead of a job to run.
     name = "gpu-slow-gpu-r2"
     traces = "../shared/data/dlrm_kineto"   # relative to the repository root (or absolute)
     steps = 4                               # tile the recorded step this many times
-    seed = 0                                # optional: gc_pause's choice of ops
+    seed = 0                                # optional: gc_pause's choice of ops, the series' jitter
+    ranks_per_host = 2                      # optional: hosts of the job (0, default: one host); a
+                                            # group that spans hosts uses the NIC (InfiniBand series)
     [[fault]]
     kind = "slow_gpu"                       # see bench/tracefault/faults.py
     ranks = [2]
@@ -40,6 +42,7 @@ class GpuScenario:
     traces: Path
     steps: int
     faults: tuple[GpuFault, ...]
+    ranks_per_host: int = 0  # 0: every rank on one host
 
     @property
     def name(self) -> str:
@@ -62,7 +65,7 @@ def parse_gpu_scenario(text: str, path: str = "<string>", traces_override: Path 
         d: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _err(path, f"invalid TOML: {exc}") from None
-    unknown = set(d) - {"name", "traces", "steps", "seed", "fault", "expect", "allow"}
+    unknown = set(d) - {"name", "traces", "steps", "seed", "ranks_per_host", "fault", "expect", "allow"}
     if unknown:
         raise _err(path, f"unknown keys {sorted(unknown)}")
     name = d.get("name")
@@ -75,8 +78,8 @@ def parse_gpu_scenario(text: str, path: str = "<string>", traces_override: Path 
         if not isinstance(t, str) or not t:
             raise _err(path, "traces must name a directory of per-rank Kineto traces")
         traces = Path(t) if Path(t).is_absolute() else (REPO / t).resolve()
-    steps, seed = d.get("steps", 1), d.get("seed", 0)
-    for key, val, lo in (("steps", steps, 1), ("seed", seed, 0)):
+    steps, seed, per_host = d.get("steps", 1), d.get("seed", 0), d.get("ranks_per_host", 0)
+    for key, val, lo in (("steps", steps, 1), ("seed", seed, 0), ("ranks_per_host", per_host, 0)):
         if not isinstance(val, int) or isinstance(val, bool) or val < lo:
             raise _err(path, f"{key} must be an integer >= {lo}, got {val!r}")
     workers = _world(traces, path)
@@ -95,7 +98,7 @@ def parse_gpu_scenario(text: str, path: str = "<string>", traces_override: Path 
     allow = tuple(_match(m, workers, path, f"allow[{i}]", seed) for i, m in enumerate(d.get("allow", [])))
     truth = Scenario(name=name, path=path, workers=workers, iterations=steps, window_s=0.0, trigger="none",
                      trigger_at_iter=0, seed=seed, faults=(), expect=expect, allow=allow)
-    return GpuScenario(truth, traces, steps, tuple(faults))
+    return GpuScenario(truth, traces, steps, tuple(faults), per_host)
 
 
 def load_gpu_scenario(path: str | Path, traces_override: Path | None = None) -> GpuScenario:

@@ -43,8 +43,10 @@ durations or ranks are not finite or out of range.
 
 Ranks come from each trace's distributedInfo; without it (or with --rank-from-filename) from the
 file name: rank3 or worker3 (rank_3, worker-3, ...) before any other number, so node1_rank3 is
-rank 3. A single trace without either takes --rank. Offline there are no hardware samples, so
-patterns carry β only (μ = σ = 0), and the localizer judges β.
+rank 3. A single trace without either takes --rank. Hardware samples beside a trace
+(rank3.json.gz -> rank3.samples.npz, the agent's own sample format) give μ and σ; a trace without
+them carries β only (μ = σ = 0). --ranks-per-host N (ranks fill hosts in order) lets each
+collective be measured against its link: NVLink or PCIe inside a host, the NIC between hosts.
 
 examples:
   perftracker analyze traces/
@@ -67,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the rank of a single trace file (when it has no distributedInfo)")
     parser.add_argument("--strict", action="store_true",
                         help="fail on any unreadable or unrelated file instead of skipping it")
+    parser.add_argument("--ranks-per-host", type=int, default=0, metavar="N",
+                        help="ranks per host, filled in order (default: unknown; collectives use NVLink, else the NIC)")
     parser.add_argument("--patterns", action="store_true", help="print the per-rank patterns instead of a report")
     parser.add_argument("-j", "--jobs", type=int, default=0, help="parallel processes (default: one per core)")
 
@@ -87,15 +91,40 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None) -> tuple[bytes, str]:
-    """One rank, in a worker process: the PatternSet's compact bytes and where its rank came from."""
+def samples_beside(trace: Path) -> Path:
+    """Where a trace's hardware samples lie, when it has any: ``rank3.json.gz`` -> ``rank3.samples.npz``
+    (a ``SampleSet`` in the agent's own format, on the trace's time base)."""
+    name = trace.name
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return trace.with_name(name + ".samples.npz")
+
+
+def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
+                   ranks_per_host: int = 0) -> tuple[bytes, str]:
+    """One rank, in a worker process: the PatternSet's compact bytes and where its rank came from.
+    Hardware samples beside the trace (``samples_beside``) give μ/σ; a samples file that cannot be
+    read is a warning, and the rank keeps β only."""
+    import logging
+
     from perftracker.agent.kineto import load_trace_json, resolve_rank, window_from_trace
-    from perftracker.agent.summarize.summarizer import summarize_window
+    from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
+    from perftracker.model.raw_window import SampleSet
 
     doc = load_trace_json(path)
     who = resolve_rank(doc, path, rank, prefer_filename)
     raw = window_from_trace(doc, Path(path), who, job=job, session="offline")
-    return summarize_window(raw).to_bytes(), who.source
+    samples = None
+    beside = samples_beside(Path(path))
+    if beside.is_file():
+        try:
+            samples = SampleSet.load(beside)
+        except (PerftrackerError, OSError, ValueError, KeyError) as exc:
+            logging.getLogger(__name__).warning("%s: samples not read, β only (%s)", beside, exc)
+    opts = SummarizeOptions(local_world_size=ranks_per_host)
+    return summarize_window(raw, samples, opts).to_bytes(), who.source
 
 
 @dataclass
@@ -118,7 +147,8 @@ def _reason(exc: BaseException) -> str:
 
 def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
                   progress: Callable[[str], None] | None = None, rank: int | None = None,
-                  strict: bool = False, warn: Callable[[str], None] | None = None) -> Summaries:
+                  strict: bool = False, warn: Callable[[str], None] | None = None,
+                  ranks_per_host: int = 0) -> Summaries:
     """All readable ranks' PatternSets, sorted by rank. An unreadable or unrelated file is skipped
     (one line through ``warn``; InputError with ``strict``); InputError on duplicate ranks or
     when no file could be read."""
@@ -133,7 +163,8 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
     results: dict[Path, PatternSet] = {}
     skipped: list[tuple[Path, str, int | None]] = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank): f for f in files}
+        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host): f
+                   for f in files}
         for done, fut in enumerate(as_completed(futures), 1):
             f = futures[fut]
             try:
@@ -211,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     err = output.console(stderr=True)
     summ = summarize_dir(directory, args.rank_from_filename, args.jobs, rank=args.rank, strict=args.strict,
                          progress=(lambda line: err.print(line, overflow="fold")) if err else output.message,
-                         warn=output.warning)
+                         warn=output.warning, ranks_per_host=max(args.ranks_per_host, 0))
     sets = summ.sets
     con = None if args.output else output.console()
     if localize is None:

@@ -83,6 +83,9 @@ class WindowMeta:
     process_groups: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     # one row per communication event that names its group: COMM_FIELDS
     comm: tuple[tuple[str, int, int, str, str, int, int, int], ...] = ()
+    # ranks per host (LOCAL_WORLD_SIZE), ranks filling hosts in order; 0: not known. It decides a
+    # collective's link: NVLink/PCIe inside a host, the NIC between hosts (agent/summarize/hardware.py)
+    local_world_size: int = 0
     schema_version: int = SCHEMA_VERSION
 
     @property
