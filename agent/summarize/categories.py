@@ -63,6 +63,10 @@ _PY_AUTOGRAD_NODE = r"^(autograd::engine::evaluate_function: )?(?!UndefinedGradB
 # Python frames that are a c10d wait: the thread is blocked in a collective.
 _COLLECTIVE_PY = r"(distributed_c10d\.py\(\d+\): (wait|barrier|all_reduce|all_gather|reduce_scatter|broadcast|all_to_all)|Work objects?>$|method 'wait' of 'torch\._C\._distributed_c10d)"
 
+# torch.distributed.pipelining's wait for a stage's batched send/recv (issue 31): the schedule calls
+# ``work.wait()`` from here, and on gloo the C call is not recorded, so the wait is this frame's self time
+_PIPELINE_WAIT_PY = r"pipelining/schedules\.py\(\d+\): _wait_batch_p2p$"
+
 RULES: tuple[Rule, ...] = (
     _rule((_K.KERNEL,), r"^(nccl|ncclDevKernel_|ncclKernel_)", COLLECTIVE, COLLECTIVE, "NCCL kernels"),
     _rule((_K.KERNEL,), r"", COMPUTE, COMPUTE, "every other kernel"),
@@ -75,6 +79,7 @@ RULES: tuple[Rule, ...] = (
     _rule((_K.CPU_OP,), _PY_AUTOGRAD_NODE, HOST, PYTHON, "the node of a Python autograd.Function: its backward is Python"),
     _rule((_K.CPU_OP,), r"", HOST, COMPUTE, "every other op: aten compute, autograd nodes, reducer math"),
     _rule((_K.PYTHON,), _COLLECTIVE_PY, PYTHON, COLLECTIVE, "Python frames blocked in a c10d call"),
+    _rule((_K.PYTHON,), _PIPELINE_WAIT_PY, PYTHON, COLLECTIVE, "a pipeline stage waiting for its send/recv"),
     _rule((_K.PYTHON,), r"", PYTHON, PYTHON, "Python functions (training thread, self time)"),
     _rule((_K.GC,), r"", PYTHON, PYTHON, "'Python GC' events: a function of their own"),
     _rule((_K.ANNOTATION,), r"^ProfilerStep#", SKIP, SKIP, "step markers: not a function"),
