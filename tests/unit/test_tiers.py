@@ -1,5 +1,5 @@
 """The suite's tiers (docs/development.md, "Tests in tiers"): every test module sits in tests/unit,
-tests/component, tests/system or tests/accuracy; only tests/accuracy runs a failed test again; module
+tests/component, tests/system, tests/accuracy or tests/integration; only tests/accuracy runs a failed test again; module
 names are unique across the tiers (pytest imports each by its name); plain `python -m pytest` is the
 quick run."""
 
@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-TIERS = ("unit", "component", "system", "accuracy")
+TIERS = ("unit", "component", "system", "accuracy", "integration")
 # pytest-rerunfailures' marker and option, spelled in pieces so that this file is not a match itself
 # (the issue's grep for the option's name must find tests/accuracy only)
 RERUN = re.compile("re" + r"runs|mark\.fl" + "aky")
