@@ -23,7 +23,6 @@ from perftracker.model import LINK_KEY, Category, Finding, Report, compress_rank
 MAX_TITLE_CHARS = 120
 _MAX_LABEL_CHARS = 40
 _MAX_WHO_CHARS = 22
-_CPP_ARGS = re.compile(r"^(?P<name>[^(]+?)\((?:[^()]|\([^()]*\))*\)(?P<rest>.*)$")
 _FRAME = re.compile(r"^(?P<path>.+?)\((?P<line>\d+)\): (?P<fn>.+)$")
 _TESTS = {
     "expectation": "expectation: outside the expected range of its category",
@@ -51,12 +50,7 @@ def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
     """A function's name for a headline: a Python frame's function, a C++ kernel without its
     argument list ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""
     m = _FRAME.match(label)
-    if m is not None:
-        label = m.group("fn")
-    else:
-        c = _CPP_ARGS.match(label)
-        if c is not None and not label.startswith("("):
-            label = (c.group("name") + c.group("rest")).strip()
+    label = m.group("fn") if m is not None else _cpp_name(label)
     label = " ".join(label.split())
     if len(label) <= limit:
         return label
@@ -65,6 +59,35 @@ def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
         return short_label(name, limit - len(group) - 2) + " [" + group
     head = (limit - 1) * 2 // 3
     return label[:head] + "…" + label[-(limit - 1 - head):]
+
+
+def _cpp_name(label: str) -> str:
+    """A C++ symbol without its return type, argument list and template arguments:
+    "void at::native::vectorized_elementwise_kernel<4, F<float>>(int, F)" ->
+    "at::native::vectorized_elementwise_kernel"; a per-group suffix (" [EMBEDDING_GROUP]") stays."""
+    name, sep, group = label.rpartition(" [")
+    if not (sep and group.endswith("]")):
+        name, group = label, ""
+    text = name.strip()
+    cut = text
+    if cut.endswith(")") and not cut.startswith("("):
+        depth = 0
+        for i in range(len(cut) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(cut[i], 0)
+            if depth == 0:
+                cut = cut[:i] if i > 0 else cut
+                break
+    for _ in range(8):  # nested template arguments, innermost first
+        stripped = re.sub(r"<[^<>]*>", "", cut)
+        if stripped == cut:
+            break
+        cut = stripped
+    cut = cut.removeprefix("void ").strip()
+    if cut and " " not in cut:  # a symbol: "Memcpy HtoD (Pageable -> Device)" keeps its words
+        text = cut
+    if len(text) > _MAX_LABEL_CHARS and "::" in text and " " not in text:
+        text = text.rsplit("::", 1)[-1]
+    return f"{text} [{group}" if group else text
 
 
 def _who(ranks: Sequence[int], n_workers: int) -> str:
@@ -175,7 +198,8 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
     the test that fired, the kind, the cost."""
     ranks = compress_ranks(f.ranks)
     o, m, lo, hi = f.observed, f.median, f.expected.lo, f.expected.hi
-    lines = [f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
+    lines = [f"function: {f.category.value} {frame_text(f.label or f.key)}"] if f.key not in (STAGE_KEY, MOVING_KEY) else []
+    lines += [f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
              f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}"]
     if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
         what = "retransmitted share" if f.key == LINK_KEY else "utilization of its resource"

@@ -138,7 +138,11 @@ def test_fit_and_short_label() -> None:
     assert short_label("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") == \
         "ncclKernel_AllReduce_RING_LL_Sum_float"
     assert short_label("/opt/venv/lib/python3.11/site-packages/torch/nn/module.py(1750): _call_impl") == "_call_impl"
-    long = short_label(LONG_KERNEL)
+    assert short_label(LONG_KERNEL) == "cutlass::Kernel2"  # no return type, templates or arguments
+    assert short_label("void at::native::vectorized_elementwise_kernel<4, F<float>, A<char*, 1> >(int, F<float>)") == \
+        "vectorized_elementwise_kernel"  # past 40 characters: without its namespaces
+    assert short_label("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD (Pageable -> Device)"  # words, not arguments
+    long = short_label("x" * 80)
     assert len(long) == 40 and "…" in long
     grouped = short_label("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(a, b) [EMBEDDING_GROUP]")
     assert grouped.endswith(" [EMBEDDING_GROUP]") and len(grouped) <= 40 and "(" not in grouped
