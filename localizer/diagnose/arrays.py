@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from perftracker.errors import InputError
 from perftracker.model import Category, PatternSet
+from perftracker.model.patterns import ProcessGroup
 
 _RANGE_TOLERANCE = 1e-6  # the model accepts values a hair outside [0, 1]; they are clipped
 
@@ -145,7 +147,7 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
     )
 
 
-def _stages(sets: Sequence[PatternSet], groups: JobGroups) -> np.ndarray | None:
+def _stages(sets: Sequence[WorkerGroups], groups: JobGroups) -> np.ndarray | None:
     """Each worker's pipeline stage from its parallel coordinates ("pp"), else its position in its
     point-to-point group (the pipeline's members in stage order); None when neither is known."""
     if any("pp" in s.coords for s in sets):
@@ -159,7 +161,29 @@ def _stages(sets: Sequence[PatternSet], groups: JobGroups) -> np.ndarray | None:
     return stage
 
 
-def job_groups(sets: Sequence[PatternSet]) -> JobGroups:
+class WorkerGroups(Protocol):
+    """What the process groups are read from: a PatternSet, or a wire worker (the service's columns)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def coords(self) -> Mapping[str, int]: ...
+    @property
+    def groups(self) -> tuple[ProcessGroup, ...]: ...
+    @property
+    def comm(self) -> Mapping[str, tuple[str, ...]]: ...
+    @property
+    def steps_ms(self) -> tuple[float, ...]: ...
+    @property
+    def step_group(self) -> str: ...
+
+
+def stages(sets: Sequence[WorkerGroups], groups: JobGroups) -> np.ndarray | None:
+    """Each worker's pipeline stage (``_stages``)."""
+    return _stages(sets, groups)
+
+
+def job_groups(sets: Sequence[WorkerGroups]) -> JobGroups:
     """The process groups the workers' PatternSets name, as worker columns; empty when none does.
     A group's members are the ranks its description lists that are present (in the group's order);
     a group named only by its users is the set of workers that name it."""

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays, job_groups, stages
 
 from perftracker.errors import InputError
 from perftracker.model import Category
@@ -178,16 +178,14 @@ def _arrays(job: str, session: str, workers: list[WorkerMeta], funcs: tuple[Func
             values: np.ndarray) -> PatternArrays:
     starts = np.array([w.window_start_ns for w in workers], dtype=np.int64)
     ends = np.array([w.window_end_ns for w in workers], dtype=np.int64)
-    stage = None
-    if any("pp" in w.coords for w in workers):
-        stage = np.array([int(w.coords.get("pp", -1)) for w in workers], dtype=np.int64)
+    groups = job_groups(workers)  # the process groups the workers' windows read (issue 28)
     return PatternArrays(
         job=job, session=session, ranks=np.array([w.rank for w in workers], dtype=np.int64), functions=funcs,
         values=values, window_s=max(0.0, (float(np.median(ends)) - float(np.median(starts))) / 1e9),
         gpu=any(w.gpu for w in workers), world_size=max(w.world_size for w in workers),
         iteration_ms={w.rank: tuple(w.iteration_ms) for w in workers if w.iteration_ms},
         offline=all(w.source != "online" for w in workers),
-        worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stage)
+        worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stages(workers, groups), job_groups=groups)
 
 
 def columns_of(job: str, session: str, batches: Iterable[tuple[PatternBatch, set[int]]]) -> SessionColumns:

@@ -265,11 +265,7 @@ class PatternSet:
             source=optional(d, "source", str, where, "online"),
             gpu=optional(d, "gpu", bool, where, False),
             iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
-            groups=tuple(ProcessGroup.from_list(g, f"{where}.groups[{i}]")
-                         for i, g in enumerate(optional(d, "groups", list, where, []))),
-            comm=_comm(optional(d, "comm", dict, where, {}), f"{where}.comm"),
-            steps_ms=tuple(_finite(x, f"{where}.steps_ms") for x in optional(d, "steps_ms", list, where, [])),
-            step_group=optional(d, "step_group", str, where, ""),
+            **parse_groups_fields(d, where),
         )
 
     def to_bytes(self) -> bytes:
@@ -293,6 +289,18 @@ def _finite(v: Any, w: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise SchemaError(f"{w}: not a finite number: {v!r:.40}")
     return float(v)
+
+
+def parse_groups_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The process-group fields (``groups``, ``comm``, ``steps_ms``, ``step_group``) of a
+    PatternSet's dict or a wire worker's, checked; SchemaError names the field."""
+    return {
+        "groups": tuple(ProcessGroup.from_list(g, f"{where}.groups[{i}]")
+                        for i, g in enumerate(optional(d, "groups", list, where, []))),
+        "comm": _comm(optional(d, "comm", dict, where, {}), f"{where}.comm"),
+        "steps_ms": tuple(_finite(x, f"{where}.steps_ms") for x in optional(d, "steps_ms", list, where, [])),
+        "step_group": optional(d, "step_group", str, where, ""),
+    }
 
 
 def _comm(d: Mapping[str, Any], w: str) -> dict[str, tuple[str, ...]]:

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
+from perftracker.runtime import dist_record
+from perftracker.runtime.comm_rows import with_recorded_groups
 from perftracker.runtime.profiler import KinetoRows
 from perftracker.runtime.stack_sampler import PythonExecutions, frame_name
 from perftracker.runtime.throttle import NoThrottle, Throttle
@@ -202,7 +204,9 @@ def build_raw_window(
     cols = {k: v[order] for k, v in cols.items()}
     p = cols["parent"]
     cols["parent"] = np.where(p >= 0, new_index[np.maximum(p, 0)], -1).astype(np.int32)
-    return RawWindow(meta=meta, columns=cols, names=tuple(it.names), stacks=tuple(it.stacks))
+    raw = RawWindow(meta=meta, columns=cols, names=tuple(it.names), stacks=tuple(it.stacks))
+    recorded = dist_record.recorded(meta.session)  # the job's process groups, each collective's group
+    return with_recorded_groups(raw, *recorded) if recorded is not None else raw
 
 
 def _tracer_parents_and_stacks(kineto: KinetoRows, name_id: np.ndarray, base: int, parent: np.ndarray,

@@ -43,6 +43,7 @@ from typing import Any
 
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
+from perftracker.runtime import dist_record
 from perftracker.runtime import stack_sampler as stacks_mod
 from perftracker.runtime.profiler import KinetoCapture
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
@@ -188,6 +189,7 @@ class ProfileWindow:
             return
         if opts.record_gc and opts.stacks != "tracer":
             cur.gc.install()
+        dist_record.window_started(cur.session)  # each collective's process group (never raises)
         if opts.stacks == "remote" and cur.sampler is not None:
             cur.pystacks_path = self._remote_stacks(cur)
         if opts.stacks == "sample" or (opts.stacks == "remote" and cur.pystacks_path is None):
@@ -276,6 +278,7 @@ class ProfileWindow:
             except PerftrackerError as exc:
                 error = str(exc)
         cur.gc.remove()
+        dist_record.window_ended(cur.session)
         if cur.old_switch_s:
             sys.setswitchinterval(cur.old_switch_s)
             cur.old_switch_s = 0.0

@@ -40,7 +40,13 @@ from typing import Any
 import numpy as np
 
 from perftracker.errors import SchemaError
-from perftracker.model.patterns import Category, Pattern, PatternSet
+from perftracker.model.patterns import (
+    Category,
+    Pattern,
+    PatternSet,
+    ProcessGroup,
+    parse_groups_fields,
+)
 from perftracker.model.schema import (
     SCHEMA_VERSION,
     check_schema_version,
@@ -81,6 +87,12 @@ class WorkerMeta:
     source: str = "online"
     gpu: bool = False
     iteration_ms: tuple[float, ...] = ()
+    # the worker's process groups, its collectives' groups and its compute per step (issue 28; the
+    # PatternSet fields of the same names), in the meta only when there are any
+    groups: tuple[ProcessGroup, ...] = ()
+    comm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    steps_ms: tuple[float, ...] = ()
+    step_group: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +159,8 @@ def batch_from_sets(sets: Sequence[PatternSet]) -> PatternBatch:
         offsets.append(len(fidx))
         workers.append(WorkerMeta(ps.rank, ps.world_size, ps.host, ps.window_start_ns, ps.window_end_ns,
                                   ps.local_rank, ps.pid, dict(ps.coords), ps.source, ps.gpu,
-                                  tuple(rounded(x) for x in ps.iteration_ms)))
+                                  tuple(rounded(x) for x in ps.iteration_ms), tuple(ps.groups), dict(ps.comm),
+                                  tuple(ps.steps_ms), ps.step_group))
     return PatternBatch(job, session, tuple(workers), tuple(keys), tuple(labels), tuple(cats), tuple(res),
                         np.array(offsets, dtype=np.int64), np.array(fidx, dtype=np.int32),
                         np.array(vals, dtype=np.float64).reshape(-1, 3), np.array(ex, dtype=np.int64),
@@ -170,7 +183,8 @@ def batch_to_sets(batch: PatternBatch) -> list[PatternSet]:
         out.append(PatternSet(job=batch.job, session=batch.session, rank=w.rank, world_size=w.world_size,
                               host=w.host, window_start_ns=w.window_start_ns, window_end_ns=w.window_end_ns,
                               patterns=tuple(pats), local_rank=w.local_rank, pid=w.pid, coords=dict(w.coords),
-                              source=w.source, gpu=w.gpu, iteration_ms=w.iteration_ms))
+                              source=w.source, gpu=w.gpu, iteration_ms=w.iteration_ms, groups=w.groups,
+                              comm=dict(w.comm), steps_ms=w.steps_ms, step_group=w.step_group))
     return out
 
 
@@ -193,8 +207,21 @@ def meta_dict(batch: PatternBatch) -> dict[str, Any]:
                         "pid": w.pid, "coords": dict(w.coords), "source": w.source, "gpu": w.gpu,
                         "window_start_ns": w.window_start_ns, "window_end_ns": w.window_end_ns,
                         "iteration_ms": list(w.iteration_ms),
-                        "rows": int(batch.offsets[i + 1] - batch.offsets[i])})
+                        "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **_groups_dict(w)})
     return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "workers": workers}
+
+
+def _groups_dict(w: WorkerMeta) -> dict[str, Any]:
+    """A worker's process-group fields, only when there are any (as ``PatternSet.to_dict``)."""
+    out: dict[str, Any] = {}
+    if w.groups:
+        out["groups"] = [g.to_list() for g in w.groups]
+    if w.comm:
+        out["comm"] = {k: list(v) for k, v in w.comm.items()}
+    if w.steps_ms:
+        out["steps_ms"] = [round(float(x), 4) for x in w.steps_ms]
+        out["step_group"] = w.step_group
+    return out
 
 
 def _json(d: dict[str, Any]) -> bytes:
@@ -371,12 +398,19 @@ def _workers(meta: Mapping[str, Any], where: str) -> tuple[list[WorkerMeta], lis
             window_end_ns=require(d, "window_end_ns", int, w), local_rank=optional(d, "local_rank", int, w, -1),
             pid=optional(d, "pid", int, w, 0), coords={str(k): v for k, v in coords.items()},
             source=optional(d, "source", str, w, "online"), gpu=optional(d, "gpu", bool, w, False),
-            iteration_ms=tuple(float(x) for x in iters)))
+            iteration_ms=tuple(float(x) for x in iters), **_groups_fields(d, w)))
         counts.append(n)
     ranks = [w.rank for w in workers]
     if len(set(ranks)) != len(ranks):
         raise SchemaError(f"{where}.workers: a rank appears twice")
     return workers, counts
+
+
+def _groups_fields(d: Mapping[str, Any], w: str) -> dict[str, Any]:
+    """The process-group fields of a worker dict, checked as ``PatternSet.from_dict`` checks them."""
+    if not any(k in d for k in ("groups", "comm", "steps_ms")):
+        return {}
+    return parse_groups_fields(d, w)
 
 
 _WORKER_KEYS = {"rank", "world_size", "host", "local_rank", "pid", "coords", "source", "gpu", "window_start_ns",
