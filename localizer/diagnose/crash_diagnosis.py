@@ -31,6 +31,12 @@ from dataclasses import dataclass
 
 from perftracker.localizer.diagnose.hang_diagnosis import SilentRank, _user_callers, place
 from perftracker.localizer.diagnose.headline import fit
+from perftracker.localizer.diagnose.rank_groups import (
+    Group,
+    culprit_clause,
+    hops_clause,
+    job_groups,
+)
 
 from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
 from perftracker.model.frames import SELF_PREFIX, innermost_user_frame, is_collective, is_user_frame
@@ -142,7 +148,8 @@ def localize_crash(
             st = EXITED if q.detail.startswith(_GONE) else (RUNNING if q.detail.startswith("process") else SILENT)
             states.append(RankState(rank=r, state=st, where="", idle_s=round(q.silent_s, 3),
                                     last_iteration=q.last_iteration, detail=q.detail or "no snapshot"))
-    summary = _summary(states, first, first_quiet, single)
+    summary = _summary(states, first, first_quiet, single, job_groups(snapshots),
+                       max(s.world_size for s in snapshots))
     any_snap = next(iter(snapshots))
     return Report(
         job=any_snap.job, session=any_snap.session, kind=CRASH,
@@ -241,9 +248,12 @@ def _iteration(completed: int) -> str:
 
 
 def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: SilentRank | None,
-             single: bool) -> str:
+             single: bool, pgs: Sequence[Group] = (), world: int = 0) -> str:
     culprit = next(s for s in states if s.state == CULPRIT)
     who = f"rank {culprit.rank}" + (" (a single-process job)" if single else "")
+    place_in_job = culprit_clause(culprit.rank, pgs, first.snap.stack if first is not None else (), world)
+    if place_in_job and not single:
+        who += f" ({place_in_job})"
     if first is not None:
         verb = {"exception": "failed with", "exit": "ended with", "signal": "was", "oom": "was"}.get(first.end, "ended:")
         text = f"crash: {who} {verb} {how(first)}"
@@ -288,4 +298,6 @@ def _summary(states: Sequence[RankState], first: _Failure | None, first_quiet: S
             if len(gists) == 1:
                 part += f" ({next(iter(gists))})"
         parts.append(part)
-    return text + ("; " + "; ".join(parts) if parts else "")
+    waiters = [s.rank for s in states if s.state == WAITING]
+    far = hops_clause([culprit.rank], waiters, pgs, world) if pgs else ""
+    return text + ("; " + "; ".join(parts) if parts else "") + (f"; {far}" if far else "")

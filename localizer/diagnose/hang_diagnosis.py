@@ -30,6 +30,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perftracker.localizer.diagnose.headline import fit
+from perftracker.localizer.diagnose.rank_groups import (
+    Group,
+    culprit_clause,
+    hops_clause,
+    job_groups,
+)
 
 from perftracker.model import Frame, HangSnapshot, RankState, Report, compress_ranks
 from perftracker.model.frames import (
@@ -174,7 +180,8 @@ def localize_hang(
             return None
     if quiet or (user and waiting):
         culprits |= {r for rs in user.values() for r in rs}
-        summary = _culprit_sentence(placed, quiet, user, waiting, since, opts)
+        summary = _culprit_sentence(placed, quiet, user, waiting, since, opts,
+                                    job_groups(latest.values()), max((s.world_size for s in latest.values()), default=0))
         if followers:
             summary += "; " + "; ".join(
                 f"{_ranks(rs)} died after rank {leader} (stopped by the launcher)"
@@ -355,7 +362,16 @@ def _short_error(error: str) -> str:
 
 def _culprit_sentence(placed: Mapping[int, _Placed], quiet: Mapping[int, SilentRank],
                       user: Mapping[str, list[int]], waiting: Mapping[str, list[int]], since: int,
-                      opts: HangOptions) -> str:
+                      opts: HangOptions, groups: Sequence[Group] = (), world: int = 0) -> str:
+    """Who stopped where, with its process groups and pipeline stage where the snapshots name them
+    (``rank_groups``), then where the others wait, and which of them wait one hop further."""
+
+    def in_groups(rs: Sequence[int]) -> str:
+        if len(rs) != 1 or not groups:
+            return ""
+        clause = culprit_clause(rs[0], groups, placed[rs[0]].snap.stack if rs[0] in placed else (), world)
+        return f" ({clause})" if clause else ""
+
     parts: list[str] = []
     by_detail: dict[tuple[str, int], list[int]] = defaultdict(list)
     for r, q in quiet.items():
@@ -366,20 +382,21 @@ def _culprit_sentence(placed: Mapping[int, _Placed], quiet: Mapping[int, SilentR
             text += f" for {silent_s} s"
         if detail:
             text += f" ({detail})"
-        parts.append(text)
+        parts.append(text + in_groups(rs))
     for _sig, rs in sorted(user.items(), key=lambda kv: min(kv[1]))[: opts.max_listed_groups]:
         p = placed[rs[0]]
         it = min(placed[r].snap.last_iteration for r in rs)
         text = f"{_ranks(rs)} stopped at {p.where}"
         if it >= 0:
             text += f" since iteration {it}"
-        parts.append(text)
+        parts.append(text + in_groups(rs))
     if len(user) > opts.max_listed_groups:
         parts.append(f"{len(user) - opts.max_listed_groups} more place(s) in user code")
     named = set(quiet) | {r for rs in user.values() for r in rs}
     everyone = named | set(placed)
     others = _others_clause(placed, waiting, named, everyone, opts)
-    return "hang: " + ", ".join(parts) + (f"; {others}" if others else "")
+    far = hops_clause(sorted(named), [r for rs in waiting.values() for r in rs], groups, world) if groups else ""
+    return "hang: " + ", ".join(parts) + (f"; {others}" if others else "") + (f"; {far}" if far else "")
 
 
 def _mismatch_sentence(placed: Mapping[int, _Placed], waiting: Mapping[str, list[int]],

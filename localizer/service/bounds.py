@@ -23,6 +23,7 @@ MAX_TIME_NS = 2**62  # wall-clock ns: year 2116; every time stays far inside int
 MAX_COUNT = 2**53  # executions, iterations, critical ns: exact in a float64, fits int64
 MAX_WINDOW_NS = 86_400 * 10**9  # one profile window lasts at most a day
 MAX_PID = 2**31 - 1
+MAX_SNAPSHOT_GROUPS = 256  # process groups one rank of a hang snapshot may list (its own groups)
 
 
 def _check(value: object, lo: int, hi: int, where: str) -> int:
@@ -94,3 +95,10 @@ def check_hang_snapshot(snap: HangSnapshot, world: int = 0) -> None:
     _check(snap.exit_code, -MAX_PID, MAX_PID, f"{where}.exit_code")
     for i, f in enumerate(snap.stack):
         _check(f.line, -1, MAX_PID, f"{where}.stack[{i}].line")
+    if len(snap.groups) > MAX_SNAPSHOT_GROUPS:
+        raise RequestError(f"{where}.groups: {len(snap.groups)} groups, at most {MAX_SNAPSHOT_GROUPS}", status=422)
+    for i, (_name, _desc, ranks) in enumerate(snap.groups):
+        if len(ranks) > size:
+            raise RequestError(f"{where}.groups[{i}]: {len(ranks)} ranks in a world of {size}", status=422)
+        for r in ranks:
+            _check(r, 0, size - 1, f"{where}.groups[{i}] rank")

@@ -79,6 +79,17 @@ class Frame:
         return f"{self.file}:{self.line} in {self.function}"
 
 
+def _groups_from(items: list[Any], where: str) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """A snapshot's ``groups``: [[name, description, [global ranks]], ...]."""
+    out = []
+    for i, g in enumerate(items):
+        if not (isinstance(g, list) and len(g) == 3 and isinstance(g[2], list)
+                and all(isinstance(r, int) and not isinstance(r, bool) for r in g[2])):
+            raise SchemaError(f"{where}.groups[{i}]: expected [name, description, [ranks]]")
+        out.append((str(g[0]), str(g[1]), tuple(g[2])))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class HangSnapshot:
     """What a blocked worker's controller thread saw. ``stack`` is outermost first."""
@@ -107,8 +118,17 @@ class HangSnapshot:
     end: str = ""
     exit_code: int = 0  # the exit status ("exit") or the signal number ("signal", "oom")
     failed_ns: int = 0  # wall-clock ns of the failure (the excepthook, or the agent seeing the death); 0 unknown
+    # the process groups this rank belongs to, as torch.distributed describes them when the snapshot
+    # was taken: (name, description, global ranks) (issue 31: a hang or crash inside a sub-group)
+    groups: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._to_dict()
+        if self.groups:
+            out["groups"] = [[name, desc, list(ranks)] for name, desc, ranks in self.groups]
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "job": self.job,
@@ -157,4 +177,5 @@ class HangSnapshot:
             end=optional(d, "end", str, where, ""),
             exit_code=optional(d, "exit_code", int, where, 0),
             failed_ns=optional(d, "failed_ns", int, where, 0),
+            groups=_groups_from(optional(d, "groups", list, where, []), where),
         )

@@ -115,7 +115,20 @@ def _snapshot(runtime: SnapshotRuntime, session: str, read_stack: bool) -> HangS
         last_event=last_kind,
         session=session,
         kernel_state=kernel_state,
+        groups=_process_groups(),
     )
+
+
+def _process_groups() -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """The process groups this rank belongs to (``perftracker.runtime.dist_record``, the live record
+    of issue 28), () when torch.distributed is not initialized or they cannot be read."""
+    try:
+        from perftracker.runtime.dist_record import process_groups
+
+        return tuple((str(n), str(d), tuple(int(r) for r in rs)) for n, d, rs in process_groups())
+    except Exception:  # never disturb training: a snapshot without its groups beats none
+        log.debug("hang snapshot: could not read the process groups", exc_info=True)
+        return ()
 
 
 def _identity_of(runtime: SnapshotRuntime) -> tuple[str, int, int, str, int, int]:
