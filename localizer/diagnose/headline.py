@@ -54,6 +54,8 @@ def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
     label = " ".join(label.split())
     if len(label) <= limit:
         return label
+    if ", " in label and len(label.split(", ", 1)[0]) <= limit:  # "ddp.reducer::wait, varying part (…)"
+        return label.split(", ", 1)[0]
     name, sep, group = label.rpartition(" [")
     if sep and group.endswith("]") and len(group) < limit // 2:  # a per-group kernel keeps its group
         return short_label(name, limit - len(group) - 2) + " [" + group
@@ -94,6 +96,10 @@ def _who(ranks: Sequence[int], n_workers: int) -> str:
     text = describe_ranks(list(ranks), n_workers)
     if len(text) <= _MAX_WHO_CHARS:
         return text
+    rs = sorted(ranks)
+    step = rs[1] - rs[0] if len(rs) >= 4 else 0
+    if step > 1 and all(b - a == step for a, b in zip(rs, rs[1:], strict=False)):  # every other rank
+        return f"ranks {rs[0]},{rs[1]},…,{rs[-1]}"
     return f"{len(ranks):,} of {n_workers:,} ranks"
 
 
@@ -199,8 +205,12 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
     ranks = compress_ranks(f.ranks)
     o, m, lo, hi = f.observed, f.median, f.expected.lo, f.expected.hi
     lines = [f"function: {f.category.value} {frame_text(f.label or f.key)}"] if f.key not in (STAGE_KEY, MOVING_KEY) else []
-    lines += [f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
-             f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}"]
+    if f.key in (STAGE_KEY, MOVING_KEY):
+        lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window on ranks "
+                     f"{ranks}; {pct(m.beta)} on the ranks that wait")
+    else:
+        lines.append(f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
+                     f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}")
     if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
         what = "retransmitted share" if f.key == LINK_KEY else "utilization of its resource"
         lines.append(f"μ ({what}): {pct(o.mu)}; median rank {pct(m.mu)}; expected {_range(lo.mu, hi.mu)}")
@@ -245,6 +255,20 @@ def longest_step_note(f: Finding, iteration_ms: Mapping[int, Sequence[float]]) -
     return f"longest steps: rank {longest}, {steps[longest]:.1f} ms{here}, is not named: {why}"
 
 
+def quiet_headline(n_workers: int, top: Sequence[tuple[str, float]]) -> str:
+    """A report without findings: "no abnormal function on 4 ranks; critical path: f 40%, g 12%",
+    as many of the top functions as fit."""
+    text = f"no abnormal function on {n_workers:,} rank{'' if n_workers == 1 else 's'}"
+    shown: list[str] = []
+    for label, beta in top[:3]:
+        item = f"{short_label(label, 32)} {pct(beta)}"
+        candidate = f"{text}; critical path: {', '.join([*shown, item])}"
+        if len(candidate) > MAX_TITLE_CHARS:
+            break
+        shown.append(item)
+    return f"{text}; critical path: {', '.join(shown)}" if shown else text
+
+
 def report_headline(findings: Sequence[Finding], n_workers: int, fallback: str) -> str:
     """The report's headline: the first finding's title and "(+N more)", at most 120 characters."""
     if not findings:
@@ -263,5 +287,7 @@ def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report
         note = longest_step_note(findings[0], report.iteration_ms)
         if note:
             findings[0] = dataclasses.replace(findings[0], evidence=findings[0].evidence + (note,))
-    return dataclasses.replace(report, findings=tuple(findings),
-                               headline=report_headline(findings, n_workers, report.summary))
+    quiet = quiet_headline(n_workers, [(t.label or t.key, t.median.beta) for t in report.top_functions])
+    if n_workers == 1 and not findings:
+        quiet = report.summary  # the only rank: its summary says there was nothing to compare
+    return dataclasses.replace(report, findings=tuple(findings), headline=report_headline(findings, n_workers, quiet))

@@ -33,7 +33,7 @@ CAUSES: tuple[Cause, ...] = (
        "compare the layers assigned to each pipeline stage (the partition), incl. embedding and loss on the last",
        "rebalance the stages' layers, or use interleaved / virtual pipeline stages",
        "check the heavy stage's hosts for slower GPUs (clocks, `nvidia-smi -q -d PERFORMANCE`)"),
-    _c("moving_straggler", "no single culprit (slowest rank moves)", r"no single culprit|moving imbalance",
+    _c("moving_straggler", "no single culprit", r"no single culprit|moving imbalance",
        "compare the ranks' batch shapes or sequence lengths step by step (variable-length inputs)",
        "bucket or pack samples by length so that ranks get equal work",
        "look for jitter shared by all hosts: OS noise, garbage collection, checkpointing"),

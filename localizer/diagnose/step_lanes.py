@@ -35,6 +35,10 @@ def category_shares(arr: PatternArrays) -> dict[str, np.ndarray]:
     compute = total((cats == Category.COMPUTE.priority) | (cats == Category.MEMORY.priority))
     collective = total(cats == Category.COLLECTIVE.priority)
     host = total(cats == Category.PYTHON.priority)
+    # functions on concurrent streams can each hold a share of the same moment: past the window,
+    # the shares are scaled to it (the parts then say how the busy time divides)
+    scale = np.maximum(compute + collective + host, 1.0)
+    compute, collective, host = compute / scale, collective / scale, host / scale
     other = np.clip(1.0 - compute - collective - host, 0.0, 1.0)
     return {"host": host, "compute": compute, "collective": collective, "other": other}
 

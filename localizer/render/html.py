@@ -147,7 +147,7 @@ def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True, number:
         f"<span>{escape(short_frame(f.label or f.key))}</span>",
         f"<span>test: {escape(', '.join(f.tests))}</span>",
         f"<span>{escape(f.kind)}</span>",
-        f'<span class="r">ranks {escape(_ranks(f.ranks))}</span>',
+        f'<span class="r" title="{escape(compress_ranks(f.ranks))}">{escape(_short_ranks(f.ranks, count=True))}</span>',
     ]
     if f.impact > 0:
         chips.append(f"<span>impact {escape(impact_text(f))}</span>")
@@ -190,7 +190,7 @@ def _sample_note(f: Finding, n_ranks: int) -> str:
 
 def _pattern_table(f: Finding, samples: bool = True) -> str:
     head = (
-        f'<table><tr><th></th><th class="n">ranks {escape(compress_ranks(f.ranks))}</th>'
+        f'<table><tr><th></th><th class="n">{escape(_short_ranks(f.ranks))}</th>'
         '<th class="n">median rank</th><th class="n">expected</th></tr>'
     )
     rows = []
@@ -205,6 +205,14 @@ def _pattern_table(f: Finding, samples: bool = True) -> str:
             f'<td class="n">[{lo:g}, {hi:g}]</td></tr>'
         )
     return head + "".join(rows) + "</table>"
+
+
+def _short_ranks(ranks: Sequence[int], count: bool = False) -> str:
+    """"ranks 0-3,7", with its count when asked, or "32 ranks" where the list is long."""
+    text = compress_ranks(ranks)
+    if len(text) > 24:
+        return f"{len(ranks)} ranks"
+    return f"ranks {text} ({len(ranks)})" if count else f"ranks {text}"
 
 
 def _hang_section(states: Sequence[RankState]) -> str:

@@ -104,7 +104,8 @@ def test_titles_fit_for_every_cause_with_long_rank_lists_and_long_names(kind: st
         assert dressed.cause == kind
         assert dressed.next_steps == next_steps(kind)
         assert any(line.startswith("test: differential") for line in dressed.evidence)
-        assert any(line.startswith("β (share of the window") for line in dressed.evidence)
+        pattern = "compute (β summed" if key in (STAGE_KEY, MOVING_KEY) else "β (share of the window"
+        assert any(line.startswith(pattern) for line in dressed.evidence)
         assert "::Params" not in dressed.title  # no C++ argument lists
         if w:
             assert any(line.startswith("waits: ") for line in dressed.evidence)
