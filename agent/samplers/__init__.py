@@ -1,4 +1,5 @@
-"""Hardware samplers: procfs (always), nvml and nsys (GPU, not verified on hardware here).
+"""Hardware samplers: procfs (always), nvml and nsys (GPU), rdma (InfiniBand/RoCE ports); the GPU and
+RDMA samplers are not verified on hardware here.
 
 ``sample_window`` runs the chosen samplers, each in its own thread, over one profile window and
 returns a ``SampleSet``. ``python -m perftracker.agent.samplers`` wraps it as the sampler process.
@@ -28,7 +29,8 @@ __all__ = ["Sampler", "SamplerOptions", "WindowBounds", "build_samplers", "run_s
 
 @dataclass(frozen=True)
 class SamplerOptions:
-    samplers: tuple[str, ...] = ("procfs", "gpu")  # "gpu" = nsys if it can run, else nvml
+    samplers: tuple[str, ...] = ("procfs", "gpu", "rdma")  # "gpu" = nsys if it can run, else nvml
+    rdma_ports: tuple[str, ...] = ()  # "mlx5_0:1" (NCCL_IB_HCA's names); () = every active port
     procfs: ProcfsOptions = ProcfsOptions()
     gpu_index: int = -1  # -1: no GPU sampling
     nsys_frequency_hz: int = 10_000
@@ -42,6 +44,10 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
         candidates: list[Sampler] = []
         if name == "procfs":
             candidates = [ProcfsSampler(pid, tid, options.procfs)]
+        elif name == "rdma":  # after procfs: its NIC series replaces /proc/net/dev's (RDMA bypasses the kernel)
+            from perftracker.agent.samplers.rdma import RdmaSampler
+
+            candidates = [RdmaSampler(options.rdma_ports)]
         elif name in ("gpu", "nsys", "nvml"):
             if options.gpu_index < 0:
                 continue

@@ -34,7 +34,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")
     p.add_argument("--end-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")
     p.add_argument("--out", required=True)
-    p.add_argument("--samplers", default="procfs,gpu", help="comma list: procfs, gpu, nsys, nvml")
+    p.add_argument("--samplers", default="procfs,gpu,rdma", help="comma list: procfs, gpu, nsys, nvml, rdma")
     p.add_argument("--gpu-index", type=int, default=-1)
     p.add_argument("--period-us", type=int, default=1000)
     p.add_argument("--nic-peak-gbps", type=float, default=10.0)

@@ -1,4 +1,5 @@
-"""The NVML sampler (nvidia-ml-py): SM utilization, PCIe and NVLink throughput of one GPU.
+"""The NVML sampler (nvidia-ml-py): SM utilization, clocks, throttle reasons, power, PCIe and NVLink
+throughput of one GPU, and GPM metrics where the GPU has them.
 
 NOT VERIFIED ON HARDWARE: built against nvidia-ml-py's API and tested with a replayed fixture.
 
@@ -11,8 +12,16 @@ NOT VERIFIED ON HARDWARE: built against nvidia-ml-py's API and tested with a rep
   × 128/130 encoding.
 - ``nvlink``: ``nvmlDeviceGetFieldValues`` NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB counters,
   all links), rate over NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON × NVML_FI_DEV_NVLINK_LINK_COUNT.
+- ``sm_clock``, ``throttle_thermal``/``throttle_power``/``throttle_sw``, ``power``: SM clock over its
+  maximum, the clock-throttle reasons by class, power draw over the limit, every period
+  (``perftracker.agent.samplers.nvml_health.ClockReader``).
+- GPM (Hopper and later; ``nvml_health.GpmReader``): ``sm`` from SM activity, ``sm_occupancy``,
+  ``mem`` from DRAM bandwidth, ``pcie`` and ``nvlink`` from GPM throughput; they replace the
+  series above where GPM reads them. Older GPUs keep the utilization samples and field values.
 NVML reads the driver's counters, not the GPU profiling counters, so it never conflicts with
-CUPTI, nsys or DCGM profiling: it is the fallback when those hold the counters.
+CUPTI, nsys or DCGM profiling: it is the fallback when those hold the counters. (GPM shares the
+profiling hardware with DCGM's profiling module on some drivers; a refused GPM call costs only its
+series.)
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from typing import Any
 
 import numpy as np
 from perftracker.agent.samplers.base import WindowBounds, rate_series
+from perftracker.agent.samplers.nvml_health import ClockReader, GpmReader, gpm_series_values
 
+from perftracker.model.hardware import SM_CLOCK, clock_source
 from perftracker.model.raw_window import UtilSeries
 
 log = logging.getLogger(__name__)
@@ -114,10 +125,28 @@ class NvmlSampler:
         last_us = (time.time_ns() // 1000) - 1_000_000
         if not bounds.wait_for_start():
             return {}
+        clocks = ClockReader(nv, h)
+        gpm = GpmReader(nv, h)
+        extra: dict[str, tuple[list[int], list[float]]] = {}
+
+        def put(name: str, t_ns: int, value: float) -> None:
+            ts, vs = extra.setdefault(name, ([], []))
+            ts.append(t_ns)
+            vs.append(value)
+
         while True:
             now = time.monotonic_ns()
             if bounds.done(now):
                 break
+            cs = clocks.read()
+            if cs.sm_clock is not None:
+                put(SM_CLOCK, now, cs.sm_clock)
+            for name, held in (cs.reasons or {}).items():
+                put(name, now, 1.0 if held else 0.0)
+            if cs.power is not None:
+                put("power", now, cs.power)
+            for name, v in gpm_series_values(gpm.read(), pcie_peak, nvl_peak).items():
+                put(name, now, v)
             try:
                 _, samples = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, last_us)
                 for s in samples:
@@ -127,7 +156,7 @@ class NvmlSampler:
                         last_us = int(s.timeStamp)
             except Exception as exc:  # NVML_ERROR_NOT_FOUND: no new sample yet
                 log.debug("nvml samples: %s", exc)
-            if pcie_peak > 0:
+            if pcie_peak > 0 and "pcie" not in extra:
                 try:
                     tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
                     rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
@@ -135,13 +164,14 @@ class NvmlSampler:
                     pc_v.append(max(tx, rx) * 1000.0 / pcie_peak)
                 except Exception as exc:
                     log.debug("nvml pcie: %s", exc)
-            if nvl_peak > 0:
+            if nvl_peak > 0 and "nvlink" not in extra:
                 f = self._nvlink_fields()
                 if f is not None:
                     nl_t.append(now)
                     nl_tx.append(f[0] * 1024)
                     nl_rx.append(f[1] * 1024)
             time.sleep(self.period_ms / 1000)
+        gpm.close()
         out: dict[str, UtilSeries] = {}
         if sm_t:
             order = np.argsort(sm_t, kind="stable")
@@ -155,6 +185,14 @@ class NvmlSampler:
             tx = rate_series("nvlink", t, np.array(nl_tx), nvl_peak, period_ns, "nvml")
             rx = rate_series("nvlink", t, np.array(nl_rx), nvl_peak, period_ns, "nvml")
             out["nvlink"] = UtilSeries("nvlink", tx.t_ns, np.maximum(tx.value, rx.value), period_ns, "nvml")
+        for name, (ts, vs) in extra.items():  # GPM's sm/pcie/nvlink replace the older reads
+            src = clock_source("nvml", clocks.max_mhz or 0.0) if name == SM_CLOCK else ("nvml gpm" if name in (
+                "sm", "sm_occupancy", "mem", "pcie", "nvlink") else "nvml")
+            if name == "sm" and gpm.supported:
+                out.pop("sm", None)
+            if name in out and src != "nvml gpm":
+                continue
+            out[name] = UtilSeries(name, np.array(ts, np.int64), np.clip(np.array(vs, np.float32), 0, 1), period_ns, src)
         return {k: bounds.trim(v) for k, v in out.items()}
 
 

@@ -7,6 +7,8 @@
 - ``ib_wait_pattern``: the rank's InfiniBand port health (``port_xmit_wait`` share, link errors) as
   one collective pattern (``IB_WAIT_KEY``): a slow link inside a single group, where every member
   of the group waits the same and the traces cannot tell which link is slow.
+- ``p2p_pattern``: the share of a rank's intra-host collective traffic that went over PCIe, not
+  NVLink (``P2P_PCIE_KEY``): a PCIe fallback, where every member of the ring slows alike.
 - ``link_series``: the series a collective is measured against, from its group's members and
   their hosts: NVLink (or PCIe peer-to-peer without NVLink traffic) inside a host, the rank's NIC
   between hosts.
@@ -26,6 +28,7 @@ from perftracker.model.hardware import (
     GPU_CLOCK_KEY,
     IB_WAIT_KEY,
     IB_XMIT_WAIT,
+    P2P_PCIE_KEY,
     SM_CLOCK,
     THROTTLE_SERIES,
     THROTTLE_TEXT,
@@ -98,6 +101,31 @@ def ib_wait_pattern(samples: SampleSet | None, collective_ns: float, window_ns: 
     return Pattern(key=IB_WAIT_KEY, category=Category.COLLECTIVE,
                    beta=float(min(collective_ns / max(window_ns, 1), 1.0)), mu=float(v.mean()), sigma=float(v.std()),
                    label=IB_WAIT_KEY, executions=0, critical_ns=int(round(collective_ns)), resource=IB_XMIT_WAIT)
+
+
+def p2p_pattern(samples: SampleSet | None, start_ns: np.ndarray, end_ns: np.ndarray, collective_ns: float,
+                window_ns: int) -> Pattern | None:
+    """The PCIe share of the link traffic while intra-host collectives run (both ``nvlink`` and
+    ``pcie`` series needed: a host without NVLink has nothing to fall back from)."""
+    if samples is None or not len(start_ns):
+        return None
+    nvl, pcie = samples.get("nvlink"), samples.get("pcie")
+    if nvl is None or pcie is None or not len(nvl.t_ns) or not len(pcie.t_ns):
+        return None
+    m = _inside(np.asarray(pcie.t_ns, dtype=np.int64), start_ns, end_ns)
+    if not m.any():
+        return None
+    p = np.asarray(pcie.value, dtype=np.float64)[m]
+    n = np.interp(np.asarray(pcie.t_ns)[m], np.asarray(nvl.t_ns), np.asarray(nvl.value, dtype=np.float64))
+    total = p + n
+    busy = total > 0.02
+    if not busy.any():
+        return None
+    share = p[busy] / total[busy]
+    return Pattern(key=P2P_PCIE_KEY, category=Category.COLLECTIVE,
+                   beta=float(min(collective_ns / max(window_ns, 1), 1.0)), mu=float(share.mean()),
+                   sigma=float(share.std()), label=P2P_PCIE_KEY, executions=0, critical_ns=int(round(collective_ns)),
+                   resource="pcie")
 
 
 def host_of(rank: int, local_world_size: int) -> int:

@@ -26,7 +26,12 @@ import numpy as np
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
 from perftracker.agent.summarize.groups import shared_names, split_shared, steps_ms, worker_groups
-from perftracker.agent.summarize.hardware import clock_patterns, ib_wait_pattern, link_series
+from perftracker.agent.summarize.hardware import (
+    clock_patterns,
+    ib_wait_pattern,
+    link_series,
+    p2p_pattern,
+)
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
 from perftracker.agent.summarize.timeline import (
     Nesting,
@@ -343,6 +348,11 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
     health = [h for h in (link_pattern(samples, collective_ns, window_ns),
                           ib_wait_pattern(samples, collective_ns, window_ns)) if h is not None]
     if gpu:
+        inside = (fr.role == cat.COLLECTIVE) & np.isin(func_of_frame, [f for f in range(n_funcs)
+                                                                         if resource_f[f] in ("nvlink", "pcie")])
+        p2p = p2p_pattern(samples, fr.start_ns[inside], fr.end_ns[inside], float(crit_f[np.unique(
+            func_of_frame[inside])].sum()) if inside.any() else 0.0, window_ns)
+        health += [p2p] if p2p is not None else []
         health += clock_patterns(samples, fr.start_ns[compute], fr.end_ns[compute],
                                  float(crit_f[level_f == cat.COMPUTE].sum()), meta.window_start_ns, meta.window_end_ns)
     if health:

@@ -522,7 +522,10 @@ def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:
     """Rank-specific findings on the same ranks, or on some of the few (≤ 8) ranks of a costlier
     finding, are one culprit with several symptoms (a slow copy and the host op that waits for it):
     the costliest keeps the others as "also" clauses, and their waits."""
-    specific = sorted((d for d in kept if d.kind != "common"), key=lambda d: -_impact(d))
+    # hardware evidence (a throttled clock, a stalled port) names the cause of the same ranks' slower
+    # kernels or collectives: it leads, they are its symptoms (health.py)
+    specific = sorted((d for d in kept if d.kind != "common"),
+                      key=lambda d: (d.verdict.info.key not in WORDED_KEYS, -_impact(d)))
     for i, d in enumerate(specific):
         for primary in specific[:i]:
             if primary.folded or not np.isin(d.idx, primary.idx).all():

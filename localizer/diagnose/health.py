@@ -28,13 +28,14 @@ from perftracker.model import Triple, Wait
 from perftracker.model.hardware import (
     GPU_CLOCK_KEY,
     IB_WAIT_KEY,
+    P2P_PCIE_KEY,
     REASON_KEY_PREFIX,
     ClockFacts,
     clock_label,
     max_ghz_of_label,
 )
 
-WORDED_KEYS = frozenset({GPU_CLOCK_KEY, IB_WAIT_KEY})
+WORDED_KEYS = frozenset({GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY})
 REASON_SHARE_MIN = 0.25  # a throttle reason is named when it held in at least this share of the samples
 
 
@@ -48,7 +49,7 @@ def health_excess(key: str, observed: Triple, median: Triple) -> float | None:
         if median.mu <= 0:
             return 0.0
         return max(observed.beta * (1.0 - observed.mu / median.mu), 0.0)
-    if key == IB_WAIT_KEY:
+    if key in (IB_WAIT_KEY, P2P_PCIE_KEY):
         return max(observed.beta * (observed.mu - median.mu), 0.0)
     return None
 
@@ -82,6 +83,11 @@ def health_text(key: str, arr: PatternArrays, f: int, idx: np.ndarray, ranks: Se
         text = (f"{who}: GPU at {at}{why} while compute holds {pct(observed.beta)} of the window "
                 f"(expected ≥ {pct(expected_mu[0])} of the maximum; {peers})")
         return label, f"{text} — {hint or 'throttled GPU: its SM clock is below its maximum'}{after}"
+    if key == P2P_PCIE_KEY:
+        text = (f"{who}: {pct(observed.mu)} of its peer traffic inside the host went over PCIe, not NVLink "
+                f"(expected ≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
+                f"{pct(observed.beta)} of the window")
+        return arr.functions[f].label, f"{text} — {hint or 'peer traffic falls back from NVLink to PCIe'}{after}"
     text = (f"{who}: InfiniBand port could not send {pct(observed.mu)} of the time (port_xmit_wait; expected "
             f"≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
             f"{pct(observed.beta)} of the window")

@@ -21,6 +21,8 @@ Health patterns (one per worker, judged like any function, ``LINK_KEY`` is the f
 - ``reason_key(text)`` (compute), one per throttle reason class: μ the share of those samples in
   which the reason held. Evidence for the clock finding, never a finding of its own.
 - ``IB_WAIT_KEY`` (collective): β the worker's collective share, μ/σ the port's xmit-wait share.
+- ``P2P_PCIE_KEY`` (collective): β the worker's collectives inside its host, μ the share of their
+  link traffic that went over PCIe rather than NVLink (a PCIe fallback: NVLink down, P2P disabled).
 
 A throttled-GPU finding's label carries its facts: "GPU SM clock 1.10 of 1.98 GHz (thermal
 slowdown)" (``clock_label``; ``parse_clock_label`` reads them back as ``ClockFacts``).
@@ -43,6 +45,7 @@ IB_LINK_ERRORS = "ib_link_errors"
 GPU_CLOCK_KEY = "GPU SM clock (share of its maximum)"
 REASON_KEY_PREFIX = "GPU throttle reason: "
 IB_WAIT_KEY = "InfiniBand port wait (port_xmit_wait)"
+P2P_PCIE_KEY = "Peer traffic over PCIe (not NVLink)"
 
 # what each throttle series means in a sentence
 THROTTLE_TEXT = {THROTTLE_THERMAL: "thermal slowdown", THROTTLE_POWER: "power cap", THROTTLE_SW: "software slowdown"}
@@ -116,6 +119,6 @@ def _link_key() -> str:
 
 # health patterns of a link: β is the rank's collective time, not a function of its own; a bad link
 # slows every collective through it (the localizer gives it the waits of the collectives)
-LINK_KEYS = frozenset({_link_key(), IB_WAIT_KEY})
+LINK_KEYS = frozenset({_link_key(), IB_WAIT_KEY, P2P_PCIE_KEY})
 # every health pattern: judged like a function, never a wait, never a cause of lateness by itself
 HEALTH_KEYS = LINK_KEYS | {GPU_CLOCK_KEY}
