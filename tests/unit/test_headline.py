@@ -58,6 +58,7 @@ CAUSE_TEXT = {
     "input_pipeline": "slow input pipeline/storage",
     "sleep": "the process sleeps on the critical path",
     "host_stall": "the host thread stalls outside the traced ops (a blocking call, I/O, a lock, a sleep)",
+    "outside_profile": "the cause is not among the profiled functions (it starts late)",
     "late_arrival": "these ranks arrive last at the collective: the others wait for them",
     "random_pattern": "a random per-worker pattern (Python work on the critical path while the GPU waits)",
     "python_work": "Python work on the critical path while the GPU waits",
