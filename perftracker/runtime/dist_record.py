@@ -53,8 +53,13 @@ _FUNCS: dict[str, tuple[str, str]] = {
     "reduce_scatter": ("", ""), "reduce_scatter_tensor": ("", ""), "all_to_all": ("", ""),
     "all_to_all_single": ("", ""), "broadcast": ("src", "src"), "reduce": ("dst", "dst"),
     "gather": ("dst", "dst"), "scatter": ("src", "src"), "barrier": ("", ""),
-    "send": ("dst", "dst"), "isend": ("dst", "dst"), "recv": ("src", "src"), "irecv": ("src", "src"),
+    "send": ("dst", "dst"), "recv": ("src", "src"),
 }
+# isend/irecv are never wrapped: torch.distributed.P2POp(op, ...) accepts only the original
+# functions (distributed_c10d._check_op compares by identity), and torch.distributed.pipelining
+# builds P2POp(dist.irecv, ...) from the module attribute: a wrapper there raised ValueError in every
+# stage of a pipeline job when a window opened (issue 31). Their batched form is recorded through
+# batch_isend_irecv.
 
 
 @dataclass(frozen=True)
