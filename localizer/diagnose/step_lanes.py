@@ -52,7 +52,8 @@ def _waiting(arr: PatternArrays, collective: np.ndarray, findings: Sequence[Find
         for wt in f.waits:
             cols = [column[r] for r in wt.ranks if r in column]
             waiting[cols] += wt.share
-    return np.minimum(waiting, collective)
+    out: np.ndarray = np.minimum(waiting, collective)
+    return out
 
 
 def _step_ms(arr: PatternArrays, w: int) -> float:

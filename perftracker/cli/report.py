@@ -10,7 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from perftracker.cli import output
 from perftracker.cli.options import DEFAULT_DATA_DIR
@@ -68,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
         text = "\n".join(brief_lines(report))
         if args.output:
-            out = output.write_file(args.output, lambda fh: fh.write(safe_text(text, newlines=True) + "\n"))
+            def write_brief(fh: TextIO) -> None:
+                fh.write(safe_text(text, newlines=True) + "\n")
+
+            out = output.write_file(args.output, write_brief)
             output.message(f"wrote the brief report of session {report.session} to {out}")
         else:
             output.print_text(text)
