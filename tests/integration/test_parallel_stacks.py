@@ -10,9 +10,13 @@ test then reads the reports ``perftracker run`` left under ./perftracker-runs/ a
 - the job ran to its end (rc 0) and no perftracker traceback reached its output;
 - every report is of one job, named after the script (the whole job is one job, across its groups);
 - no hang or crash report: the job ended cleanly;
-- the last slowdown report of every rank headlines the slowed rank with its extra compute (aten::mm)
-  and folds the others' waits into it: every other rank is among its waiters, across the groups
-  they wait in, and no other rank has a finding of its waiting (a collective).
+- a slowdown report of every rank headlines the slowed rank with its extra compute (aten::mm) and
+  folds the others' waits into it: every other rank is among its waiters, across the groups they
+  wait in, and no other rank has a finding of its waiting (a collective);
+- no report of every rank blames another rank against its peers (a rank-specific headline of the
+  differential test or of the wait evidence). A window opened by a noise trigger, or one cut at the
+  end of training, may say something else that is true (GC above its expected range on a loaded
+  host), so the test does not insist on the last report.
 
 The must-not twin: the FSDP2 job with no slowed rank, a window opened by hand mid-run: its report
 names no rank.
@@ -63,6 +67,7 @@ CASES = {
     "fsdp_tp_2x2": Case("mesh_2d.py", 4, 1, steps=500),
 }
 CAUSE = re.compile(r"aten::(mm|tanh)\b")  # the injected work: y = tanh(y @ w)
+_AT_ITERATION = re.compile(r"at iteration (\d+)")  # a detector trigger's reason
 
 
 def _reports(runs: Path) -> list[dict[str, object]]:
@@ -131,13 +136,27 @@ def test_a_slowed_rank_is_headlined_with_its_compute_and_the_others_wait_inside(
     every = [r for r in reports if r.get("kind") == "slowdown"
              and list(r.get("ranks_reported", ())) == list(range(case.ranks))]  # type: ignore[call-overload]
     assert every, f"no slowdown report of every rank:\n{listing}"
-    report = every[-1]
+    for r in every:
+        print(f"\n[{name} {load}, {_uptime()}, {time.monotonic() - t0:.0f} s] {r.get('headline') or r['summary']}")
+    # no report of a window opened after the onset blames another rank against its peers (a finding
+    # on one rank of the differential test or of the wait evidence); an expected-range finding (GC
+    # above its bound) may stand. A noise trigger before the onset may open a window of its own.
+    for r in every:
+        m = _AT_ITERATION.search(str(r.get("trigger_reason", "")))
+        if m is None or int(m.group(1)) < case.slow_from:
+            continue
+        head_r = r["findings"][0] if r["findings"] else None  # type: ignore[index]
+        if head_r is not None and head_r["kind"] != "common" and {"differential", "waits"} & set(head_r["tests"]):
+            assert head_r["ranks"] == [case.slow_rank], f"{name}: a wrong culprit:\n{listing}"
+    # the slowdown is found: a report headlines the slowed rank with its extra compute
+    named = [r for r in every if r["findings"] and r["findings"][0]["ranks"] == [case.slow_rank]  # type: ignore[index]
+             and CAUSE.search(str(r["findings"][0]["label"]))]  # type: ignore[index]
+    assert named, f"{name}: no report headlines rank {case.slow_rank} with its extra compute:\n{listing}"
+    report = named[-1]
     headline = str(report["summary"])
-    print(f"\n[{name} {load}, {_uptime()}, {time.monotonic() - t0:.0f} s] {headline}")
     findings: list[dict[str, object]] = report["findings"]  # type: ignore[assignment]
     head = findings[0]
-    assert re.match(rf"rank {case.slow_rank}\b", headline) and head["ranks"] == [case.slow_rank], listing
-    assert CAUSE.search(str(head["label"])), f"{name}: cause {head['label']!r}, not the extra compute:\n{listing}"
+    assert re.match(rf"rank {case.slow_rank}\b", headline), listing
     waiters = {r for w in head["waits"] for r in w["ranks"]}  # type: ignore[attr-defined]
     assert waiters == set(range(case.ranks)) - {case.slow_rank}, f"{name}: waiters {waiters}:\n{headline}"
     # no waiting rank is named for its wait (a victim's collective finding is the culprit's)
@@ -182,3 +201,59 @@ def test_a_clean_fsdp2_job_has_no_culprit(tmp_path: Path, free_port: int) -> Non
     print(f"\n[clean fsdp2, {_uptime()}] {report.summary}")
     assert report.ranks_reported == (0, 1), report.summary
     assert not [f for f in report.findings if f.kind != "common"], [f.sentence for f in report.findings]
+
+
+def _wait_report(runs: Path, kind: str, timeout_s: float) -> dict[str, object] | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [r for r in _reports(runs) if r.get("kind") == kind]
+        if found:
+            return found[-1]
+        time.sleep(1.0)
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_stopped_inside_a_tensor_parallel_group_is_named_with_its_groups(tmp_path: Path,
+                                                                              free_port: int) -> None:
+    """FSDP x TP on a 2 x 2 mesh, rank 1 stops in its forward at step 40: the hang report names rank 1
+    with its TP and DP groups; rank 0 (its TP partner) and rank 3 (its DP partner) wait in its groups,
+    rank 2 one hop further."""
+    case = Case("mesh_2d.py", 4, 1, ("--hang-at-step", "40"), steps=100_000, slow_from=100_000)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perftracker", "run", "--window-s", "3", "--wait-s", "30", "--",
+         *_torchrun(case, free_port, 1)],
+        cwd=tmp_path, env=_env(PERFTRACKER_BLOCKED_MIN_S="3"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)
+    try:
+        report = _wait_report(tmp_path / "perftracker-runs", "hang", 200)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+    assert report is not None, out[-3000:] + err[-3000:]
+    summary = str(report["summary"])
+    print(f"\n[hang in a TP group, {_uptime()}] {summary}\n  headline: {report.get('headline')}")
+    assert summary.startswith("hang: rank 1 stopped at ") and "mesh_2d.py" in summary, summary
+    assert "mesh_tp (ranks 0-1)" in summary and "mesh_dp (ranks 1,3)" in summary, summary
+    assert "ranks 0,3 wait for it in its group, rank 2 one hop further" in summary, summary
+
+
+@pytest.mark.timeout(300)
+def test_a_pipeline_stage_that_raises_is_named_with_its_stage(tmp_path: Path, free_port: int) -> None:
+    """Four 1F1B stages, the stage on rank 2 raises at step 30: the crash report names rank 2 as
+    pipeline stage 2 of 4 with its exception, and no other rank as the cause."""
+    case = Case("pipeline.py", 4, 2, ("--schedule", "1f1b", "--raise-at-step", "30"), steps=100_000,
+                slow_from=100_000)
+    job = subprocess.run(
+        [sys.executable, "-m", "perftracker", "run", "--window-s", "3", "--wait-s", "60", "--",
+         *_torchrun(case, free_port, 2)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=280)
+    assert job.returncode != 0, job.stdout[-3000:]
+    report = _wait_report(tmp_path / "perftracker-runs", "crash", 5)
+    assert report is not None, job.stdout[-3000:] + job.stderr[-3000:]
+    summary = str(report["summary"])
+    print(f"\n[crash of a pipeline stage, {_uptime()}] {summary}\n  headline: {report.get('headline')}")
+    assert summary.startswith("crash: rank 2 (pipeline stage 2 of 4) failed with RuntimeError: stage failed at step 30"), \
+        summary
+    culprits = [s["rank"] for s in report["hang_states"] if s["state"] == "culprit"]  # type: ignore[attr-defined]
+    assert culprits == [2], report["hang_states"]
