@@ -401,7 +401,11 @@ def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[st
         instances.append(Instance(key, k, grp, t))
         for m in grp:
             for j in grp:
-                edge_inst[edges.add(2 * j, 2 * m + 1, t, TRANSFER)] = inst
+                # an edge the input contradicts (member j started less than t before m ended: the
+                # ranks' clocks disagree) is held to what the input shows, so that no end node
+                # carries a negative residual (it put ends before starts once a fault lengthened t)
+                w0 = min(t, events[m].end_us - events[j].start_us)
+                edge_inst[edges.add(2 * j, 2 * m + 1, w0, TRANSFER)] = inst
 
     for key, per_rank in seqs.items():
         counts = {r: len(v) for r, v in per_rank.items()}

@@ -6,7 +6,8 @@ from the forward pass alone (they wait in the collectives the culprit joins late
 - ``slow_gpu {factor}``: the rank's compute kernels (every kernel that is not NCCL) take
   ``factor`` times as long: a throttled or slow GPU.
 - ``slow_link {factor}``: the transfer time of every collective instance the rank joins is
-  ``factor`` times as long, for all its members (a ring is as fast as its slowest link).
+  ``factor`` times as long, for all its members (a ring is as fast as its slowest link): every
+  member's end comes (factor - 1) x the transfer time later than its dependencies allow.
 - ``host_stall {ms, before}``: the main thread spends ``ms`` more just before the first event of
   each step whose name contains ``before``; launches after it come later, so the GPU idles.
 - ``slow_memcpy {factor}``: the rank's GPU copies and memsets take ``factor`` times as long.
@@ -119,7 +120,11 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
                     w[m] += float(f.params["ms"]) * 1000.0
     link = link_factors(jg, faults)
     tm = (g.kind == TRANSFER) & (jg.edge_instance >= 0)
-    w[tm] = g.w0_us[tm] * link[jg.edge_instance[tm]]
+    transfer_us = np.array([inst.transfer_us for inst in jg.instances], dtype=np.float64)
+    inst_of = jg.edge_instance[tm]
+    # the transfer takes `factor` times as long: (factor - 1) x its time more on every edge (an edge
+    # held below the transfer time by contradicting input keeps its slack)
+    w[tm] = g.w0_us[tm] + (link[inst_of] - 1.0) * transfer_us[inst_of]
     del dst_ev
     return w
 

@@ -152,6 +152,25 @@ def test_collective_members_end_at_latest_start_plus_transfer_and_the_waiting_pe
     assert link[(0, "ncclKernel_AllReduce_RING_LL_Sum_float")][1] == 140  # 100 + 2 x 20 on every member
 
 
+def test_a_slow_link_on_skewed_clocks_never_ends_a_collective_before_it_starts() -> None:
+    """Rank 1's clock runs 330 µs ahead: in its trace it joins the all-reduce at 430, long after rank
+    0's member ended at 120 (transfer 20 µs). Before the fix the contradicted edge left rank 0's end a
+    negative residual (-330), and once rank 0 started later (a slower GEMM) and the link was slow its
+    all-reduce ended before it started (the sa_se traces: 85 such events)."""
+    ar = "ncclKernel_AllReduce_RING_LL_Sum_float"
+    ranks = [_rank(0, [_kernel("gemm", 0, 100), _kernel(ar, 100, 20)], 2),
+             _rank(1, [_kernel("gemm", 0, 430), _kernel(ar, 430, 20)], 2)]
+    assert _times(ranks, [])[(0, ar)] == (100, 120)  # the input, reproduced
+    for factor in (1.5, 3.0, 30.0):
+        t = _times(ranks, [slow(0, 2.0), GpuFault("slow_link", (1,), {"factor": factor})])
+        assert t[(0, "gemm")] == (0, 200)
+        for r in (0, 1):
+            start, end = t[(r, ar)]
+            assert end - start >= 20 * factor - 1e-6, (factor, r, start, end)
+    no_fault = _times(ranks, [GpuFault("slow_link", (1,), {"factor": 1.0})])
+    assert no_fault[(0, ar)] == (100, 120) and no_fault[(1, ar)] == (430, 450)
+
+
 def test_collective_a_rank_that_still_arrives_first_does_not_delay_the_instance() -> None:
     ranks = _allreduce_pair(100.0)
     t = _times(ranks, [slow(1, 5.0)])  # rank 1's gemm 10 -> 50 µs, still before rank 0's 100
