@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from perftracker.agent.daemon import handed_window
 from perftracker.agent.daemon import helper_processes as processing
 from perftracker.agent.daemon.agent_metrics import Metrics
 from perftracker.agent.daemon.workers import Worker
@@ -248,6 +249,12 @@ class WindowRunner:
                 samples = samples_path if samples_path.exists() else None
             except processing.ProcessingError as exc:
                 self._warn_once("sampler-failed", "samplers failed (%s); summarizing without utilization", exc)
+        writer_pid = done.get("writer_pid")
+        if isinstance(writer_pid, int) and not isinstance(writer_pid, bool) and writer_pid > 0:
+            # written by a child that outlives the worker (its exit, issue 30)
+            waited_s = await handed_window.wait_for_file(raw, writer_pid)
+            log.info("session %s: rank %d's window, handed over at its exit, written %.1f s later", session,
+                     w.rank, waited_s)
         _private_dir(self.work_dir)
         out = self.work_dir / (raw.stem + ".patterns")
         t0 = time.monotonic()

@@ -109,6 +109,8 @@ def window_done_message(result: FinishedWindow, session: str) -> dict[str, Any]:
         MessageType.WINDOW_DONE, session=str(result.session or session), raw_path=str(result.raw_path or ""),
         start_ns=int(result.start_ns or 0), end_ns=int(result.end_ns or 0), error=str(result.error or ""),
         samples_path=str(result.samples_path or ""),
+        # a child that outlives the worker writes raw_path (at exit, issue 30): the agent waits for it
+        writer_pid=int(getattr(result, "writer_pid", 0) or 0),
     )
 
 

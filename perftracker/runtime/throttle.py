@@ -21,14 +21,21 @@ class Cancelled(PerftrackerError):
     """The work was cancelled (the process is exiting); raised from ``Throttle.tick``."""
 
 
+class Detached(PerftrackerError):
+    """The work is to be handed to another process (the trainer is exiting, issue 30); raised from
+    ``Throttle.tick`` when its ``detach`` event is set."""
+
+
 class Throttle:
     def __init__(self, duty: float = 0.25, burst_s: float = 0.002, check_every: int = 64,
-                 cancel: threading.Event | None = None, hurry: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, hurry: threading.Event | None = None,
+                 detach: threading.Event | None = None) -> None:
         self.duty = min(max(duty, 0.01), 1.0)
         self.burst_ns = int(burst_s * 1e9)
         self.check_every = check_every
         self.cancel = cancel  # set -> the next check raises Cancelled
         self.hurry = hurry  # set -> no more pauses (the process is exiting and waits for this work)
+        self.detach = detach  # set -> the next check raises Detached (the work goes to a forked child)
         self._n = 0
         self._t0 = time.monotonic_ns()
         self.slept_ns = 0
@@ -41,6 +48,8 @@ class Throttle:
         self._n = 0
         if self.cancel is not None and self.cancel.is_set():
             raise Cancelled("cancelled")
+        if self.detach is not None and self.detach.is_set():
+            raise Detached("handed to a child process")
         if self.duty >= 1.0 or (self.hurry is not None and self.hurry.is_set()):
             return
         busy = time.monotonic_ns() - self._t0

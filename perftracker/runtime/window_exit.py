@@ -8,17 +8,21 @@ them all, and ``Runtime.stop()`` calls ``shutdown_all`` too. Each ``ProfileWindo
 (perftracker/runtime/window.py), which owns the state machine, owns a ``WindowExit`` and calls it;
 ``shutdown_all`` is re-exported there (``perftracker.runtime.window.shutdown_all``).
 
-**A window near the end of training still yields a report** (issue 16). At interpreter exit
-(``finish_at_exit``) the window is not thrown away:
+**A window near the end of training still yields a report** (issues 16 and 30). At interpreter
+exit (``finish_at_exit``) the window is not thrown away:
 
 - running in the training thread with at least one complete iteration: the profiler is stopped
   there and the window is cut at its last complete iteration (the last boundary: what follows is
   teardown, not training); then as below;
-- being written: the writer stops yielding the CPU and the GIL (``Throttle.hurry``) and the exit
-  hook waits for it, at most ``exit_wait_s`` (``PERFTRACKER_EXIT_DELAY_S``, 7 s by default). The
-  raw window is then handed to the node agent as usual (WINDOW_DONE, flushed by the channel's own
-  exit hook), and the agent summarizes and uploads it after this process has gone: the exiting
-  process only builds the raw events file, it never summarizes;
+- being written: the writer thread hands the work to a child process that outlives this one
+  (``WindowOptions.exit_handoff``, perftracker/runtime/window_handoff.py: the conversion child
+  already running, else a detached fork holding the profiler result) and delivers at once, with
+  the child's pid in the result. The raw window goes to the node agent as usual (WINDOW_DONE,
+  flushed by the channel's own exit hook); the agent waits for the child's file and summarizes and
+  uploads it after this process has gone. The exit hook waits for that hand-over (a fork, well
+  under a second), at most ``exit_wait_s`` (``PERFTRACKER_EXIT_DELAY_S``, 7 s by default);
+- without fork (``exit_handoff`` off, or no ``os.fork``) the writer stops yielding the CPU and the
+  GIL (``Throttle.hurry``) and builds the file itself within ``exit_wait_s``;
 - a writer still busy at the limit is cancelled: the window is discarded and logged once.
 
 An armed window (not started), or a running one with no complete iteration, is discarded as before.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -137,6 +142,8 @@ class WindowExit:
             writer.join(wait_s, "")
             return
         state = win.state
+        if win.options.exit_handoff and hasattr(os, "fork"):
+            writer.detach.set()  # the file is written by a child that outlives this process (window_handoff.py)
         if state == _ACTIVE:
             if not self._cut_at_exit(cur):
                 self.shutdown("process exiting", wait_s)

@@ -25,7 +25,7 @@ from perftracker.runtime.profiler import KinetoCapture, kineto_rows
 from perftracker.runtime.protocols import WorkerIdentity
 from perftracker.runtime.raw_window_build import build_raw_window
 from perftracker.runtime.sampler_process import SamplerProcess
-from perftracker.runtime.throttle import Cancelled, Throttle
+from perftracker.runtime.throttle import Cancelled, Detached, Throttle
 
 log = logging.getLogger("perftracker.runtime.window")
 
@@ -66,6 +66,9 @@ class WindowOptions:
     # at interpreter exit: longest wait for the window to be written at full speed and handed to the
     # agent (perftracker/runtime/window_exit.py); PERFTRACKER_EXIT_DELAY_S for the agent's windows
     exit_wait_s: float = 7.0
+    # at interpreter exit, hand the window to a child process that writes it after this one has gone
+    # (perftracker/runtime/window_handoff.py, issue 30); False: write it here within exit_wait_s
+    exit_handoff: bool = True
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
     # Test seam, None in production: called in the writer thread with the exit event (set as soon as
     # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so
@@ -85,6 +88,9 @@ class WindowResult:
     blocking_ns: int = 0  # main-thread time spent stopping the window
     iterations: int = 0
     rows: int = 0
+    # a detached child writes ``raw_path`` after this process has gone (at exit, issue 30): the file
+    # is whole once it exists; "<raw_path>.error" says why it never will (window_handoff.py)
+    writer_pid: int = 0
 
 
 @dataclass
@@ -120,6 +126,7 @@ class WindowWriter:
         self._deliver = deliver
         self.cancelled = threading.Event()  # set at exit: the writer stops at its next throttle check
         self.hurried = threading.Event()  # set at exit: the writer stops yielding (window_exit.py)
+        self.detach = threading.Event()  # set at exit: hand the work to a detached child (window_handoff.py)
         self.thread: threading.Thread | None = None  # the latest writer thread
         self.tid = 0  # the writer thread's native id (the exit path restores its priority)
         self.child_pid = 0  # the conversion child while the writer waits for it
@@ -188,6 +195,7 @@ class WindowWriter:
         if pid == 0:  # child: only this thread exists; never return into training code
             code = 1
             try:
+                os.setsid()  # not stopped with the trainer's process group: it may outlive the trainer
                 _lower_priority(0, self.options.child_nice, self.options.helper_cpus, idle=True)
                 self.build(cur, result, end_ns).save(path)
                 code = 0
@@ -219,16 +227,30 @@ class WindowWriter:
             raw_path = self.path(cur.session, "raw")
             if self.options.writer_gate is not None:
                 self.options.writer_gate(self.hurried)
-            if child is not None and self._wait_child(cur, child, raw_path):
-                rows = _count_rows(raw_path)
-            else:
-                if self.cancelled.is_set():  # exiting already: do not start a build (it may take a minute)
+            try:
+                if self.cancelled.is_set():  # exiting, and out of time: do not start anything
+                    if child is not None:
+                        _kill(child)
                     raise Cancelled("cancelled before writing")
-                raw = self.build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self.cancelled,
-                                                               hurry=self.hurried))
-                raw.save(raw_path)
-                rows = len(raw)
-                del raw
+                if self.detach.is_set():
+                    raise Detached("handed to a child process")
+                if child is not None and self._wait_child(cur, child, raw_path):
+                    rows = _count_rows(raw_path)
+                else:
+                    if self.cancelled.is_set():  # exiting already: do not start a build (it may take a minute)
+                        raise Cancelled("cancelled before writing")
+                    raw = self.build(cur, result, end_ns, Throttle(self.options.writer_duty, cancel=self.cancelled,
+                                                                   hurry=self.hurried, detach=self.detach))
+                    raw.save(raw_path)
+                    rows = len(raw)
+                    del raw
+            except Detached:  # the process is exiting: a detached child writes the file (window_handoff.py)
+                from perftracker.runtime.window_handoff import hand_over
+
+                res = hand_over(self, cur, result, end_ns, blocking_ns, child)
+                del result
+                self._deliver(cur, res)
+                return
             if cur.sampler is not None:
                 samples_path = cur.sampler.finish()
             res = WindowResult(cur.session, raw_path, cur.start_ns, end_ns, "", samples_path, blocking_ns,
@@ -283,6 +305,8 @@ class WindowWriter:
                 if self.cancelled.is_set():
                     _kill(pid)
                     raise Cancelled("cancelled while the child converted")
+                if self.detach.is_set():  # exiting: leave the child to finish (window_handoff.py)
+                    raise Detached("the conversion child outlives this process")
                 waited_s = time.monotonic() - t0
                 want = 0 if self.hurried.is_set() else (opts.writer_nice if waited_s > opts.child_soft_s else nice)
                 if want < nice:

@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""\
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     win.arm("s1", 60.0 if mode == "running" else 0.2,
-            lambda res: print("DONE", repr(res.error), res.end_ns, res.iterations, flush=True))
+            lambda res: print("DONE", repr(res.error), res.end_ns, res.iterations, res.writer_pid, flush=True))
     deadline = time.monotonic() + 90
     want = "active" if mode == "running" else "finishing"
     i = 0
@@ -92,15 +92,39 @@ def test_script_ending_mid_window_hands_it_over_within_the_delay(mode: str, tmp_
         assert len(discarded) == 1 and "while it was written" in discarded[0], out[-4000:]
         assert done[0][1] == "'discarded:" and not list((tmp_path / "out").glob("*.raw.npz")), out[-4000:]
         assert (ended_ns - end_ns) / 1e9 < 15.0  # 1 s delay + 1 s join (generous: 2 loaded cores)
-    else:  # written and delivered: the agent would get it
+    else:  # handed to a child that outlives the script and writes it: the agent would get it (issue 30)
         assert not discarded and done[0][1] == "''", out[-4000:]
-        assert len(list((tmp_path / "out").glob("*.raw.npz"))) == 1, out[-4000:]
+        writer_pid = int(done[0][4])
+        assert writer_pid > 0 and any(f"handed to process {writer_pid}" in ln for ln in lines), out[-4000:]
         assert any("handed over at exit" in ln for ln in lines), out[-4000:]
+        _wait_gone(writer_pid)
+        raws = list((tmp_path / "out").glob("*.raw.npz"))
+        assert len(raws) == 1 and not list((tmp_path / "out").glob("*.error")), out[-4000:]
+        from perftracker.model.raw_window import RawWindow
+
+        raw = RawWindow.load(raws[0])
+        assert raw.meta.window_end_ns == int(done[0][2]) and len(raw) > 0
     if mode == "running":  # cut at the last complete iteration: the half iteration after it is not in it
         last = next(ln.split() for ln in lines if ln.startswith("LAST"))
         assert int(done[0][2]) == int(last[1]) and int(done[0][3]) == int(last[2]) >= 1, (done, last)
         assert any("cut at exit at its last complete iteration" in ln for ln in lines), out[-4000:]
+    deadline = time.monotonic() + 10  # the sampler process stops when it sees the worker gone
+    while _children_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not _children_of(proc.pid)  # the sampler process is gone too
+
+
+def _wait_gone(pid: int, timeout_s: float = 120.0) -> None:
+    """The detached child (not ours: reparented when the script exited) ends after writing."""
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.1)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 TORCHRUN_JOB = textwrap.dedent("""\
@@ -151,6 +175,9 @@ def test_torchrun_job_ending_mid_window_exits_zero_and_hands_both_windows_over(t
     started = re.findall(r"window exit-test started", r.stdout)
     cut = re.findall(r"window exit-test cut at exit at its last complete iteration", r.stdout)
     assert len(started) == 2 and len(cut) == 2 and "discarded" not in r.stdout, out[-4000:]  # once per rank
+    deadline = time.monotonic() + 120  # written by the children the ranks handed them to at exit
+    while len(list((tmp_path / "windows").glob("*.raw.npz"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert sorted(p.name for p in (tmp_path / "windows").glob("*.raw.npz")) == [
         "exit-test-rank0.raw.npz", "exit-test-rank1.raw.npz"], out[-4000:]
 
