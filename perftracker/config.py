@@ -58,6 +58,10 @@ class Config:
     window_writer: str = "thread"
     # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
     exit_delay_s: float = 7.0
+    # end a window once its phases converged (>= 20 iterations and 2 s, each phase's share of the
+    # time within window_tolerance between its two halves; convergence.py); window_s is the upper bound
+    window_converge: bool = True
+    window_tolerance: float = 0.10
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
@@ -73,6 +77,8 @@ class Config:
             raise ConfigError(f"PERFTRACKER_EXIT_DELAY_S={self.exit_delay_s}: expected 0 to 60 seconds")
         if self.window_writer not in WINDOW_WRITERS:
             raise ConfigError(f"PERFTRACKER_WINDOW_WRITER={self.window_writer!r}: expected one of {', '.join(WINDOW_WRITERS)}")
+        if not 0.0 < self.window_tolerance <= 1.0:
+            raise ConfigError(f"PERFTRACKER_WINDOW_TOLERANCE={self.window_tolerance}: expected a fraction in (0, 1]")
         if not 100 <= self.window_stack_period_us <= 100_000:
             raise ConfigError(f"PERFTRACKER_WINDOW_STACK_PERIOD_US={self.window_stack_period_us}: expected 100 to 100000")
         if self.window_stacks not in WINDOW_STACKS:

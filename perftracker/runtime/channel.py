@@ -377,7 +377,8 @@ class AgentChannel:
         out_dir = os.path.join(self.config.run_dir, "windows")
         os.makedirs(out_dir, exist_ok=True)
         options = WindowOptions(stacks=self.config.window_stacks, exit_wait_s=self.config.exit_delay_s,
-                                stack_period_us=self.config.window_stack_period_us, writer=self.config.window_writer)
+                                stack_period_us=self.config.window_stack_period_us, writer=self.config.window_writer,
+                                converge=self.config.window_converge, converge_tolerance=self.config.window_tolerance)
         return ProfileWindow(self.runtime.identity, out_dir, options=options, runtime=self.runtime)
 
     def _start_window(self, session: str, window_s: float) -> None:

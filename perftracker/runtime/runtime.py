@@ -61,6 +61,7 @@ class Runtime:
         self._now_ns = time.monotonic_ns if type(self.clock) is MonotonicClock else self.clock.now_ns
         self._on_event = self.detector.on_event
         self._pre_t_ns = -1
+        self._post_t_ns = -1
         # the event log: hook events wait here ((t_ns << 1) | kind) and reach the detector in one
         # warm pass once an event comes at or after _due_ns (every event while listeners are set)
         self._events: list[int] = []
@@ -238,6 +239,7 @@ class Runtime:
 
     def on_step_post(self) -> None:
         t_ns = self._now_ns()
+        self._post_t_ns = t_ns  # with _pre_t_ns: the optimizer step's time (a window's convergence test)
         self._log_event((t_ns << 1) | STEP)
         if t_ns >= self._due_ns:
             self._flush(t_ns)

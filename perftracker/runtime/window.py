@@ -45,6 +45,7 @@ from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.runtime import dist_record
 from perftracker.runtime import stack_sampler as stacks_mod
+from perftracker.runtime.convergence import window_converged
 from perftracker.runtime.profiler import KinetoCapture
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
@@ -161,8 +162,13 @@ class ProfileWindow:
                 self._maybe_start(cur)
             elif state is _ACTIVE:
                 now = self.clock.now_ns()
+                cur.step_ns.append(self._step_ns(cur.boundaries_ns[-1], now))
                 cur.boundaries_ns.append(now)
                 if now - cur.start_ns >= cur.window_ns:
+                    cur.end_reason = "window_s"
+                    self._stop(cur, now)
+                elif self.options.converge and self._converged(cur, now):
+                    cur.end_reason = "converged"
                     self._stop(cur, now)
                 elif self.options.nvtx:
                     self._nvtx_iteration(cur, iteration)
@@ -221,6 +227,26 @@ class ProfileWindow:
         cur.watchdog.daemon = True
         cur.watchdog.start()
         log.info("perftracker: window %s started", cur.session)
+
+    def _step_ns(self, prev_ns: int, now_ns: int) -> int:
+        """The optimizer step's time in the iteration (prev_ns, now_ns], from the runtime's hook
+        times; 0 when no step was seen in it."""
+        rt = self._runtime
+        pre, post = getattr(rt, "_pre_t_ns", -1), getattr(rt, "_post_t_ns", -1)
+        if isinstance(pre, int) and isinstance(post, int) and prev_ns <= pre <= post <= now_ns:
+            return post - pre
+        return 0
+
+    def _converged(self, cur: _Active, now_ns: int) -> bool:
+        """Training thread, at a boundary: have the window's phases converged? (convergence.py)"""
+        opts = self.options
+        got = window_converged(cur.boundaries_ns, cur.step_ns, (now_ns - cur.start_ns) / 1e9,
+                               opts.converge_min_iterations, opts.converge_tolerance, opts.converge_min_s)
+        if got is not None and got.converged:
+            log.info("perftracker: window %s converged after %d iterations, %.1f s (largest change %.0f%%, %s)",
+                     cur.session, got.iterations, (now_ns - cur.start_ns) / 1e9, 100 * got.worst_change,
+                     got.worst_phase)
+        return got is not None and got.converged
 
     def _own_stack_reader(self) -> Any:
         """CPython 3.11 (training thread): a reader of this thread's stack through this process's own

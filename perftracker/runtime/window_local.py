@@ -32,7 +32,8 @@ def run_local_window(
             config = runtime.config
             opts = options or WindowOptions(
                 spawn_sampler=True, stacks=config.window_stacks, stack_period_us=config.window_stack_period_us,
-                writer=config.window_writer, exit_wait_s=config.exit_delay_s)
+                writer=config.window_writer, exit_wait_s=config.exit_delay_s, converge=config.window_converge,
+                converge_tolerance=config.window_tolerance)
             _local = ProfileWindow(runtime.identity, out_dir, options=opts, runtime=runtime)
         win = _local
 

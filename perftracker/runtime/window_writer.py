@@ -69,6 +69,12 @@ class WindowOptions:
     # at interpreter exit, hand the window to a child process that writes it after this one has gone
     # (perftracker/runtime/window_handoff.py, issue 30); False: write it here within exit_wait_s
     exit_handoff: bool = True
+    # end the window once its phases have converged (perftracker/runtime/convergence.py, issue 30);
+    # window_s stays the upper bound. False: always window_s
+    converge: bool = True
+    converge_min_iterations: int = 20
+    converge_tolerance: float = 0.10
+    converge_min_s: float = 2.0
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
     # Test seam, None in production: called in the writer thread with the exit event (set as soon as
     # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so
@@ -106,6 +112,8 @@ class _Active:
     gc: stacks_mod.GcRecorder = field(default_factory=stacks_mod.GcRecorder)
     start_ns: int = 0
     boundaries_ns: list[int] = field(default_factory=list)
+    step_ns: list[int] = field(default_factory=list)  # each iteration's optimizer step (0: none seen)
+    end_reason: str = ""  # "converged", "window_s" or "exit" (why the window ended)
     old_switch_s: float = 0.0
     nvtx_window: Any = None
     nvtx_iter_open: bool = False
