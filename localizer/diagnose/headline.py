@@ -19,6 +19,7 @@ from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
 from perftracker.localizer.diagnose.next_steps import cause_kind, cause_of, next_steps
 
 from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
+from perftracker.model.hardware import GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY, REASON_KEY_PREFIX
 
 MAX_TITLE_CHARS = 120
 _MAX_LABEL_CHARS = 40
@@ -110,6 +111,12 @@ def cause_clause(sentence: str) -> str:
     return sentence.split(" — ", 1)[1].split("; ", 1)[0]
 
 
+def is_health(key: str) -> bool:
+    """A health pattern (the host link, the GPU clock, a throttle reason, the InfiniBand port, peer
+    traffic over PCIe): μ is its measure, not a utilization, and it is no function to spend time in."""
+    return key in (LINK_KEY, GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY) or key.startswith(REASON_KEY_PREFIX)
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return one if n == 1 else many
 
@@ -133,6 +140,10 @@ def _core(f: Finding, who: str, n: int) -> str:
         return f"{who} {_plural(n, 'stalls', 'stall')} outside traced ops ({pct(obs)} vs {pct(med)} of the window)"
     if f.key == LINK_KEY:
         return f"{who}: TCP retransmits {pct(f.observed.mu)} of segments (median {pct(f.median.mu)})"
+    if f.key == GPU_CLOCK_KEY:  # its label carries the facts: "GPU SM clock 1.10 of 1.98 GHz (thermal slowdown)"
+        return f"{who}: {short_label(f.label or f.key, 60)}"
+    if is_health(f.key):
+        return f"{who}: {short_label(f.label or f.key, 48)} {pct(f.observed.mu)} (others {pct(f.median.mu)})"
     if f.kind == "random":
         return f"{fn} takes a varying share of the window on {who}, scattered"
     if f.tests == ("waits",) and f.category is Category.COLLECTIVE:
@@ -212,7 +223,8 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
         lines.append(f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
                      f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}")
     if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
-        what = "retransmitted share" if f.key == LINK_KEY else "utilization of its resource"
+        what = ("retransmitted share" if f.key == LINK_KEY else "the health measure" if is_health(f.key)
+                else "utilization of its resource")
         lines.append(f"μ ({what}): {pct(o.mu)}; median rank {pct(m.mu)}; expected {_range(lo.mu, hi.mu)}")
         lines.append(f"σ (spread of that utilization): {pct(o.sigma)}; median rank {pct(m.sigma)}; "
                      f"expected {_range(lo.sigma, hi.sigma)}")

@@ -54,6 +54,10 @@ CAUSES: tuple[Cause, ...] = (
        "check that every rank runs the same model code path (data-dependent branches, MoE routing)",
        "if the inputs are equal: the rank's clocks and throttling (`nvidia-smi -q -d PERFORMANCE` on a GPU, "
        "`cpupower frequency-info` on a CPU)"),
+    _c("pcie_fallback", "NVLink falls back to PCIe", r"fall(s|ing)? back from nvlink",
+       "the GPUs' links: `nvidia-smi topo -m` (NV# between the GPUs, not PHB/SYS), `nvidia-smi nvlink -s`",
+       "peer-to-peer settings: `NCCL_P2P_DISABLE`, `NCCL_P2P_LEVEL`; ACS/IOMMU on the host (`lspci -vvv | grep ACS`)",
+       "NCCL's chosen transport: `NCCL_DEBUG=INFO` (P2P/CUMEM vs SHM)"),
     _c("slow_copy", "slow host-device copies", r"copies|pcie|unpinned",
        "pinned memory: `DataLoader(pin_memory=True)` and `.to(device, non_blocking=True)`",
        "the PCIe link: `nvidia-smi -q | grep -A2 'Link Width'` (generation and width) on the rank's host",

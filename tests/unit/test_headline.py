@@ -52,6 +52,7 @@ CAUSE_TEXT = {
     "throttled_gpu": "GPU clocks throttled (thermal slowdown)",
     "cpu_starvation": "CPU starvation: other processes take the rank's cores",
     "load_imbalance": "more work or a slower GPU on these ranks (load imbalance)",
+    "pcie_fallback": "peer traffic falls back from NVLink to PCIe",
     "slow_copy": "slow copies (PCIe link, unpinned host memory)",
     "slow_link": "slow interconnect (NIC/NVLink) on these ranks, or waiting on a slower peer",
     "host_bound": "the job is host-bound: CPU-side op dispatch, data loading and Python between kernels leave the GPU idle",
@@ -88,7 +89,8 @@ def test_every_cause_kind_has_a_row_a_sentence_that_names_it_and_next_steps() ->
     # near each other: the slow-processor clause is not load imbalance, load imbalance is not a slow GPU
     assert cause_kind("slow or throttled processor") == "slow_processor"
     assert cause_kind("more work or a slower processor on these ranks (load imbalance)") == "load_imbalance"
-    assert cause_kind("unusual PCIe traffic, e.g. peer copies falling back from NVLink to PCIe") == "slow_copy"
+    assert cause_kind("unusual PCIe traffic, e.g. peer copies falling back from NVLink to PCIe") == "pcie_fallback"
+    assert cause_kind("slow copies (PCIe link, unpinned host memory)") == "slow_copy"
 
 
 @pytest.mark.parametrize("kind", sorted(CAUSE_TEXT))
@@ -129,6 +131,23 @@ def test_a_title_at_the_limit_drops_clauses_before_it_cuts() -> None:
     title, _ = title_of(f, 64)
     assert len(title) <= 120 and title.endswith("— load imbalance") and "…" not in title
     assert len(title_of(f, 64, limit=60)[0]) <= 60
+
+
+def test_health_patterns_read_as_measures_not_time_spent() -> None:
+    from perftracker.model.hardware import GPU_CLOCK_KEY, IB_WAIT_KEY
+
+    waits = (Wait("AllReduce", (0, 1, 3), 0.32),)
+    clock = _finding("throttled GPU: its SM clock is below its maximum", key=GPU_CLOCK_KEY,
+                     label="GPU SM clock 1.10 of 1.98 GHz (thermal slowdown)", waits=waits)
+    title, kind = title_of(clock, 4)
+    assert title == "rank 2: GPU SM clock 1.10 of 1.98 GHz (thermal slowdown); ranks 0-1,3 wait 32% for it — throttled GPU"
+    assert kind == "throttled_gpu" and "spends" not in title
+    port = dataclasses.replace(_finding("slow or congested InfiniBand link at this port", key=IB_WAIT_KEY,
+                                        label=IB_WAIT_KEY, ranks=(1, 6)),
+                               observed=Triple(0.6, 0.3, 0.1), median=Triple(0.5, 0.01, 0.0))
+    title, kind = title_of(port, 8)
+    assert title == "ranks 1,6: InfiniBand port wait (port_xmit_wait) 30% (others 1%) — slow link" and kind == "slow_link"
+    assert any(line.startswith("μ (the health measure): 30%") for line in dress(port, 8).evidence)
 
 
 def test_fit_and_short_label() -> None:
