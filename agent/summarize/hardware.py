@@ -92,12 +92,19 @@ def clock_patterns(samples: SampleSet | None, compute_start_ns: np.ndarray, comp
     return out
 
 
-def ib_wait_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int) -> Pattern | None:
-    """The InfiniBand port pattern of one worker, or None without an ``ib_xmit_wait`` series."""
+def ib_wait_pattern(samples: SampleSet | None, start_ns: np.ndarray, end_ns: np.ndarray, collective_ns: float,
+                    window_start_ns: int, window_end_ns: int) -> Pattern | None:
+    """The InfiniBand port pattern of one worker, or None without an ``ib_xmit_wait`` series: μ/σ the
+    port's xmit-wait share while the worker's collectives over the NIC (``start_ns``/``end_ns``)
+    run, as a function's utilization is measured while it runs; the whole window without them."""
     wait = samples.get(IB_XMIT_WAIT) if samples is not None else None
     if wait is None or not len(wait.t_ns):
         return None
-    v = np.clip(np.asarray(wait.value, dtype=np.float64), 0.0, 1.0)
+    m = _scope(wait, start_ns, end_ns, window_start_ns, window_end_ns)
+    if not m.any():
+        return None
+    v = np.clip(np.asarray(wait.value, dtype=np.float64)[m], 0.0, 1.0)
+    window_ns = window_end_ns - window_start_ns
     return Pattern(key=IB_WAIT_KEY, category=Category.COLLECTIVE,
                    beta=float(min(collective_ns / max(window_ns, 1), 1.0)), mu=float(v.mean()), sigma=float(v.std()),
                    label=IB_WAIT_KEY, executions=0, critical_ns=int(round(collective_ns)), resource=IB_XMIT_WAIT)

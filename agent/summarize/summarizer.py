@@ -345,8 +345,13 @@ def summarize_window(raw: RawWindow, samples: SampleSet | None = None,
             critical_ns=int(round(crit_f[f])), resource=resource_f[f]))
     collective_ns = float(crit_f[level_f == cat.COLLECTIVE].sum())
     compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
+    coll = fr.role == cat.COLLECTIVE
+    remote = coll & np.isin(func_of_frame, [f for f in range(n_funcs) if resource_f[f] == "nic"])
+    remote = remote if remote.any() else coll
     health = [h for h in (link_pattern(samples, collective_ns, window_ns),
-                          ib_wait_pattern(samples, collective_ns, window_ns)) if h is not None]
+                          ib_wait_pattern(samples, fr.start_ns[remote], fr.end_ns[remote], float(crit_f[np.unique(
+                              func_of_frame[remote])].sum()) if remote.any() else 0.0, meta.window_start_ns,
+                                          meta.window_end_ns)) if h is not None]
     if gpu:
         inside = (fr.role == cat.COLLECTIVE) & np.isin(func_of_frame, [f for f in range(n_funcs)
                                                                          if resource_f[f] in ("nvlink", "pcie")])

@@ -79,8 +79,9 @@ class GpuFault:
             raise ConfigError(f"{self.kind}.every must be >= 1")
 
 
-def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], seed: int = 0) -> np.ndarray:
-    """The mutated edge weights (µs) for the given faults."""
+def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], seed: int = 0,
+                 ranks_per_host: int = 0) -> np.ndarray:
+    """The mutated edge weights (µs) for the given faults (``ranks_per_host``: see ``link_factors``)."""
     g = jg.graph
     w = g.w0_us.copy()
     ev = jg.events
@@ -118,7 +119,7 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
                     if not m.any():
                         raise ConfigError(f"{k}: rank {r}: the chosen point has no host predecessor")
                     w[m] += float(f.params["ms"]) * 1000.0
-    link = link_factors(jg, faults)
+    link = link_factors(jg, faults, ranks_per_host)
     tm = (g.kind == TRANSFER) & (jg.edge_instance >= 0)
     transfer_us = np.array([inst.transfer_us for inst in jg.instances], dtype=np.float64)
     inst_of = jg.edge_instance[tm]
@@ -129,15 +130,20 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
     return w
 
 
-def link_factors(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault]) -> np.ndarray:
+def link_factors(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], ranks_per_host: int = 0) -> np.ndarray:
     """Per collective instance: how many times as long its transfer takes (``slow_link``: the
-    largest factor among the faults that name one of its members' ranks; 1.0 elsewhere)."""
+    largest factor among the faults that name one of its members' ranks; 1.0 elsewhere). With
+    ``ranks_per_host`` (> 0, ranks filling hosts in order) the slow link is the rank's NIC: only the
+    instances whose members span hosts are slowed, those inside its host (NVLink) keep their time."""
     link = np.ones(len(jg.instances))
     for f in faults:
         if f.kind != "slow_link":
             continue
         for i, inst in enumerate(jg.instances):
-            if any(jg.events[m].rank in f.ranks for m in inst.members):
+            ranks = {jg.events[m].rank for m in inst.members}
+            if ranks_per_host > 0 and len({r // ranks_per_host for r in ranks}) < 2:
+                continue
+            if ranks & set(f.ranks):
                 link[i] = max(link[i], float(f.params["factor"]))
     return link
 

@@ -7,11 +7,12 @@ sample per ``PERIOD_NS`` over the rank's span:
 - ``sm``: the share of the period a compute kernel ran (NVML/GPM-like utilization).
 - ``sm_clock``: SM clock over its maximum (``MAX_MHZ``): 0.97-1.0 (seeded jitter), or a ``throttle``
   fault's ``clock``; ``throttle_thermal`` / ``throttle_power`` / ``throttle_sw`` 1 while throttled.
-- the link of the rank's collectives (``ranks_per_host`` decides): ``nvlink`` inside a host, ``nic``
-  between hosts: ``LINK_UTIL`` of the link while a collective kernel runs, divided by the
-  instance's ``slow_link`` factor (every member of a slowed instance moves its bytes that much
-  slower). Between hosts also ``ib_xmit_wait``: a slow-link rank's own port waits
-  1 - 1/factor of its collectives' time, others ``IDLE_WAIT`` (seeded jitter); ``ib_link_errors`` 0.
+- the link of the rank's collectives (``ranks_per_host`` decides, per instance): ``nvlink`` inside a
+  host, ``nic`` between hosts: ``LINK_UTIL`` of the link while a collective kernel runs, divided by
+  the instance's ``slow_link`` factor (every member of a slowed instance moves its bytes that much
+  slower). With several hosts also ``ib_xmit_wait``: a slow-link rank's own port waits
+  1 - 1/factor of its slowed collectives' time, every port ``IDLE_WAIT`` (seeded jitter);
+  ``ib_link_errors`` 0.
 - ``pcie``: ``PCIE_UTIL`` while a copy runs, divided by a ``slow_memcpy`` factor.
 
 A model, like the re-timing: the levels are stated, not measured on a GPU (no GPU here).
@@ -38,7 +39,7 @@ from perftracker.model.hardware import (
 )
 from perftracker.model.raw_window import SampleSet, UtilSeries
 
-PERIOD_NS = 1_000_000
+PERIOD_NS = 100_000  # 10 kHz, nsys's GPU metrics rate
 MAX_MHZ = 1530.0  # a V100's maximum SM clock (the dlrm traces ran volta kernels)
 LINK_UTIL = 0.6
 PCIE_UTIL = 0.4
@@ -65,12 +66,28 @@ def coverage(start_ns: np.ndarray, end_ns: np.ndarray, weight: np.ndarray, t0_ns
     return np.clip(out[:n], 0.0, 1.0)
 
 
+def _link(start_ns: np.ndarray, end_ns: np.ndarray, factor: np.ndarray, t0_ns: int, n: int) -> np.ndarray:
+    """A link's utilization: ``LINK_UTIL`` over the share of each period in which any collective
+    runs (concurrent collectives share the link, they do not add up), divided by the largest
+    ``slow_link`` factor of those that run in it."""
+    busy = coverage(start_ns, end_ns, np.ones(len(start_ns)), t0_ns, n)
+    slow = factor > 1.0
+    worst = np.ones(n)
+    for f in np.unique(factor[slow]):
+        sel = factor == f
+        hit = coverage(start_ns[sel], end_ns[sel], np.ones(int(sel.sum())), t0_ns, n) > 0
+        worst[hit] = np.maximum(worst[hit], f)
+    return LINK_UTIL * busy / worst
+
+
 def _series(name: str, t_ns: np.ndarray, v: np.ndarray, source: str = "tracefault") -> UtilSeries:
     return UtilSeries(name, t_ns, np.clip(v, 0, 1).astype(np.float32), PERIOD_NS, source)
 
 
 def rank_samples(rt: RankTrace, jg: JobGraph, faults: Iterable[GpuFault], ranks_per_host: int, world: int,
-                 seed: int, instance_factor: dict[int, float]) -> SampleSet:
+                 seed: int, instance_factor: dict[int, float], spans: dict[int, bool] | None = None) -> SampleSet:
+    """``spans``: id(trace event) -> whether its collective instance spans hosts (None: every
+    collective does when the job has several hosts)."""
     """One rank's SampleSet from its re-timed document (``apply_times`` already ran)."""
     evs = [e for e in rt.events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))
            and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
@@ -102,19 +119,21 @@ def rank_samples(rt: RankTrace, jg: JobGraph, faults: Iterable[GpuFault], ranks_
                                               t0, n))
     lws = ranks_per_host if ranks_per_host > 0 else world
     between_hosts = lws < world
-    link = coverage(start[nccl], end[nccl], LINK_UTIL / link_factor[nccl], t0, n)
-    out["nic" if between_hosts else "nvlink"] = _series("nic" if between_hosts else "nvlink", t, link)
+    remote = nccl & np.array([between_hosts and (spans is None or spans.get(id(e), True)) for e in evs])
+    local = nccl & ~remote
+    out["nvlink"] = _series("nvlink", t, _link(start[local], end[local], link_factor[local], t0, n))
     if between_hosts:
-        busy = coverage(start[nccl], end[nccl], np.ones(nccl.sum()), t0, n)
-        wait = IDLE_WAIT * rng.uniform(0.5, 1.5, n) + busy * (1.0 - 1.0 / own_slow)
+        out["nic"] = _series("nic", t, _link(start[remote], end[remote], link_factor[remote], t0, n))
+        stalled = (1.0 - 1.0 / link_factor[remote]) * (own_slow > 1.0)  # only the slow rank's own port waits
+        wait = IDLE_WAIT * rng.uniform(0.5, 1.5, n) + coverage(start[remote], end[remote], stalled, t0, n)
         out[IB_XMIT_WAIT] = _series(IB_XMIT_WAIT, t, wait, "tracefault mlx5_0/1")
         out[IB_LINK_ERRORS] = _series(IB_LINK_ERRORS, t, np.zeros(n))
     return SampleSet(series=out)
 
 
-def instance_factors(jg: JobGraph, faults: Iterable[GpuFault]) -> dict[int, float]:
+def instance_factors(jg: JobGraph, faults: Iterable[GpuFault], ranks_per_host: int = 0) -> dict[int, float]:
     """id(trace event) -> its collective instance's slow_link factor, for the slowed instances."""
-    link = link_factors(jg, list(faults))
+    link = link_factors(jg, list(faults), ranks_per_host)
     out: dict[int, float] = {}
     for i, inst in enumerate(jg.instances):
         if link[i] != 1.0:
@@ -129,11 +148,17 @@ def write_samples(ranks: list[RankTrace], jg: JobGraph, faults: Iterable[GpuFaul
     from perftracker.cli.analyze import samples_beside
 
     faults = list(faults)
-    factors = instance_factors(jg, faults)
+    factors = instance_factors(jg, faults, ranks_per_host)
     world = len(ranks)
+    spans: dict[int, bool] = {}
+    if ranks_per_host > 0:
+        for inst in jg.instances:
+            across = len({jg.events[m].rank // ranks_per_host for m in inst.members}) > 1
+            for m in inst.members:
+                spans[id(jg.events[m].ref)] = across
     paths = []
     for rt in ranks:
-        ss = rank_samples(rt, jg, faults, ranks_per_host, world, seed, factors)
+        ss = rank_samples(rt, jg, faults, ranks_per_host, world, seed, factors, spans)
         if ss.series:
             paths.append(ss.save(samples_beside(out_dir / rt.path.name)))
     return paths

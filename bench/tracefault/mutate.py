@@ -141,7 +141,7 @@ def mutate_dir(in_dir: Path, out_dir: Path | None, faults: list[GpuFault] | tupl
     ranks = read_trace_dir(in_dir)
     tile(ranks, steps)
     jg = build(ranks)
-    w = apply_faults(jg, faults, seed)
+    w = apply_faults(jg, faults, seed, ranks_per_host)
     t1 = time.monotonic()
     order = topological_order(jg.graph)
     resid = (jg.residual_us, jg.has_in)

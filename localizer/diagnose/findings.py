@@ -124,6 +124,8 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         if v.by_expectation is None or v.by_differential is None or evidence_only(v.info.key):
             continue
         by_exp, by_diff = v.by_expectation, v.by_differential
+        if v.info.key in WORDED_KEYS:  # hardware health: a fault only outside its healthy range (its β
+            by_diff = by_diff & by_exp  # is its category's time, no signal of its own; health.py)
         if not (by_exp.any() or by_diff.any()):
             continue
         values = arr.values[f]

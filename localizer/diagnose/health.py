@@ -6,6 +6,8 @@ The summarizer writes the health patterns (agent/summarize/hardware.py); the loc
 like functions (expected range, differential test). Here:
 
 - ``evidence_only``: a throttle-reason pattern is evidence for the clock finding, never a finding.
+- A health finding is made only on ranks outside the healthy range (``expected.toml``): its β is
+  its category's time, not a signal of its own, so the differential test alone never makes one.
 - ``health_excess``: what a health finding costs, as a share of the window: a stated estimate. The
   clock: the compute time the rank would save at its peers' clock (kernels that scale with the
   clock), β × (1 - μ / median μ). The port: the share of the rank's collective time its port was
