@@ -62,6 +62,9 @@ class Config:
     # time within window_tolerance between its two halves; convergence.py); window_s is the upper bound
     window_converge: bool = True
     window_tolerance: float = 0.10
+    # the detector's windows spend at most this fraction of training time over any hour (measured
+    # loss, window_cost.py); manual triggers are counted, never refused
+    window_budget: float = 0.02
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
@@ -77,6 +80,8 @@ class Config:
             raise ConfigError(f"PERFTRACKER_EXIT_DELAY_S={self.exit_delay_s}: expected 0 to 60 seconds")
         if self.window_writer not in WINDOW_WRITERS:
             raise ConfigError(f"PERFTRACKER_WINDOW_WRITER={self.window_writer!r}: expected one of {', '.join(WINDOW_WRITERS)}")
+        if not 0.0 <= self.window_budget <= 1.0:
+            raise ConfigError(f"PERFTRACKER_WINDOW_BUDGET={self.window_budget}: expected a fraction in [0, 1]")
         if not 0.0 < self.window_tolerance <= 1.0:
             raise ConfigError(f"PERFTRACKER_WINDOW_TOLERANCE={self.window_tolerance}: expected a fraction in (0, 1]")
         if not 100 <= self.window_stack_period_us <= 100_000:

@@ -153,7 +153,8 @@ class WindowRunner:
                  "ready" if sampler is not None else "off", time.monotonic() - run.started)
         w.work_session = run.session  # heartbeats say so: the localizer keeps the session open meanwhile
         try:
-            await send(w, wire.make_message(MessageType.START_WINDOW, session=run.session, window_s=run.window_s))
+            await send(w, wire.make_message(MessageType.START_WINDOW, session=run.session, window_s=run.window_s,
+                                            reason=run.reason))  # the worker's window budget: manual or not
             wait_s = run.window_s + self.options.window_timeout_s
             try:
                 done = await asyncio.wait_for(run.done[w.rank], wait_s)

@@ -44,6 +44,8 @@ from perftracker.runtime.channel_messages import (
     window_failed_message,
 )
 from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
+from perftracker.runtime.window_budget import CostBudget
+from perftracker.runtime.window_cost import WindowCostMeter, ledger_path
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
 from perftracker.wire.frames import MessageType
@@ -105,6 +107,7 @@ class AgentChannel:
                                          self.options.autostart_every_s, self._warn_once)
         self._snapshot_wanted: list[str] = []  # sessions ("" for detector-initiated)
         self._exiting = False  # at_exit ran: every later heartbeat says "exited"
+        self._cost: WindowCostMeter | None = None
         self.connects = 0  # successful registrations, for status and tests
         self.sent_triggers = 0
 
@@ -112,6 +115,8 @@ class AgentChannel:
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
         try:
+            if not self._budget_allows(reason):
+                return
             # window_s only when set explicitly: it overrides the localizer's default
             window_s = float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
             self._enqueue(trigger_message(reason, detail, window_s))
@@ -353,7 +358,7 @@ class AgentChannel:
     def _handle(self, msg: dict[str, Any]) -> None:
         kind = msg["type"]
         if kind == MessageType.START_WINDOW.value:
-            self._start_window(str(msg["session"]), float(msg["window_s"]))
+            self._start_window(str(msg["session"]), float(msg["window_s"]), str(msg.get("reason") or ""))
         elif kind == MessageType.SNAPSHOT.value:
             with self._lock:
                 self._snapshot_wanted.append(str(msg["session"]))
@@ -381,13 +386,43 @@ class AgentChannel:
                                 converge=self.config.window_converge, converge_tolerance=self.config.window_tolerance)
         return ProfileWindow(self.runtime.identity, out_dir, options=options, runtime=self.runtime)
 
-    def _start_window(self, session: str, window_s: float) -> None:
+    def _budget_allows(self, reason: str) -> bool:
+        """The window budget (window_cost.py, issue 30) for a trigger; a failure of the meter allows it."""
+        try:
+            meter = self.cost_meter()
+            if meter.allows_trigger(reason):
+                return True
+            self._warn_once("budget", "perftracker: %s trigger not sent: the profile-window budget is spent (%s)",
+                            reason, meter.budget.to_dict(time.monotonic()))
+            return False
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
+            return True
+
+    def cost_meter(self) -> WindowCostMeter:
+        """What this process's windows cost, and the budget (created on first use: the ledger file
+        is named after the job and rank, settled by then)."""
+        if self._cost is None:
+            ident = self.runtime.identity
+            self._cost = WindowCostMeter(self.runtime, ledger_path(self.config.run_dir, str(ident.job), int(ident.rank)),
+                                         CostBudget(fraction=self.config.window_budget))
+        return self._cost
+
+    def _start_window(self, session: str, window_s: float, reason: str = "") -> None:
         grace_s = max(30.0, 2.0 * window_s)
+        meter: WindowCostMeter | None = None
+        try:
+            meter = self.cost_meter()
+            meter.armed(session, reason)
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
         self._quiet_until = max(self._quiet_until, time.monotonic() + window_s + grace_s)
         self._quiet_extra_s = max(window_s, 0.0)
 
         def done(result: FinishedWindow) -> None:
             self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)
+            if meter is not None:
+                meter.delivered(session)
             try:
                 self._enqueue(window_done_message(result, session))
             except Exception as exc:  # noqa: BLE001 - runs in the training thread

@@ -50,6 +50,7 @@ from perftracker.runtime.profiler import KinetoCapture
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window_exit import WindowExit, _register, shutdown_all
+from perftracker.runtime.window_handoff import hand_over
 from perftracker.runtime.window_writer import (
     _ACTIVE,
     _ARMED,
@@ -94,7 +95,7 @@ class ProfileWindow:
         self._lock = threading.Lock()
         self._state = _IDLE
         self._cur: _Active | None = None
-        self.writer = WindowWriter(self.identity, self.out_dir, self.options, self._deliver)
+        self.writer = WindowWriter(self.identity, self.out_dir, self.options, self._deliver, hand_over)
         self.exit_path = WindowExit(self)
         _register(self)
 

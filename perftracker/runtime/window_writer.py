@@ -127,11 +127,12 @@ class WindowWriter:
     child. ``deliver(cur, result)`` (the window's) ends the window once the file is written."""
 
     def __init__(self, identity: WorkerIdentity, out_dir: Path, options: WindowOptions,
-                 deliver: Callable[[_Active, WindowResult], None]) -> None:
+                 deliver: Callable[[_Active, WindowResult], None], handoff: Callable[..., WindowResult]) -> None:
         self.identity = identity
         self.out_dir = out_dir
         self.options = options
         self._deliver = deliver
+        self.handoff = handoff  # at exit: to a child that outlives this process (window_handoff.hand_over)
         self.cancelled = threading.Event()  # set at exit: the writer stops at its next throttle check
         self.hurried = threading.Event()  # set at exit: the writer stops yielding (window_exit.py)
         self.detach = threading.Event()  # set at exit: hand the work to a detached child (window_handoff.py)
@@ -253,9 +254,7 @@ class WindowWriter:
                     rows = len(raw)
                     del raw
             except Detached:  # the process is exiting: a detached child writes the file (window_handoff.py)
-                from perftracker.runtime.window_handoff import hand_over
-
-                res = hand_over(self, cur, result, end_ns, blocking_ns, child)
+                res = self.handoff(self, cur, result, end_ns, blocking_ns, child)
                 del result
                 self._deliver(cur, res)
                 return

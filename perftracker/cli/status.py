@@ -1,0 +1,74 @@
+"""`perftracker status`: what the profile windows of the jobs on this node cost, and the budget left."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from perftracker.cli import output
+from perftracker.model.names import safe_text
+
+HELP = "show what profile windows cost each rank on this node, and the budget left"
+DESCRIPTION = """Per training process on this node (each rank keeps its own ledger under the run dir's
+budget/): the windows of the last hour (how many were manual), the training time the last one
+cost, measured online from iteration times before, during and after it, what the windows spent
+of the budget over the sliding hour (PERFTRACKER_WINDOW_BUDGET, 2 % of an hour by default), what is
+left, and how many of the detector's triggers the budget refused. Manual `perftracker trigger`
+windows are never refused; they are counted.
+
+examples:
+  perftracker status
+  perftracker status --run-dir /tmp/perftracker-1000 --format json"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="the run dir the workers use (default: $PERFTRACKER_RUN_DIR, else /tmp/perftracker-<uid>)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+
+
+def load_ledgers(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's ledger; a file that cannot be read is one warning, the others are kept."""
+    rows = []
+    for path in sorted((run_dir / "budget").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("budget"), dict):
+                raise ValueError("not a window-cost ledger")
+        except (OSError, ValueError) as exc:
+            output.warning(f"{safe_text(str(path))}: {safe_text(str(exc))[:200]}; skipped")
+            continue
+        rows.append({"ledger": path.stem, **data})
+    return rows
+
+
+def _line(row: dict[str, Any]) -> str:
+    b = row["budget"]
+    last = b.get("last_window_lost_s")
+    age_s = time.time() - float(row.get("written_unix_s") or 0.0)
+    return (f"{safe_text(row['ledger'])}: {b.get('windows', 0)} window(s) in the last hour "
+            f"({b.get('manual_windows', 0)} manual), last cost "
+            f"{'-' if last is None else f'{float(last):.2f} s'}"
+            f"{' (' + safe_text(str(b.get('last_window_session')))[:40] + ')' if b.get('last_window_session') else ''}, "
+            f"spent {float(b.get('spent_s', 0)):.2f} s of {float(b.get('limit_s', 0)):.0f} s, "
+            f"left {float(b.get('left_s', 0)):.2f} s, refused {b.get('refused', 0)} "
+            f"(as of {age_s:.0f} s ago)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from perftracker.config import Config
+
+    run_dir = Path(args.run_dir or Config.from_env().run_dir)
+    rows = load_ledgers(run_dir)
+    if args.format == "json":
+        output.print_json(rows)
+        return 0
+    if not rows:
+        output.print_text(f"no profile-window costs recorded under {safe_text(str(run_dir / 'budget'))}")
+        return 0
+    for row in rows:
+        output.print_text(_line(row))
+    return 0

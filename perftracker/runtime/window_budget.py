@@ -1,0 +1,103 @@
+"""A cost budget for profile windows, in training time lost (issue 30, Deliver 3): pure arithmetic.
+
+Windows spend from a budget of measured training time lost: by default at most 2 % of an hour
+(72 s) over any sliding hour. A window's cost is estimated online from iteration times
+(``lost_s``): from the window's first iteration boundary to the end of its after-phase, the wall
+time minus what the iterations done in it would have taken at the median iteration time before
+the window. The detector's automatic windows are refused when the cost expected of the next one
+does not fit in what is left; manual windows (``perftracker trigger``) are never refused, and are
+counted.
+
+The expected cost of the next window is the largest cost measured over the sliding hour, or
+``first_guess_s`` when there is none: a job's first window is allowed when that guess fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+FRACTION = 0.02
+HORIZON_S = 3600.0
+FIRST_GUESS_S = 5.0
+
+
+def lost_s(elapsed_s: float, iterations: int, baseline_iteration_s: float) -> float:
+    """Training time lost over ``elapsed_s`` of wall time in which ``iterations`` iterations
+    completed, against ``baseline_iteration_s`` each (the median before the window). Negative
+    when training ran faster than before (the background load fell): kept, not clipped, so that
+    noise averages out over windows; the budget never credits a negative spend (``spend``)."""
+    return float(elapsed_s) - max(int(iterations), 0) * float(baseline_iteration_s)
+
+
+def median(values: Sequence[float]) -> float:
+    xs = sorted(float(v) for v in values if v == v and v > 0)
+    if not xs:
+        return 0.0
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+
+
+@dataclass(frozen=True)
+class Spend:
+    t_s: float  # when the window's cost was measured (monotonic s)
+    lost_s: float  # measured, >= 0
+    manual: bool
+    session: str = ""
+
+
+@dataclass
+class CostBudget:
+    fraction: float = FRACTION
+    horizon_s: float = HORIZON_S
+    first_guess_s: float = FIRST_GUESS_S
+    spends: list[Spend] = field(default_factory=list)
+    refused: int = 0
+
+    @property
+    def limit_s(self) -> float:
+        return self.fraction * self.horizon_s
+
+    def _recent(self, now_s: float) -> list[Spend]:
+        return [s for s in self.spends if now_s - self.horizon_s < s.t_s <= now_s]
+
+    def spent_s(self, now_s: float) -> float:
+        """Training time lost to windows over the sliding horizon ending at ``now_s``."""
+        return sum(s.lost_s for s in self._recent(now_s))
+
+    def left_s(self, now_s: float) -> float:
+        return max(0.0, self.limit_s - self.spent_s(now_s))
+
+    def expected_s(self, now_s: float) -> float:
+        """The cost expected of the next window: the largest measured over the horizon."""
+        recent = self._recent(now_s)
+        return max((s.lost_s for s in recent), default=self.first_guess_s)
+
+    def allows(self, now_s: float) -> bool:
+        """May an automatic window open now? (Manual ones always may.)"""
+        return self.expected_s(now_s) <= self.left_s(now_s)
+
+    def ask(self, now_s: float, manual: bool) -> bool:
+        """A window wants to open: True if it may; a refused automatic one is counted."""
+        if manual or self.allows(now_s):
+            return True
+        self.refused += 1
+        return False
+
+    def spend(self, now_s: float, lost_s: float, manual: bool, session: str = "") -> Spend:
+        """Record a window's measured cost (a negative estimate spends nothing). Spends older than
+        the horizon are dropped."""
+        s = Spend(now_s, max(0.0, float(lost_s)), manual, session)
+        self.spends = [x for x in self.spends if now_s - x.t_s < self.horizon_s] + [s]
+        return s
+
+    def to_dict(self, now_s: float) -> dict[str, object]:
+        recent = self._recent(now_s)
+        return {
+            "fraction": self.fraction, "horizon_s": self.horizon_s, "limit_s": round(self.limit_s, 3),
+            "spent_s": round(self.spent_s(now_s), 3), "left_s": round(self.left_s(now_s), 3),
+            "expected_next_s": round(self.expected_s(now_s), 3),
+            "windows": len(recent), "manual_windows": sum(s.manual for s in recent), "refused": self.refused,
+            "last_window_lost_s": round(recent[-1].lost_s, 3) if recent else None,
+            "last_window_session": recent[-1].session if recent else "",
+        }

@@ -1,0 +1,124 @@
+"""What each profile window cost this training process, and the budget it spends from (issue 30).
+
+``WindowCostMeter`` (one per process, owned by the agent channel) measures a window online from
+the runtime's iteration counter: at ``armed`` it takes the median iteration time of the iterations
+before (``Runtime.recent_iteration_ms``), the time and the iteration count; ``after_s`` after the
+window was delivered (written, or handed over) it takes them again. The cost is the wall time in
+between minus what those iterations would have taken at the median before
+(``window_budget.lost_s``): the slowdown while Kineto records, the profiler's stop, the writing and
+the settling after it. It spends from a ``CostBudget`` (2 % of an hour by default) and writes
+the ledger to ``<run_dir>/budget/<job>-rank<r>.json`` (``perftracker status`` reads it). The
+detector's automatic triggers ask the budget first; manual windows are never refused, and counted.
+
+Never raises into the training loop; runs in the channel thread and a timer thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from perftracker.runtime.window_budget import CostBudget, lost_s, median
+
+log = logging.getLogger(__name__)
+
+AFTER_S = 5.0  # the after-phase: iterations this long after delivery still count (the job settling)
+DETECTOR_REASONS = ("slowdown",)  # the reasons of automatic triggers; anything else is manual
+
+
+class _Counting(Protocol):
+    @property
+    def iteration(self) -> int: ...
+
+    def recent_iteration_ms(self) -> list[float]: ...
+
+
+class WindowCostMeter:
+    def __init__(self, runtime: _Counting, ledger: Path | None, budget: CostBudget | None = None,
+                 after_s: float = AFTER_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.runtime = runtime
+        self.ledger = ledger
+        self.budget = budget or CostBudget()
+        self.after_s = after_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._open: dict[str, dict[str, Any]] = {}
+        self.costs: list[dict[str, Any]] = []  # one per measured window, newest last
+
+    # ---------------------------------------------------------------- the gate
+    def allows_trigger(self, reason: str) -> bool:
+        """An automatic trigger (the detector's) may send only when the budget can pay for the next
+        window; others always may."""
+        with self._lock:
+            ok = self.budget.ask(self.clock(), manual=reason not in DETECTOR_REASONS)
+        if not ok:
+            self._write()
+        return ok
+
+    # ---------------------------------------------------------------- one window
+    def armed(self, session: str, reason: str) -> None:
+        try:
+            base_s = median(self.runtime.recent_iteration_ms()) / 1e3
+            with self._lock:
+                self._open[session] = {"t0": self.clock(), "it0": int(self.runtime.iteration), "base_s": base_s,
+                                       "manual": reason not in DETECTOR_REASONS, "reason": reason}
+        except Exception:  # noqa: BLE001 - never into training
+            log.debug("perftracker: window cost: arm failed", exc_info=True)
+
+    def delivered(self, session: str) -> None:
+        """The window is written or handed over: measure its cost ``after_s`` from now."""
+        t = threading.Timer(self.after_s, self.measure, args=(session,))
+        t.name = "perftracker-window-cost"
+        t.daemon = True
+        t.start()
+
+    def measure(self, session: str) -> dict[str, Any] | None:
+        try:
+            with self._lock:
+                w = self._open.pop(session, None)
+                if w is None or w["base_s"] <= 0:
+                    return None
+                now = self.clock()
+                iterations = int(self.runtime.iteration) - w["it0"]
+                lost = lost_s(now - w["t0"], iterations, w["base_s"])
+                self.budget.spend(now, lost, w["manual"], session)
+                cost = {"session": session, "reason": w["reason"], "manual": w["manual"], "lost_s": round(lost, 3),
+                        "measured_s": round(now - w["t0"], 3), "iterations": iterations,
+                        "baseline_iteration_ms": round(w["base_s"] * 1e3, 3)}
+                self.costs = [*self.costs[-19:], cost]
+                left = self.budget.left_s(now)
+            log.info("perftracker: window %s cost %.2f s of training over %.1f s (budget left %.1f s of %.0f s)",
+                     session, lost, cost["measured_s"], left, self.budget.limit_s)
+            self._write()
+            return cost
+        except Exception:  # noqa: BLE001
+            log.debug("perftracker: window cost: measure failed", exc_info=True)
+            return None
+
+    # ---------------------------------------------------------------- the ledger
+    def to_dict(self) -> dict[str, Any]:
+        with self._lock:
+            return {"budget": self.budget.to_dict(self.clock()), "windows": list(self.costs),
+                    "written_unix_s": time.time()}
+
+    def _write(self) -> None:
+        if self.ledger is None:
+            return
+        try:
+            self.ledger.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.ledger.with_name(self.ledger.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.to_dict()))
+            os.replace(tmp, self.ledger)
+        except OSError as exc:
+            log.debug("perftracker: window cost ledger not written: %s", exc)
+
+
+def ledger_path(run_dir: str | os.PathLike[str], job: str, rank: int) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in str(job)) or "job"
+    return Path(run_dir) / "budget" / f"{safe}-rank{int(rank)}.json"

@@ -1,0 +1,89 @@
+"""The online window-cost meter (perftracker/runtime/window_cost.py, issue 30) with a fake clock and
+iteration counter: the loss from iteration times before/during/after, the ledger, the gate on the
+detector's triggers (manual ones counted, never refused), and `perftracker status` reading it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from perftracker.cli import status
+from perftracker.runtime.window_budget import CostBudget
+from perftracker.runtime.window_cost import WindowCostMeter, ledger_path
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.iteration = 1000
+        self.recent = [100.0] * 50  # ms
+
+    def recent_iteration_ms(self) -> list[float]:
+        return list(self.recent)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 10_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _meter(tmp_path: Path, fraction: float = 0.02) -> tuple[WindowCostMeter, FakeRuntime, Clock, Path]:
+    rt, clock = FakeRuntime(), Clock()
+    ledger = ledger_path(tmp_path, "job/x", 3)
+    return WindowCostMeter(rt, ledger, CostBudget(fraction=fraction), clock=clock), rt, clock, ledger
+
+
+def test_a_window_costs_wall_time_minus_iterations_at_the_median_before(tmp_path: Path) -> None:
+    m, rt, clock, ledger = _meter(tmp_path)
+    m.armed("s1", "slowdown")
+    clock.t += 40.0  # 40 s from arm to the end of the after-phase ...
+    rt.iteration += 300  # ... in which 300 iterations at 100 ms would have taken 30 s: 10 s lost
+    cost = m.measure("s1")
+    assert cost is not None and cost["lost_s"] == pytest.approx(10.0) and not cost["manual"]
+    assert ledger.name == "job_x-rank3.json"
+    data = json.loads(ledger.read_text())
+    assert data["budget"]["spent_s"] == pytest.approx(10.0) and data["budget"]["left_s"] == pytest.approx(62.0)
+    assert data["windows"][0]["session"] == "s1"
+    assert m.measure("s1") is None  # measured once
+
+
+def test_a_window_that_cost_nothing_spends_nothing(tmp_path: Path) -> None:
+    m, rt, clock, _ = _meter(tmp_path)
+    m.armed("s1", "slowdown")
+    clock.t += 30.0
+    rt.iteration += 300  # exactly the baseline speed
+    assert m.measure("s1")["lost_s"] == pytest.approx(0.0)  # type: ignore[index]
+    assert m.budget.spent_s(clock.t) == 0.0
+
+
+def test_the_detectors_triggers_are_refused_once_the_budget_is_spent_manual_ones_never(tmp_path: Path) -> None:
+    m, rt, clock, ledger = _meter(tmp_path, fraction=0.01)  # 36 s an hour
+    assert m.allows_trigger("slowdown")  # first guess 5 s fits
+    m.armed("s1", "on-demand")  # a manual window that cost 30 s
+    clock.t += 60.0
+    rt.iteration += 300
+    assert m.measure("s1")["manual"] is True  # type: ignore[index]
+    assert not m.allows_trigger("slowdown")  # expected 30 s > 6 s left
+    assert m.allows_trigger("on-demand")  # manual: never refused
+    assert json.loads(ledger.read_text())["budget"]["refused"] == 1
+    clock.t += 3600.0  # an hour later the spend has expired
+    assert m.allows_trigger("slowdown")
+
+
+def test_perftracker_status_shows_cost_and_budget_left(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m, rt, clock, _ = _meter(tmp_path)
+    m.armed("sess-a", "slowdown")
+    clock.t += 40.0
+    rt.iteration += 300
+    m.measure("sess-a")
+    (tmp_path / "budget" / "bad.json").write_text("{not json")  # one bad file: a warning, the rest shown
+    assert status.run(argparse.Namespace(run_dir=str(tmp_path), format="text")) == 0
+    out, err = capsys.readouterr()
+    assert "job_x-rank3: 1 window(s) in the last hour (0 manual), last cost 10.00 s (sess-a)" in out
+    assert "spent 10.00 s of 72 s, left 62.00 s, refused 0" in out
+    assert "bad.json" in err and "skipped" in err
