@@ -15,7 +15,11 @@ A finding that names a rank which only waits for a culprit is a false positive.
 stdout: one table row per scenario (its measured step-time change, precision, recall, the
 report's headline, i.e. its first finding), then one JSON line:
 {"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max",
-"max_headline_chars"} (the longest report headline; at most 120 characters, issue 32)
+"errors", "saves_error", "saves_scored", "max_headline_chars"} (the longest report headline; at most
+120 characters, issue 32). The table's "saves" column is the predicted / injected saving of each
+fault scenario (the injected truth: removing the faults brings the faulted step back to the base
+step, a saving of 1 - base / faulted), "s_err" their relative error; ``saves_error`` is the largest
+over the scenarios, ``saves_scored`` how many had both (issue 28).
 headline_correct: the share of fault scenarios whose first finding names a true culprit rank with
 the expected category. Progress goes to stderr.
 """
@@ -70,6 +74,35 @@ class Outcome:
         return any(_matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}"))
                    for m in self.scenario.truth.expect for r in f.ranks)
 
+    @property
+    def saves_truth(self) -> float | None:
+        """What removing the injected faults saves, as a share of the faulted step: 1 - base step /
+        faulted step (both from the mutator's re-timing); None for a scenario without faults."""
+        m = self.mutation
+        if not self.is_fault or m is None or m.step_out_us <= 0:
+            return None
+        return 1.0 - m.step_in_us / m.step_out_us
+
+    @property
+    def saves_predicted(self) -> float | None:
+        """The report's ``saves_share`` for the injected fault: that of the first finding that names
+        a true culprit (as scored), else of the headline; None when there is no finding."""
+        if self.report is None or not self.report.findings:
+            return None
+        for f in self.report.findings:
+            if any(_matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}"))
+                   for m in self.scenario.truth.expect for r in f.ranks):
+                return float(f.saves_share)
+        return float(self.report.findings[0].saves_share)
+
+    @property
+    def saves_error(self) -> float | None:
+        """|predicted - truth| / truth; None where either is unknown or the fault cost nothing."""
+        truth, pred = self.saves_truth, self.saves_predicted
+        if truth is None or pred is None or truth <= 0:
+            return None
+        return abs(pred - truth) / truth
+
 
 def headline(report: Report | None) -> str:
     if report is None:
@@ -112,7 +145,7 @@ def _faults_text(sc: GpuScenario) -> str:
 
 def table(outcomes: list[Outcome]) -> str:
     head = (f"{'scenario':24} {'fault':44} {'slower':>6} {'P':>5} {'R':>5} {'TP':>3} {'FP':>3} {'hl':>3} "
-            f"{'an_s':>5}  headline (first finding) / false positives")
+            f"{'an_s':>5} {'saves':>11} {'s_err':>5}  headline (first finding) / false positives")
     lines = [head, "-" * len(head)]
     for o in outcomes:
         s = o.score
@@ -120,8 +153,12 @@ def table(outcomes: list[Outcome]) -> str:
         hl = "-" if not o.is_fault else ("yes" if o.headline_ok else "no")
         fp = ",".join(f"r{r}:{c}" for r, c in sorted(s.fp))
         note = o.error or headline(o.report)
+        pred, truth, err = o.saves_predicted, o.saves_truth, o.saves_error
+        saves = "-" if truth is None else f"{pred or 0:.0%}/{truth:.0%}"  # predicted / injected truth
+        s_err = "-" if err is None else f"{err:.2f}"
         lines.append(f"{o.scenario.name:24} {_faults_text(o.scenario)[:44]:44} {slower:>6} {s.precision:5.2f} "
-                     f"{s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {hl:>3} {o.analyze_s:5.1f}  {note[:100]}"
+                     f"{s.recall:5.2f} {len(s.tp):3d} {len(s.fp):3d} {hl:>3} {o.analyze_s:5.1f} {saves:>11} "
+                     f"{s_err:>5}  {note[:100]}"
                      + (f"  | FP {fp}" if fp else ""))
     return "\n".join(lines)
 
@@ -140,6 +177,11 @@ def summary(outcomes: list[Outcome]) -> dict[str, object]:
         "clean_false_findings": sum(len(o.score.fp) for o in outcomes if not o.is_fault),
         "analyze_s_max": round(max((o.analyze_s for o in outcomes), default=0.0), 2),
         "errors": sum(1 for o in outcomes if o.error),
+        # issue 28: the largest relative error of a fault's predicted saving (its finding's
+        # saves_share) against the injected truth (1 - base step / faulted step); null: no fault scored
+        "saves_error": max(errs) if (errs := [round(e, 4) for o in faults
+                                              if (e := o.saves_error) is not None]) else None,
+        "saves_scored": sum(1 for o in faults if o.saves_error is not None),
         # the longest report headline (issue 32: at most 120 characters)
         "max_headline_chars": max((len(o.report.top_line) for o in outcomes if o.report is not None), default=0),
     }

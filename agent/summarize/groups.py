@@ -7,8 +7,7 @@
 - ``steps_ms``: the worker's compute time per step, a handful of numbers that let the localizer
   see who arrives last at each step's synchronization, not only on average over the window. Steps
   are cut by the iteration marks (``ProfilerStep#N``) when the window holds at least
-  ``MIN_STEPS`` of them, else (a live window) by the runtime's own iteration boundaries, judged in
-  the largest non-p2p group the worker ran a collective in, else by the instances of one collective of the worker's largest
+  ``MIN_STEPS`` of them, else by the instances of one collective of the worker's largest
   non-p2p group: the (group, collective) that occurs least often, at least ``MIN_STEPS`` + 1
   times (a data-parallel all-reduce, reduce-scatter or all-gather runs once per step). Compute is
   the union of the compute frames' intervals between consecutive boundaries. At most
@@ -102,11 +101,6 @@ def step_bounds(meta: WindowMeta, groups: tuple[ProcessGroup, ...], step_marks: 
         return np.r_[marks[:, 0], marks[-1, 1]].astype(np.int64), ""
     size = {g.name: len(g.ranks) for g in groups if not g.p2p}
     instances = _instances(meta, set(size))
-    if len(meta.iteration_ms) >= MIN_STEPS and meta.source == "online":
-        # a live window's own iterations, judged in the largest group the worker ran a collective in
-        used = sorted((-size[g], g) for g, _, _ in instances)
-        bounds = meta.window_start_ns + np.r_[0.0, np.cumsum(meta.iteration_ms)] * 1e6
-        return bounds.astype(np.int64), used[0][1] if used else ""
     count = Counter((g, coll) for g, coll, _ in instances)
     best = sorted((n, -size[g], g, coll) for (g, coll), n in count.items() if n > MIN_STEPS)
     if not best:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +32,21 @@ def stage_model(stage: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1))
 
 
+class Batches(torch.utils.data.Dataset):
+    """Whole batches, each read with ``io_ms`` of waiting (as from storage): the ranks' compute then
+    takes less than the host's cores, as on a GPU job whose host work is light."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int, io_ms: float) -> None:
+        self.x, self.y, self.batch, self.io_ms = x, y, batch, io_ms
+
+    def __len__(self) -> int:
+        return len(self.x) // self.batch
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(self.io_ms / 1000)
+        return self.x[i * self.batch:(i + 1) * self.batch], self.y[i * self.batch:(i + 1) * self.batch]
+
+
 def extra_work(w: torch.Tensor, n: int) -> None:
     y = w
     for _ in range(n):  # the fault: extra compute on one rank
@@ -41,10 +57,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--work", type=int, default=6, help="matrix products per step on every rank (the base compute)")
+    p.add_argument("--work", type=int, default=20, help="matrix products per step on every rank (the base compute)")
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-from", type=int, default=0)
-    p.add_argument("--extra", type=int, default=12, help="extra matrix products per step on the slow rank")
+    p.add_argument("--extra", type=int, default=20, help="extra matrix products per step on the slow rank")
+    p.add_argument("--io-ms", type=float, default=20.0, help="waiting per batch read (storage)")
     p.add_argument("--trace-dir", default="")
     p.add_argument("--trace-from", type=int, default=10)
     p.add_argument("--trace-steps", type=int, default=12)
@@ -65,9 +82,9 @@ def main() -> None:
     model = stage_model(stage)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1000 + replica)
-    data = torch.utils.data.TensorDataset(torch.randn(args.batch * 8, WIDTH, generator=g),
-                                          torch.randn(args.batch * 8, 1, generator=g))
-    loader = torch.utils.data.DataLoader(data, batch_size=args.batch)
+    data = Batches(torch.randn(args.batch * 8, WIDTH, generator=g), torch.randn(args.batch * 8, 1, generator=g),
+                   args.batch, args.io_ms)
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
     w = torch.randn(WIDTH, WIDTH, generator=g) / WIDTH ** 0.5
     progress = Path(args.progress_dir) / f"rank{rank}.iter" if args.progress_dir else None
     prof = None
@@ -75,7 +92,7 @@ def main() -> None:
     while step < args.steps:
         for x, y in loader:
             if args.trace_dir and step == args.trace_from:
-                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True)
                 prof.start()
             extra_work(w, args.work)  # the stage's own compute besides the model
             if rank == args.slow_rank and step >= args.slow_from:
