@@ -213,14 +213,14 @@ def _range(lo: float, hi: float) -> str:
 def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, ...]:
     """One fact per line: the pattern against the median rank and the expected range, the waits,
     the test that fired, the kind, the cost."""
-    ranks = compress_ranks(f.ranks)
+    ranks = f"{'rank' if len(f.ranks) == 1 else 'ranks'} {compress_ranks(f.ranks)}"
     o, m, lo, hi = f.observed, f.median, f.expected.lo, f.expected.hi
     lines = [f"function: {f.category.value} {frame_text(f.label or f.key)}"] if f.key not in (STAGE_KEY, MOVING_KEY) else []
     if f.key in (STAGE_KEY, MOVING_KEY):
-        lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window on ranks "
+        lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window on "
                      f"{ranks}; {pct(m.beta)} on the ranks that wait")
     else:
-        lines.append(f"β (share of the window on the critical path): {pct(o.beta)} on ranks {ranks}; median rank "
+        lines.append(f"β (share of the window on the critical path): {pct(o.beta)} on {ranks}; median rank "
                      f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}")
     if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
         what = ("retransmitted share" if f.key == LINK_KEY else "the health measure" if is_health(f.key)
