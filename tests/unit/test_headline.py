@@ -299,3 +299,31 @@ def test_report_brief_cli_prints_only_headline_and_titles(tmp_path: Path, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[0] == report.headline
     assert len(out) == 1 + len(report.findings) and "β" not in "\n".join(out)
+
+
+@pytest.mark.parametrize("headline", [
+    # the longest headlines the GPU benchmarks printed (120 characters, cut by fit or by clause)
+    "rank 2 spends less in Peer traffic over PCIe (not NVLink) (8.8% vs 45%): the others… — slow host-device copies (+2 more)",
+    "rank 4 spends 2.8× longer in Optimizer.step#Adagrad.step (2.1% vs 0.72%); rank 1 waits 14% for it — host-bound (+1 more)",
+    "ranks 4-5 stall outside traced ops (6% vs 5.6% of the window); ranks 0-3,6-7 wait 9.4% for them — host stall (+2 more)",
+])
+def test_the_terminal_headline_fits_two_lines_at_80_columns(headline: str) -> None:
+    from perftracker.localizer.render import text
+
+    assert len(headline) <= MAX_TITLE_CHARS
+    report = dataclasses.replace(_demo_report(), headline=headline)
+    buf = io.StringIO()
+    text.render(report, buf, color=False, width=80)
+    lines = buf.getvalue().splitlines()
+    body = lines[1:lines.index(next(x for x in lines[1:] if x.strip("│ ") == ""))]
+    assert 1 <= len(body) <= 2, body
+    assert all(len(x) <= 80 for x in lines)
+
+
+def test_the_demo_headline_is_printed_once() -> None:
+    from perftracker.localizer.render import text
+
+    report = _demo_report()
+    buf = io.StringIO()
+    text.render(report, buf, color=False, width=200)
+    assert buf.getvalue().count(report.headline) == 1
