@@ -355,6 +355,7 @@ class WindowWriter:
             host=str(ident.host), pid=self.pid(), training_tid=tid,
             window_start_ns=cur.start_ns, window_end_ns=end_ns, local_rank=int(ident.local_rank),
             iteration_ms=tuple((b[i + 1] - b[i]) / 1e6 for i in range(len(b) - 1)),
+            local_world_size=_local_world_size(),  # each collective's link (issue 34)
         )
         return build_raw_window(meta, krows, pyexec, cur.gc.pauses, throttle)
 
@@ -410,3 +411,11 @@ def _count_rows(path: Path) -> int:
 
     with np.load(path, allow_pickle=False) as z:
         return int(z["col_kind"].shape[0])
+
+
+def _local_world_size() -> int:
+    """Ranks per host as torchrun sets it (LOCAL_WORLD_SIZE); 0 when unset or not a number."""
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "0")), 0)
+    except ValueError:
+        return 0

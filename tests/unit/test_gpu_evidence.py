@@ -226,3 +226,15 @@ def test_without_hardware_series_the_health_patterns_are_absent() -> None:
     ps2 = summarize_window(dataclasses.replace(_window(0, 3_000_000, 2_000_000, N)),
                            SampleSet({"sm": _series("sm", np.full(WINDOW_NS // PERIOD_NS, 0.5))}))
     assert not any(p.key in (GPU_CLOCK_KEY, IB_WAIT_KEY) for p in ps2.patterns)
+
+
+def test_the_worker_records_its_ranks_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perftracker.runtime.window_writer import _local_world_size
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert _local_world_size() == 8
+    for bad in ("", "eight", "-2"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        assert _local_world_size() == 0  # unknown: collectives measured as before
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert _local_world_size() == 0
