@@ -9,8 +9,11 @@ communication event of the window's ``RawWindow`` the group of the call it belon
 - an event on the calling thread that starts inside a call (``c10d::allreduce_``, a blocking
   ``gloo:recv``, the Python frames of ``distributed_c10d.py`` that wait for the work) belongs to the
   innermost such call;
-- any other communication event (gloo's worker threads, NCCL kernels) belongs to the latest call
-  of the same collective kind that started before it.
+- a communication event on another thread (gloo's worker threads) or on a GPU (NCCL kernels)
+  belongs to the latest call of the same collective kind that started before it.
+
+An event on the calling thread that no call holds was issued by a call not recorded (DDP's reducer,
+a reference to the function taken before the window) and gets no row.
 
 An event no call explains gets no row (the localizer then has no group for it, as for a trace
 without groups). A row's sequence number is its call's number among the group's calls in the
@@ -93,7 +96,8 @@ def comm_rows(raw: RawWindow, calls: Sequence[CallLike]) -> tuple[tuple[str, int
         if kind is None:
             kind = kinds_of_name[nid] = collective_kind(names[nid])
         match = -1
-        if int(tid[r]) == training and int(device[r]) < 0:
+        calling = int(tid[r]) == training and int(device[r]) < 0
+        if calling:
             # sampled Python frames start up to a sample period early: they match their own kind
             slack = _SAMPLED_SLACK_NS if int(kind_col[r]) == int(EventKind.PYTHON) else 0
             j = int(np.searchsorted(call_start, s + slack, side="right")) - 1
@@ -106,7 +110,7 @@ def comm_rows(raw: RawWindow, calls: Sequence[CallLike]) -> tuple[tuple[str, int
                 if s - int(call_start[j]) > 60_000_000_000:  # a call older than a minute holds nothing here
                     break
                 j -= 1
-        if match < 0:
+        if match < 0 and not calling:  # (on the calling thread, no call holds it: a call not recorded)
             for k_name in (kind, "send", "recv") if kind == "sendrecv" else (kind,):  # a fused p2p kernel
                 starts = kind_starts.get(k_name)
                 if starts is not None:
