@@ -42,13 +42,22 @@ _KINDS = ("reducescatter", "allgather", "allreduce", "alltoall", "broadcast", "b
 
 
 class CallLike(Protocol):
-    kind: str
-    group: str
-    src: int
-    dst: int
-    start_ns: int
-    end_ns: int
-    thread: int  # native thread id of the caller
+    """A recorded call (``perftracker.runtime.dist_record.Call``)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def group(self) -> str: ...
+    @property
+    def src(self) -> int: ...
+    @property
+    def dst(self) -> int: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+    @property
+    def thread(self) -> int: ...  # native thread id of the caller
 
 
 def collective_kind(name: str) -> str:
