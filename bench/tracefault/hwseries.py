@@ -10,7 +10,8 @@ sample per ``PERIOD_NS`` over the rank's span:
 - the link of the rank's collectives (``ranks_per_host`` decides, per instance): ``nvlink`` inside a
   host, ``nic`` between hosts: ``LINK_UTIL`` of the link while a collective kernel runs, divided by
   the instance's ``slow_link`` factor (every member of a slowed instance moves its bytes that much
-  slower). With several hosts also ``ib_xmit_wait``: a slow-link rank's own port waits
+  slower), during the transfer only: the last (transfer time × factor) of each collective kernel, the
+  time before it a member waits for its peers with the link idle. With several hosts also ``ib_xmit_wait``: a slow-link rank's own port waits
   1 - 1/factor of its slowed collectives' time, every port ``IDLE_WAIT`` (seeded jitter);
   ``ib_link_errors`` 0.
 - ``pcie``: ``PCIE_UTIL`` while a copy runs, divided by a ``slow_memcpy`` factor.
@@ -85,7 +86,8 @@ def _series(name: str, t_ns: np.ndarray, v: np.ndarray, source: str = "tracefaul
 
 
 def rank_samples(rt: RankTrace, jg: JobGraph, faults: Iterable[GpuFault], ranks_per_host: int, world: int,
-                 seed: int, instance_factor: dict[int, float], spans: dict[int, bool] | None = None) -> SampleSet:
+                 seed: int, instance_factor: dict[int, float], spans: dict[int, bool] | None = None,
+                 transfer_us: dict[int, float] | None = None) -> SampleSet:
     """``spans``: id(trace event) -> whether its collective instance spans hosts (None: every
     collective does when the job has several hosts)."""
     """One rank's SampleSet from its re-timed document (``apply_times`` already ran)."""
@@ -120,12 +122,16 @@ def rank_samples(rt: RankTrace, jg: JobGraph, faults: Iterable[GpuFault], ranks_
     lws = ranks_per_host if ranks_per_host > 0 else world
     between_hosts = lws < world
     remote = nccl & np.array([between_hosts and (spans is None or spans.get(id(e), True)) for e in evs])
+    # the link carries data only in the transfer at the end of a collective (its unmutated transfer
+    # time x the slow-link factor); a member that waits for a late peer waits with the link idle
+    xfer = np.array([(transfer_us or {}).get(id(e), np.inf) * 1000 for e in evs]) * link_factor
+    lstart = np.maximum(start, end - xfer)
     local = nccl & ~remote
-    out["nvlink"] = _series("nvlink", t, _link(start[local], end[local], link_factor[local], t0, n))
+    out["nvlink"] = _series("nvlink", t, _link(lstart[local], end[local], link_factor[local], t0, n))
     if between_hosts:
-        out["nic"] = _series("nic", t, _link(start[remote], end[remote], link_factor[remote], t0, n))
+        out["nic"] = _series("nic", t, _link(lstart[remote], end[remote], link_factor[remote], t0, n))
         stalled = (1.0 - 1.0 / link_factor[remote]) * (own_slow > 1.0)  # only the slow rank's own port waits
-        wait = IDLE_WAIT * rng.uniform(0.5, 1.5, n) + coverage(start[remote], end[remote], stalled, t0, n)
+        wait = IDLE_WAIT * rng.uniform(0.5, 1.5, n) + coverage(lstart[remote], end[remote], stalled, t0, n)
         out[IB_XMIT_WAIT] = _series(IB_XMIT_WAIT, t, wait, "tracefault mlx5_0/1")
         out[IB_LINK_ERRORS] = _series(IB_LINK_ERRORS, t, np.zeros(n))
     return SampleSet(series=out)
@@ -151,14 +157,16 @@ def write_samples(ranks: list[RankTrace], jg: JobGraph, faults: Iterable[GpuFaul
     factors = instance_factors(jg, faults, ranks_per_host)
     world = len(ranks)
     spans: dict[int, bool] = {}
-    if ranks_per_host > 0:
-        for inst in jg.instances:
-            across = len({jg.events[m].rank // ranks_per_host for m in inst.members}) > 1
-            for m in inst.members:
-                spans[id(jg.events[m].ref)] = across
+    transfer: dict[int, float] = {}
+    for inst in jg.instances:
+        across = ranks_per_host > 0 and len({jg.events[m].rank // ranks_per_host for m in inst.members}) > 1
+        for m in inst.members:
+            spans[id(jg.events[m].ref)] = across
+            transfer[id(jg.events[m].ref)] = inst.transfer_us
     paths = []
     for rt in ranks:
-        ss = rank_samples(rt, jg, faults, ranks_per_host, world, seed, factors, spans)
+        ss = rank_samples(rt, jg, faults, ranks_per_host, world, seed, factors, spans if ranks_per_host > 0 else None,
+                          transfer)
         if ss.series:
             paths.append(ss.save(samples_beside(out_dir / rt.path.name)))
     return paths

@@ -33,6 +33,7 @@ from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
 from perftracker.localizer.diagnose.host_bound import HOST_KEY
 
 from perftracker.model import LINK_KEY, Category
+from perftracker.model.hardware import is_health
 
 CPU_WAIT_KEY = "CPU wait (runnable, no core)"  # the summarizer's pseudo-function (agent/summarize/summarizer.py)
 WORK_GREW = 0.1  # own work this share of the peers' own β above theirs has grown
@@ -60,7 +61,7 @@ def own_functions(functions: Sequence[FunctionInfo]) -> list[int]:
     """The functions a rank runs itself: not a collective (waiting for peers), not the link or
     host-bound pattern, not the CPU wait."""
     return [f for f, i in enumerate(functions) if i.category is not Category.COLLECTIVE
-            and i.key not in (LINK_KEY, HOST_KEY) and not is_cpu_wait(i)]
+            and i.key not in (LINK_KEY, HOST_KEY) and not is_cpu_wait(i) and not is_health(i.key)]
 
 
 def cpu_wait_function(functions: Sequence[FunctionInfo]) -> int | None:

@@ -72,7 +72,7 @@ from perftracker.localizer.diagnose.waits import (
 )
 
 from perftracker.model import Box, Category, Finding, TopFunction, Triple, Wait
-from perftracker.model.hardware import HEALTH_KEYS, LINK_KEYS
+from perftracker.model.hardware import HEALTH_KEYS, LINK_KEYS, is_health
 from perftracker.model.schema import rounded
 
 _RANDOM_MIN_WORKERS = 3
@@ -156,7 +156,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     findings = [_finding(d, arr, max_points) for d in kept]
     causes: list[Finding] = []
     if stage.stage is not None or moving.moving is not None:
-        compute = [f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE]
+        compute = [f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE and not is_health(i.key)]
         compute_beta = arr.values[compute, 0, :].sum(axis=0)
         causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
     # a set of ranks' causes are tier 0 (measured against the job's own ranks), ranked by impact

@@ -29,6 +29,7 @@ from perftracker.localizer.diagnose.imbalance import (
 from perftracker.localizer.diagnose.waits import LateGroup, MemberSets, WaitOptions
 
 from perftracker.model import Category, Finding, Triple, Wait
+from perftracker.model.hardware import is_health
 from perftracker.model.schema import rounded
 
 STAGE_KEY = "pipeline stage imbalance"
@@ -82,7 +83,8 @@ def group_causes(arr: PatternArrays, opts: WaitOptions) -> tuple[GroupCause, Gro
     jg = arr.job_groups
     stage = None
     if arr.stage is not None:  # the workers' compute in seconds only where there are stages to compare
-        compute = [f for f, info in enumerate(arr.functions) if info.category is Category.COMPUTE]
+        compute = [f for f, info in enumerate(arr.functions) if info.category is Category.COMPUTE
+                   and not is_health(info.key)]
         seconds = compute_seconds(arr.values[:, 0, :], compute, arr.worker_window_s, float(arr.window_s))
         stage = stage_imbalance(seconds, arr.stage, float(arr.window_s), opts)
     return (GroupCause(stage=stage),

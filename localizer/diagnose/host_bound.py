@@ -23,6 +23,7 @@ import numpy as np
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
 
 from perftracker.model import LINK_KEY, Category
+from perftracker.model.hardware import is_health
 
 HOST_KEY = "host:GPU waits for the host"
 HOST_LABEL = "GPU waits for the host"
@@ -69,7 +70,7 @@ def with_idle_share(arr: PatternArrays) -> tuple[PatternArrays, int | None]:
     """
     if not arr.gpu or any(info.key == IDLE_KEY for info in arr.functions):
         return arr, None
-    own = [f for f, info in enumerate(arr.functions) if info.key not in (HOST_KEY, LINK_KEY)]
+    own = [f for f, info in enumerate(arr.functions) if info.key not in (HOST_KEY, LINK_KEY) and not is_health(info.key)]
     idle = np.zeros((1, 3, arr.n_workers))
     idle[0, 0] = np.clip(1.0 - arr.values[own, 0, :].sum(axis=0), 0.0, 1.0)
     info = FunctionInfo(IDLE_KEY, IDLE_LABEL, Category.PYTHON, "")

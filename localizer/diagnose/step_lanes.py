@@ -18,6 +18,7 @@ from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
 
 from perftracker.model import LINK_KEY, Category, Finding, Lane
+from perftracker.model.hardware import is_health
 
 MAX_STAGE_LANES = 8
 
@@ -26,7 +27,8 @@ def category_shares(arr: PatternArrays) -> dict[str, np.ndarray]:
     """Per worker: the share of the window in host, compute, collective and other time."""
     beta = arr.values[:, 0, :]
     cats = np.array([i.category.priority for i in arr.functions], dtype=np.int64)
-    real = np.array([i.key not in (HOST_KEY, IDLE_KEY, LINK_KEY) for i in arr.functions], dtype=bool)
+    real = np.array([i.key not in (HOST_KEY, IDLE_KEY, LINK_KEY) and not is_health(i.key) for i in arr.functions],
+                    dtype=bool)
     n = arr.n_workers
 
     def total(mask: np.ndarray) -> np.ndarray:

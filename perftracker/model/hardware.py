@@ -122,3 +122,12 @@ def _link_key() -> str:
 LINK_KEYS = frozenset({_link_key(), IB_WAIT_KEY, P2P_PCIE_KEY})
 # every health pattern: judged like a function, never a wait, never a cause of lateness by itself
 HEALTH_KEYS = LINK_KEYS | {GPU_CLOCK_KEY}
+
+# the throttle-reason evidence patterns are health patterns too
+HEALTH_KEYS = HEALTH_KEYS | {reason_key(t) for t in THROTTLE_TEXT.values()}
+
+
+def is_health(key: str) -> bool:
+    """A hardware health pattern (its β is its category's time, not a function's): left out of every
+    sum over a rank's functions (its compute, its own work, its step lanes)."""
+    return key in HEALTH_KEYS or key.startswith(REASON_KEY_PREFIX)
