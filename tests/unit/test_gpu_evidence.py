@@ -238,3 +238,23 @@ def test_the_worker_records_its_ranks_per_host(monkeypatch: pytest.MonkeyPatch) 
         assert _local_world_size() == 0  # unknown: collectives measured as before
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert _local_world_size() == 0
+
+
+def test_health_patterns_stay_out_of_a_ranks_own_work_and_idle_time() -> None:
+    """The clock, reason and link patterns repeat their category's β; counted as work they shrank the
+    idle share ("nothing on the critical path") and hid a host stall in the GPU fault bench."""
+    from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+    from perftracker.localizer.diagnose.cpu_starvation import own_functions
+    from perftracker.localizer.diagnose.host_bound import with_idle_share
+
+    from perftracker.model.hardware import is_health
+
+    with_hw = _job(6, local_world_size=1, clock={1: 0.5}, reason={1: "thermal"})
+    assert sum(is_health(p.key) for p in with_hw[0].patterns) >= 5  # clock, 3 reasons, port
+    without = [dataclasses.replace(ps, patterns=tuple(p for p in ps.patterns if not is_health(p.key)))
+               for ps in with_hw]
+    arr_a, idle_a = with_idle_share(pattern_sets_to_arrays(with_hw))
+    arr_b, idle_b = with_idle_share(pattern_sets_to_arrays(without))
+    assert idle_a is not None and idle_b is not None
+    np.testing.assert_allclose(arr_a.values[idle_a, 0, :], arr_b.values[idle_b, 0, :])
+    assert not any(is_health(arr_a.functions[f].key) for f in own_functions(arr_a.functions))
