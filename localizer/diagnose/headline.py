@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from perftracker.localizer.diagnose.explain import describe_ranks, frame_text, pct
 from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
-from perftracker.localizer.diagnose.next_steps import cause_kind, cause_of, next_steps
+from perftracker.localizer.diagnose.next_steps import cause_kind, cause_phrase, next_steps
 
 from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
 from perftracker.model.hardware import GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY, REASON_KEY_PREFIX
@@ -178,8 +178,9 @@ def _wait_part(f: Finding, n_workers: int) -> str:
 
 def title_of(f: Finding, n_workers: int, limit: int = MAX_TITLE_CHARS) -> tuple[str, str]:
     """(the finding's headline of at most ``limit`` characters, its cause kind)."""
-    kind = cause_kind(cause_clause(f.sentence), f.key)
-    phrase = cause_of(kind).phrase
+    clause = cause_clause(f.sentence)
+    kind = cause_kind(clause, f.key)
+    phrase = cause_phrase(kind, clause)
     who = _who(f.ranks, n_workers)
     core = _core(f, who, len(f.ranks))
     waits = _wait_part(f, n_workers)

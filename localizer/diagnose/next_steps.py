@@ -49,7 +49,7 @@ CAUSES: tuple[Cause, ...] = (
        "the cgroup's CPU throttling: `cat /sys/fs/cgroup/cpu.stat` (nr_throttled, throttled_usec)",
        "other processes on the rank's cores: `top -H`, `ps -eLo psr,pcpu,comm | sort -k2 -nr | head`",
        "the job's CPU request/limit and its dataloader worker count against the host's cores"),
-    _c("load_imbalance", "load imbalance", r"load imbalance|more work",
+    _c("load_imbalance", "load imbalance", r"more work or a (?P<device>slower \w+)|load imbalance|more work",
        "compare the ranks' batch shapes or sequence lengths (the sampler, padding, packing)",
        "check that every rank runs the same model code path (data-dependent branches, MoE routing)",
        "if the inputs are equal: the rank's clocks and throttling (`nvidia-smi -q -d PERFORMANCE` on a GPU, "
@@ -115,6 +115,16 @@ def cause_kind(cause_text: str, key: str = "") -> str:
 
 # kinds that a function key alone names (a stage or moving finding's key; data loading frames)
 _KEY_KINDS = frozenset({"stage_imbalance", "moving_straggler"})
+
+
+def cause_phrase(kind: str, cause_text: str) -> str:
+    """The words a headline ends with: the kind's phrase, or what its clause leaves open ("more work
+    or a slower GPU": β alone cannot tell the two apart)."""
+    c = cause_of(kind)
+    m = c.pattern.search(cause_text)
+    if m is not None and m.groupdict().get("device"):
+        return f"more work or a {m.group('device')}"
+    return c.phrase
 
 
 def cause_of(kind: str) -> Cause:

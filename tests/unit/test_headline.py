@@ -117,10 +117,14 @@ def test_titles_fit_for_every_cause_with_long_rank_lists_and_long_names(kind: st
 def test_a_short_title_keeps_who_what_cost_waits_and_cause() -> None:
     f = _finding(CAUSE_TEXT["load_imbalance"], waits=(Wait("ddp.reducer::wait", (0, 1, 3), 0.18),))
     title, kind = title_of(f, 4)
-    assert title == "rank 2 runs extra aten::bmm (15% of the window, others 0%); ranks 0-1,3 wait 18% for it — load imbalance"
+    # β alone cannot tell more work from a slower device: the title leaves it open, as the sentence does
+    assert title == ("rank 2 runs extra aten::bmm (15% of the window, others 0%); ranks 0-1,3 wait 18% for it — "
+                     "more work or a slower GPU")
     assert kind == "load_imbalance"
     saved = dataclasses.replace(f, saves_share=0.2)
-    assert title_of(saved, 4)[0].endswith("— load imbalance; fixing it saves ~20%")
+    assert title_of(saved, 4)[0].endswith("— more work or a slower GPU; fixing it saves ~20%")
+    plain = dataclasses.replace(f, sentence="rank 2: x — a data-dependent load imbalance")
+    assert title_of(plain, 4)[0].endswith("— load imbalance")
     # the twin below the 1% floor says nothing of saving
     assert "saves" not in title_of(dataclasses.replace(f, saves_share=0.009), 4)[0]
 
@@ -129,7 +133,7 @@ def test_a_title_at_the_limit_drops_clauses_before_it_cuts() -> None:
     f = _finding(CAUSE_TEXT["load_imbalance"], label="x" * 40, waits=(Wait("w", tuple(range(0, 60, 2)), 0.18),),
                  saves=0.3)
     title, _ = title_of(f, 64)
-    assert len(title) <= 120 and title.endswith("— load imbalance") and "…" not in title
+    assert len(title) <= 120 and title.endswith("— more work or a slower GPU") and "…" not in title
     assert len(title_of(f, 64, limit=60)[0]) <= 60
 
 
