@@ -17,8 +17,9 @@ report's headline, i.e. its first finding), then one JSON line:
 {"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max",
 "errors", "saves_error", "saves_scored", "max_headline_chars"} (the longest report headline; at most
 120 characters, issue 32). The table's "saves" column is the predicted / injected saving of each
-fault scenario (the injected truth: removing the faults brings the faulted step back to the base
-step, a saving of 1 - base / faulted), "s_err" their relative error; ``saves_error`` is the largest
+fault scenario (the prediction: the saves_share of the finding that names a true culprit, 0 when
+none does; the injected truth: removing the faults brings the faulted step back to the base step, a
+saving of 1 - base / faulted), "s_err" their relative error; ``saves_error`` is the largest
 over the scenarios, ``saves_scored`` how many had both (issue 28).
 headline_correct: the share of fault scenarios whose first finding names a true culprit rank with
 the expected category. Progress goes to stderr.
@@ -86,14 +87,15 @@ class Outcome:
     @property
     def saves_predicted(self) -> float | None:
         """The report's ``saves_share`` for the injected fault: that of the first finding that names
-        a true culprit (as scored), else of the headline; None when there is no finding."""
-        if self.report is None or not self.report.findings:
+        a true culprit (as scored); 0 when no finding names one (the report predicts no saving for a
+        fault it does not see); None without a report."""
+        if self.report is None:
             return None
         for f in self.report.findings:
             if any(_matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}"))
                    for m in self.scenario.truth.expect for r in f.ranks):
                 return float(f.saves_share)
-        return float(self.report.findings[0].saves_share)
+        return 0.0
 
     @property
     def saves_error(self) -> float | None:
