@@ -192,7 +192,15 @@ def run_job(on: bool, steps: int, trigger_before_end_s: float | None = None,
                 res["agent_log_tail"] = (run_dir / "agent.log").read_text()[-3000:]
             except OSError:
                 pass
-    if on:
+    if on:  # what `perftracker status` shows: each rank's windows and their measured cost (issue 30)
+        st = subprocess.run([sys.executable, "-m", "perftracker", "status", "--run-dir", str(run_dir), "--format", "json"],
+                            env=env, capture_output=True, text=True, timeout=60)
+        try:
+            ledgers = json.loads(st.stdout) if st.returncode == 0 else []
+        except ValueError:
+            ledgers = []
+        res["windows_lost_s"] = {str(g.get("ledger")): [w.get("lost_s") for w in g.get("windows", [])] for g in ledgers}
+        res["budget"] = {str(g.get("ledger")): g.get("budget") for g in ledgers}
         _stop_agent(run_dir)
     shutil.rmtree(work, ignore_errors=True)
     return res
@@ -247,7 +255,8 @@ def main() -> int:
         windows = sum(" started" in ln for ln in res["window_log"])  # type: ignore[attr-defined]
         print(f"{'on ' if on else 'off'}: {m['train_samples_per_second']:.1f} samples/s "  # type: ignore[index]
               f"({m['train_runtime']:.1f} s), exit after train {res['exit_s']:.2f} s"  # type: ignore[index]
-              + (f", {windows // 2} detector window(s)" if on else ""), flush=True)
+              + (f", {windows // 2} detector window(s), lost to windows per rank (perftracker status): "
+                 f"{res.get('windows_lost_s')}" if on else ""), flush=True)
     result: dict[str, object] = {}
     exit_off = 0.0
     if runs[False]:
@@ -259,6 +268,7 @@ def main() -> int:
             "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
             "hooks_only": args.hooks_only, "env": user_env,
             "exit_after_train_off_s": round(exit_off, 3),
+            "windows_lost_s_per_run": [r.get("windows_lost_s") for r in runs[True]],
         }
     if args.trigger_before_end_s > 0:
         s_per_step = args.skip_throughput or (
