@@ -66,6 +66,10 @@ def fork_detached(writer: _Builder, cur: _Active, result: Any, end_ns: int) -> i
         code = 1
         try:
             os.setsid()
+            try:  # the trainer's own SIGALRM handler, if any, must not outlive it here
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            except (ValueError, OSError):
+                pass
             signal.alarm(DETACHED_LIFE_S)
             # training on other ranks of this node may still run: not SCHED_IDLE (nothing would wake it
             # on a saturated node once this rank is gone), but a low priority
