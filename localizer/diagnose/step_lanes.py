@@ -19,6 +19,7 @@ from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
 
 from perftracker.model import LINK_KEY, Category, Finding, Lane
 from perftracker.model.hardware import is_health
+from perftracker.model.schema import rounded
 
 MAX_STAGE_LANES = 8
 
@@ -115,6 +116,6 @@ def step_lanes(arr: PatternArrays, findings: Sequence[Finding]) -> tuple[Lane, .
         step = _step_ms(arr, w)
         parts = (("host", shares["host"][w]), ("compute", shares["compute"][w]), ("waiting", waiting[w]),
                  ("communication", communication[w]), ("other", shares["other"][w]))
-        lanes.append(Lane(rank=int(arr.ranks[w]), role=role, step_ms=step,
-                          parts=tuple((name, float(share) * step) for name, share in parts)))
+        lanes.append(Lane(rank=int(arr.ranks[w]), role=role, step_ms=rounded(step),  # rounded as stored,
+                          parts=tuple((name, rounded(float(share) * step)) for name, share in parts)))  # round-trips
     return tuple(lanes)
