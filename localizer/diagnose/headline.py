@@ -19,7 +19,8 @@ from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
 from perftracker.localizer.diagnose.next_steps import cause_kind, cause_phrase, next_steps
 
 from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
-from perftracker.model.hardware import GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY, REASON_KEY_PREFIX
+from perftracker.model.hardware import GPU_CLOCK_KEY
+from perftracker.model.hardware import is_health as hardware_health
 
 MAX_TITLE_CHARS = 120
 _MAX_LABEL_CHARS = 40
@@ -114,7 +115,7 @@ def cause_clause(sentence: str) -> str:
 def is_health(key: str) -> bool:
     """A health pattern (the host link, the GPU clock, a throttle reason, the InfiniBand port, peer
     traffic over PCIe): μ is its measure, not a utilization, and it is no function to spend time in."""
-    return key in (LINK_KEY, GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY) or key.startswith(REASON_KEY_PREFIX)
+    return key == LINK_KEY or hardware_health(key)
 
 
 def _plural(n: int, one: str, many: str) -> str:

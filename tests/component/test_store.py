@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from perftracker.localizer.store.sqlite_store import (
-    STORE_SCHEMA_VERSION,
     HeartbeatRecord,
     SessionRecord,
     Store,
@@ -16,7 +15,7 @@ from perftracker.localizer.store.sqlite_store import (
 )
 
 from perftracker.errors import SchemaError
-from perftracker.model import Frame, HangSnapshot, Report
+from perftracker.model import REPORT_SCHEMA_VERSION, Frame, HangSnapshot, Report
 from tests.service_helpers import make_pattern_set
 
 
@@ -64,7 +63,7 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
     assert again.hang_snapshots("s1") == [snap]
     assert again.heartbeats("j")[0].iteration == 40
     assert again.get_report("s1") == report
-    assert again.get_report_dict("s1")["schema_version"] == STORE_SCHEMA_VERSION
+    assert again.get_report_dict("s1")["schema_version"] == REPORT_SCHEMA_VERSION  # the report's own version
 
 
 def test_repeat_upload_replaces_and_latest_snapshot_wins(tmp_path: Path) -> None:
