@@ -4,9 +4,9 @@ the others, and work that moves from rank to rank with each step. Pure numpy.
 **Stage imbalance.** In a pipeline every stage runs every micro-batch, so a stage that computes
 more than the others sets the pace and the others wait for it in their send/recv. Compared like
 with like: each worker's compute (the β of its compute functions times its own window, in
-seconds), the median per stage. A stage is *heavy* when its lower quartile is at least
+seconds), the median per stage. A stage is *heavy* when each of its ranks computes at least
 ``stage_ratio`` times the lightest stage's median (with two ranks per stage, one slowed rank lifts
-the stage's median, not its lower quartile), the median difference is at least ``wait_min`` of the window, and the whole
+the stage's median and lower quartile, not its lightest rank), the median difference is at least ``wait_min`` of the window, and the whole
 stage is heavy, not a few of its ranks: its 25th percentile lies above every other stage's 75th.
 The finding is the stage, once, never its ranks one by one; its cost is what the lightest stage
 waits for it, (heavy − lightest) / window.
@@ -61,9 +61,9 @@ def stage_imbalance(compute_s: np.ndarray, stage: np.ndarray | None, window_s: f
     heavy = max(stages, key=lambda s: (med[s], -s))
     light = min(stages, key=lambda s: (med[s], s))
     q25 = float(np.quantile(compute_s[cols[heavy]], 0.25))
-    # the whole stage, not one slow rank among few: its lower quartile passes the ratio (with two
-    # ranks per stage, one slowed rank lifts the stage's median, not its lower quartile)
-    if med[light] <= 0 or q25 < opts.stage_ratio * med[light]:
+    # the whole stage, every rank of it, not one slow rank among few: its lightest rank passes the
+    # ratio (with two ranks per stage, one slowed rank lifts the stage's median and lower quartile)
+    if med[light] <= 0 or float(compute_s[cols[heavy]].min()) < opts.stage_ratio * med[light]:
         return None
     if (med[heavy] - med[light]) / window_s < opts.wait_min:
         return None
