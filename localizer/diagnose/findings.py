@@ -25,6 +25,7 @@ import numpy as np
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
 from perftracker.localizer.diagnose.cpu_starvation import (
     cpu_wait_function,
+    is_cpu_wait,
     judge_cpu_wait,
     like_peers,
     own_functions,
@@ -145,6 +146,8 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     _fold_consequences(drafts, arr)
     _cpu_wait_to_own_work(drafts, arr, verdicts, n, common_fraction)
     stage, moving = group_causes(arr, opts.waits)
+    if stage.stage is not None and _one_rank_per_stage(arr):
+        stage = GroupCause()  # a stage of one rank is that rank: its own findings name what it does more
     _fold_waits(drafts, arr, verdicts, opts.waits, (stage, moving))
     for d in drafts:
         if d.verdict.info.key == HOST_KEY:
@@ -156,7 +159,8 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     findings = [_finding(d, arr, max_points) for d in kept]
     causes: list[Finding] = []
     if stage.stage is not None or moving.moving is not None:
-        compute = [f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE and not is_health(i.key)]
+        compute = [f for f, i in enumerate(arr.functions) if i.category is Category.COMPUTE and not is_health(i.key)
+                   and not is_cpu_wait(i)]
         compute_beta = arr.values[compute, 0, :].sum(axis=0)
         causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
     # a set of ranks' causes are tier 0 (measured against the job's own ranks), ranked by impact
@@ -171,6 +175,16 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     return findings, summary, top
 
 
+def _one_rank_per_stage(arr: PatternArrays) -> bool:
+    """A pipeline with no data-parallel replica (issue 31): each stage is one worker, so a heavy stage
+    and a slowed rank are the same data, and the rank's own findings (its function, the waits folded
+    into it) say more than "stage k computes more"."""
+    if arr.stage is None:
+        return False
+    st = arr.stage[arr.stage >= 0]
+    return st.size > 1 and np.unique(st).size == st.size
+
+
 def _stage_median(arr: PatternArrays, values: np.ndarray, idx: np.ndarray, median: Triple) -> Triple:
     """The median worker of the pipeline stage that holds all of ``idx`` (like with like: issue 28),
     else ``median`` (the job's)."""
@@ -179,6 +193,8 @@ def _stage_median(arr: PatternArrays, values: np.ndarray, idx: np.ndarray, media
     st = arr.stage[idx]
     if (st != st[0]).any() or st[0] < 0 or (arr.stage == st[0]).all():
         return median
+    if np.setdiff1d(np.flatnonzero(arr.stage == st[0]), idx).size == 0:
+        return median  # a stage of these ranks alone (one rank per stage): no like peer to compare with
     return Triple(*(float(x) for x in np.median(values[:, arr.stage == st[0]], axis=1)))
 
 

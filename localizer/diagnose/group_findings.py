@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from perftracker.localizer.diagnose.arrays import PatternArrays
+from perftracker.localizer.diagnose.cpu_starvation import is_cpu_wait
 from perftracker.localizer.diagnose.expect import OPEN_BOX
 from perftracker.localizer.diagnose.explain import describe_ranks, frame_text, pct
 from perftracker.localizer.diagnose.imbalance import (
@@ -84,7 +85,7 @@ def group_causes(arr: PatternArrays, opts: WaitOptions) -> tuple[GroupCause, Gro
     stage = None
     if arr.stage is not None:  # the workers' compute in seconds only where there are stages to compare
         compute = [f for f, info in enumerate(arr.functions) if info.category is Category.COMPUTE
-                   and not is_health(info.key)]
+                   and not is_health(info.key) and not is_cpu_wait(info)]  # a wait for a core is no compute
         seconds = compute_seconds(arr.values[:, 0, :], compute, arr.worker_window_s, float(arr.window_s))
         stage = stage_imbalance(seconds, arr.stage, float(arr.window_s), opts)
     return (GroupCause(stage=stage),
