@@ -38,6 +38,8 @@ from perftracker.model.hardware import (
 )
 from perftracker.model.raw_window import SampleSet, UtilSeries
 
+ACTIVE_MIN = 0.05  # a port busy (sending or stalled) at least this share of a sample interval
+
 
 def _inside(t_ns: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
     """Mask of the sample times that fall inside any of the intervals."""
@@ -94,16 +96,27 @@ def clock_patterns(samples: SampleSet | None, compute_start_ns: np.ndarray, comp
 
 def ib_wait_pattern(samples: SampleSet | None, start_ns: np.ndarray, end_ns: np.ndarray, collective_ns: float,
                     window_start_ns: int, window_end_ns: int) -> Pattern | None:
-    """The InfiniBand port pattern of one worker, or None without an ``ib_xmit_wait`` series: μ/σ the
-    port's xmit-wait share while the worker's collectives over the NIC (``start_ns``/``end_ns``)
-    run, as a function's utilization is measured while it runs; the whole window without them."""
+    """The InfiniBand port pattern of one worker, or None without an ``ib_xmit_wait`` series.
+
+    μ is the share of the port's active time it was stalled, while the worker's collectives over the
+    NIC (``start_ns``/``end_ns``) run: xmit-wait / (xmit-wait + sending), sending being the ``nic``
+    utilization of the same interval. Time the rank spends waiting for a late peer (the port idle)
+    counts in neither, so a slow link is not diluted by the job's other waits. Without a ``nic``
+    series, the plain xmit-wait share of that time. σ: its spread over the samples."""
     wait = samples.get(IB_XMIT_WAIT) if samples is not None else None
     if wait is None or not len(wait.t_ns):
         return None
     m = _scope(wait, start_ns, end_ns, window_start_ns, window_end_ns)
     if not m.any():
         return None
-    v = np.clip(np.asarray(wait.value, dtype=np.float64)[m], 0.0, 1.0)
+    w = np.clip(np.asarray(wait.value, dtype=np.float64)[m], 0.0, 1.0)
+    nic = samples.get("nic") if samples is not None else None
+    if nic is not None and len(nic.t_ns):
+        u = np.interp(np.asarray(wait.t_ns)[m], np.asarray(nic.t_ns), np.asarray(nic.value, dtype=np.float64))
+        active = (w + u) > ACTIVE_MIN
+        v = w[active] / (w[active] + u[active]) if active.any() else np.zeros(1)
+    else:
+        v = w
     window_ns = window_end_ns - window_start_ns
     return Pattern(key=IB_WAIT_KEY, category=Category.COLLECTIVE,
                    beta=float(min(collective_ns / max(window_ns, 1), 1.0)), mu=float(v.mean()), sigma=float(v.std()),

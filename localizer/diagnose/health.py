@@ -90,7 +90,7 @@ def health_text(key: str, arr: PatternArrays, f: int, idx: np.ndarray, ranks: Se
                 f"(expected ≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
                 f"{pct(observed.beta)} of the window")
         return arr.functions[f].label, f"{text} — {hint or 'peer traffic falls back from NVLink to PCIe'}{after}"
-    text = (f"{who}: InfiniBand port could not send {pct(observed.mu)} of the time (port_xmit_wait; expected "
+    text = (f"{who}: InfiniBand port stalled {pct(observed.mu)} of its active time (port_xmit_wait; expected "
             f"≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
             f"{pct(observed.beta)} of the window")
     return arr.functions[f].label, f"{text} — {hint or 'slow or congested InfiniBand link at this port'}{after}"
