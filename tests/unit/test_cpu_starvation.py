@@ -10,6 +10,8 @@ slowest rank; each β is that time over the step. The rank under test changes it
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
@@ -119,3 +121,32 @@ def test_own_work_grows_at_the_bar(own_factor: float, grew: bool) -> None:
     beta = np.array([[0.1, 0.1, 0.1 * own_factor], [0.2, 0.2, 0.2 * own_factor], [0.5, 0.5, 0.1]])
     v = judge_cpu_wait(beta, [0, 1], np.array([2]), np.array([0, 1]))
     assert v.work_grew is grew and v.work == 1, v
+
+
+def _pipeline(seed: int, replicas: int) -> PatternArrays:
+    """A 4-stage pipeline (×``replicas`` data-parallel) on a busy host; stage 2 of replica 0 runs
+    aten::mm 3× and waits for a core per unit of work like the others."""
+    arr = _job(4 * replicas, 2, 3.0, 1.0, seed)
+    return dataclasses.replace(arr, stage=np.tile(np.arange(4), replicas))
+
+
+def test_a_pipeline_of_one_rank_per_stage_names_the_slowed_ranks_work_not_a_stage() -> None:
+    """One rank per stage: a heavy stage and a slowed rank are the same data; the headline is rank 2's
+    aten::mm with the three other stages waiting for it, and no stage cause, no CPU starvation."""
+    report = localize_arrays(_pipeline(31, 1), OPTS)
+    head = report.findings[0] if report.findings else None
+    assert head is not None and head.ranks == (2,) and head.label == "aten::mm", report.summary
+    assert head.waits, report.summary  # the other stages wait for it (here judged per stage: the p2p row is synthetic)
+    assert not any(f.label.startswith("pipeline stage") for f in report.findings), report.summary
+    assert "starvation" not in report.summary.lower(), report.summary
+
+
+def test_the_wait_for_a_core_is_no_stage_compute() -> None:
+    """The twin: two replicas, every rank of stage 2 waits 1.5× as long for a core per unit of work
+    and computes as much as the others: no stage computes more (the wait is not compute); the
+    finding, if any, is CPU starvation, never a stage imbalance."""
+    arr = _job(8, 2, 1.0, 1.5, seed=32)
+    arr.values[:, :, 6] = arr.values[:, :, 2]  # stage 2 of the second replica starved alike
+    arr = dataclasses.replace(arr, stage=np.tile(np.arange(4), 2))
+    report = localize_arrays(arr, OPTS)
+    assert not any(f.label.startswith("pipeline stage") for f in report.findings), report.summary
