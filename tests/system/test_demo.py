@@ -25,5 +25,9 @@ def test_demo_names_the_slow_rank(tmp_path: Path) -> None:
     head = report["findings"][0]
     assert head["category"] == "compute" and head["ranks"] == [1], report["summary"]
     assert report["summary"].startswith("rank 1: ")
+    # issue 32: the headline is short and plain, each finding says what to check next
+    assert report["headline"].startswith("rank 1 ") and len(report["headline"]) <= 120, report["headline"]
+    assert head["title"] and head["evidence"] and head["next_steps"], head
+    assert len(head["title"]) <= 120 and (not head["waits"] or any(e.startswith("waits: ") for e in head["evidence"]))
     assert all(1 in f["ranks"] for f in report["findings"]), [f["sentence"] for f in report["findings"]]
     assert head["impact"] > 0 and all(1 not in w["ranks"] for w in head["waits"]), head
