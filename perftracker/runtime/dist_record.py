@@ -10,8 +10,8 @@ group, and a gloo job's events name none at all. So for each window the runtime 
   ranks)``, the form of ``WindowMeta.process_groups``. Only the groups this rank belongs to, as
   in a trace.
 - **which collective ran in which group**: while the window is open, the public collective and
-  point-to-point functions of ``torch.distributed`` (``all_reduce``, ``send``, ``irecv``,
-  ``batch_isend_irecv`` ...) are wrapped. Each call is recorded as a ``Call`` (its kind, group
+  point-to-point functions of ``torch.distributed`` (``all_reduce``, ``send``, ``recv``,
+  ``batch_isend_irecv`` ...; not ``isend``/``irecv``, see ``_FUNCS``) are wrapped. Each call is recorded as a ``Call`` (its kind, group
   name, peer's global rank, start and end on CLOCK_MONOTONIC) and then runs unchanged; the
   wrappers are removed when the window ends (an attribute someone else replaced meanwhile is left
   alone). ``perftracker.runtime.comm_rows`` turns the calls into ``WindowMeta.comm`` rows.
