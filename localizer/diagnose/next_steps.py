@@ -41,7 +41,7 @@ CAUSES: tuple[Cause, ...] = (
        "clocks and thermal throttling: `nvidia-smi -q -d PERFORMANCE` (GPU), `turbostat` or `cpupower frequency-info`",
        "other processes on the device: `nvidia-smi`, `top`",
        "compare the host's hardware and driver with a healthy rank's"),
-    _c("throttled_gpu", "throttled GPU", r"throttl",
+    _c("throttled_gpu", "throttled GPU", r"throttled gpu|gpu (sm )?clock|throttle reason",
        "GPU clocks and throttle reasons: `nvidia-smi -q -d PERFORMANCE,CLOCK` on the rank's host",
        "temperatures and power: `nvidia-smi -q -d TEMPERATURE,POWER`; the host's cooling",
        "compare with a healthy host (`nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv`)"),

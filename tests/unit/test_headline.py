@@ -91,6 +91,10 @@ def test_every_cause_kind_has_a_row_a_sentence_that_names_it_and_next_steps() ->
     assert cause_kind("more work or a slower processor on these ranks (load imbalance)") == "load_imbalance"
     assert cause_kind("unusual PCIe traffic, e.g. peer copies falling back from NVLink to PCIe") == "pcie_fallback"
     assert cause_kind("slow copies (PCIe link, unpinned host memory)") == "slow_copy"
+    # a CPU quota is "throttling" too: CPU starvation, not a throttled GPU (expected.toml's own hints)
+    assert cause_kind("CPU starvation: a CPU quota (cgroup throttling) or other processes on the rank's cores") \
+        == "cpu_starvation"
+    assert cause_kind("throttled GPU: its SM clock is below its maximum") == "throttled_gpu"
 
 
 @pytest.mark.parametrize("kind", sorted(CAUSE_TEXT))
