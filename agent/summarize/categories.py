@@ -62,8 +62,9 @@ _MEMORY_OP = (
 _PY_AUTOGRAD_NODE = r"^(autograd::engine::evaluate_function: )?(?!UndefinedGradBackward$)[A-Za-z_]\w*Backward$"
 # Python frames that are a c10d wait: the thread is blocked in a collective, or in a blocking
 # point-to-point transfer (a pipeline stage's send/recv: gloo waits inside ``send``/``recv``);
-# torch 2.13's Python tracer names c10d's ``Work.wait`` "<built-in method wait of pybind11...>"
-_COLLECTIVE_PY = r"(distributed_c10d\.py\(\d+\): (wait|barrier|all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|send|recv|isend|irecv|batch_isend_irecv)|Work objects?>$|method 'wait' of 'torch\._C\._distributed_c10d|^<built-in method wait of pybind11)"
+# torch 2.13's Python tracer names c10d's ``Work.wait`` "<built-in method wait of pybind11...>" and the
+# process group's blocking ``send``/``recv`` (gloo) "<built-in method recv of pybind11...>"
+_COLLECTIVE_PY = r"(distributed_c10d\.py\(\d+\): (wait|barrier|all_reduce|all_gather|reduce_scatter|broadcast|all_to_all|send|recv|isend|irecv|batch_isend_irecv)|Work objects?>$|method 'wait' of 'torch\._C\._distributed_c10d|^<built-in method (wait|send|recv) of pybind11)"
 
 # torch.distributed.pipelining's wait for a stage's batched send/recv (issue 31): the schedule calls
 # ``work.wait()`` from here, and on gloo the C call is not recorded, so the wait is this frame's self time

@@ -36,6 +36,16 @@ CASES = [
     (K.PYTHON, "train.py(12): step", c.PYTHON, c.PYTHON),
     (K.PYTHON, "torch/distributed/distributed_c10d.py(2501): all_reduce", c.PYTHON, c.COLLECTIVE),
     (K.PYTHON, "<method 'wait' of 'torch._C._distributed_c10d.Work' objects>", c.PYTHON, c.COLLECTIVE),
+    # torch 2.13's Python tracer names c10d's bound methods after pybind11 (a gloo p2p blocks in them)
+    (K.PYTHON, "<built-in method recv of pybind11_builtins.pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi_1xxx"
+     "_use_cxx11_abi_1 object>", c.PYTHON, c.COLLECTIVE),
+    (K.PYTHON, "<built-in method send of pybind11_builtins.pybind11_detail_function_record_v1 object>", c.PYTHON,
+     c.COLLECTIVE),
+    (K.PYTHON, "<built-in method wait of pybind11_builtins.pybind11_detail_function_record_v1 object>", c.PYTHON,
+     c.COLLECTIVE),
+    # its twins: a socket's recv is I/O (Python), not a collective
+    (K.PYTHON, "<built-in method recv_into of _socket.socket object>", c.PYTHON, c.PYTHON),
+    (K.PYTHON, "<built-in method recv of _socket.socket object>", c.PYTHON, c.PYTHON),
     (K.GC, "Python GC", c.PYTHON, c.PYTHON),
     (K.ANNOTATION, "## forward ##", c.HOST, c.SKIP),
     (K.ANNOTATION, "ProfilerStep#10", c.SKIP, c.SKIP),

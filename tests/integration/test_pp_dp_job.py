@@ -6,6 +6,12 @@ analyze` of the job's own torch.profiler traces. The report headlines the slowed
 victims, and carries the other three ranks' waits; the clean twin blames no rank (a job-wide
 finding, such as the job's own storage wait on every rank, names no culprit).
 
+In the integration tier, not CI: 4 CPU ranks on a 2-core host are not steady enough. Measured here
+(load 4-17): the live culprit case passed 2 of 4 runs (a CPU-starved rank blamed once, rank 0
+named with no cause once); the offline culprit case passed 4 of 5; the offline clean twin failed 2
+of 4 (rank 0's aten::tanh 14% against 11%, or one rank's recv 3.3x, as a rank-specific finding: on
+shared cores contention is a real imbalance in wall time, which the method reports as it sees it).
+
 Topology: stage = rank % 2; pipelines {0, 1}, {2, 3}; data-parallel groups {0, 2}, {1, 3}. Rank 2
 slowed: rank 3 (its pipeline successor) waits in recv, rank 0 (its data-parallel peer) in the
 all-reduce, rank 1 in the all-reduce for rank 3, one hop further.
