@@ -163,6 +163,8 @@ def ours(tr: Trainer, args: argparse.Namespace, out_dir: Path, session: str, sta
                                "local_rank": int(os.environ.get("RANK", 0))})()
     kw = {"stacks": stacks, "spawn_sampler": spawn, "stack_period_us": args.stack_period_us, "writer": args.writer,
           "sampler_args": tuple(args.sampler_args.split())}
+    if args.converge:  # issue 30: end the window once its phases converged (older code: no such option)
+        kw["converge"] = True
     own_pinning = "helper_cpus" in WindowOptions.__dataclass_fields__  # older code: the bench pins the sampler
     if own_pinning:
         kw["helper_cpus"] = tuple(args.helper_cpus)
@@ -340,6 +342,8 @@ def main() -> int:
     p.add_argument("--stack-period-us", type=int, default=WindowOptions.stack_period_us)
     p.add_argument("--writer", default=WindowOptions.writer, help="WindowOptions.writer for our window")
     p.add_argument("--tracer", action="store_true", help="also run our window with torch's Python tracer")
+    p.add_argument("--converge", action="store_true",
+                   help="end our window once its phases converged (WindowOptions.converge, PERFTRACKER_WINDOW_CONVERGE)")
     p.add_argument("--sampler-args", default="", help="extra arguments for the sampler process, e.g. '--period-us 4000'")
     args = p.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
