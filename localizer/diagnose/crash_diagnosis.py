@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from perftracker.localizer.diagnose.hang_diagnosis import SilentRank, _user_callers, place
-from perftracker.localizer.diagnose.headline import fit
+from perftracker.localizer.diagnose.headline import fit_incident
 from perftracker.localizer.diagnose.rank_groups import (
     Group,
     culprit_clause,
@@ -156,7 +156,7 @@ def localize_crash(
         created_ns=max(s.taken_ns for s in snapshots) if now_ns is None else now_ns,
         trigger_reason="crash", window_s=0.0, ranks_reported=tuple(sorted(by_rank)),
         ranks_missing=tuple(sorted(quiet)), hang_states=tuple(states), summary=summary,
-        headline=fit(summary))
+        headline=fit_incident(summary))
 
 
 # --------------------------------------------------------------------------------------------

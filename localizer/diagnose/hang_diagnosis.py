@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from perftracker.localizer.diagnose.headline import fit
+from perftracker.localizer.diagnose.headline import fit_incident
 from perftracker.localizer.diagnose.rank_groups import (
     Group,
     culprit_clause,
@@ -243,7 +243,7 @@ def localize_hang(
         ranks_missing=tuple(sorted({*quiet, *followers})),
         hang_states=tuple(states),
         summary=summary,
-        headline=fit(summary),
+        headline=fit_incident(summary),
     )
 
 

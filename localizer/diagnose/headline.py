@@ -48,6 +48,16 @@ def fit(text: str, limit: int = MAX_TITLE_CHARS) -> str:
     return text[:limit - 1].rstrip() + "…"
 
 
+# a source place in an incident's text: a path (absolute, or <lib>/...) ending in file.py:LINE
+_PLACE_RE = re.compile(r"(?:<\w+>)?(?:/[^\s/:;,()]+)*/([^\s/:;,()]+\.py:\d+)")
+
+
+def fit_incident(summary: str, limit: int = MAX_TITLE_CHARS) -> str:
+    """A hang or crash summary as a headline: each source place shortened to its file and line
+    (``/work/job/train.py:34`` -> ``train.py:34``; the report keeps the whole path), then ``fit``."""
+    return fit(_PLACE_RE.sub(r"\1", summary), limit)
+
+
 def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
     """A function's name for a headline: a Python frame's function, a C++ kernel without its
     argument list ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""

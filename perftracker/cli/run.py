@@ -254,6 +254,8 @@ def describe_sessions(agent: LocalAgent, sessions: list[dict[str, Any]], out: An
                 if report is not None:  # a hang session's report may be a crash report (issue 22)
                     line = f"perftracker: session {sid} ({report.kind}, {s.get('reason')}): {s.get('state')}"
                     line += f", {report.status}: {report.top_line}"
+                    if report.kind in ("hang", "crash") and report.summary != report.top_line:
+                        line += f"\n  {report.summary}"  # an incident's whole place and stack
             line += f"\n  report: {reports / (sid + '.json')}  (perftracker report {sid} --data-dir "\
                     f"{agent.runs_dir})"
         elif s.get("error"):

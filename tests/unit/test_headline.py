@@ -335,3 +335,15 @@ def test_the_demo_headline_is_printed_once() -> None:
     buf = io.StringIO()
     text.render(report, buf, color=False, width=200)
     assert buf.getvalue().count(report.headline) == 1
+
+
+def test_an_incident_headline_keeps_file_and_line_not_the_whole_path() -> None:
+    from perftracker.localizer.diagnose.headline import fit_incident
+
+    summary = ("crash: rank 2 (pipeline stage 2 of 4) failed with RuntimeError: boom at iteration 30 "
+               "at /very/long/checkout/of/the/users/job/tests/pipeline.py:67 in main; raised in "
+               "<lib>/torch/distributed/pipelining/stage.py:900 in forward_one_chunk")
+    head = fit_incident(summary)
+    assert len(head) <= MAX_TITLE_CHARS and "at pipeline.py:67 in main" in head and "/very/long" not in head, head
+    short = "hang: rank 1 stopped at job.py:3 in step"  # its twin: a short one is left as it is
+    assert fit_incident(short) == short
