@@ -10,7 +10,11 @@ starvation, and it takes the critical path from the very ops that grew.
 **[decision] The work first.** A flagged CPU wait on some ranks is *the ranks' own work* when that
 work grew against their like peers: the sum, over the functions the ranks run themselves (every
 function but the collectives, the link and host-bound patterns and the CPU wait), of what each holds
-above the peers' median β is at least ``WORK_GREW`` of the peers' own β. Only the functions they hold
+above the peers' median β — beyond the ranks' uniform stretch (``stretch``) — is at least
+``WORK_GREW`` of the peers' own β. The stretch is there for a CPU quota (the CPU fault suite's
+slow-compute-rank): a throttled cgroup is not on the run queue, so schedstat's run_delay misses much
+of its wait and every op of the rank runs longer alike; without it, the op that happened to grow
+most (a dataset's ``__getitem__``, ``_single_tensor_sgd``) was named as extra work. Only the functions they hold
 *more* count: a pipeline stage's peers wait for it in Python frames (``_wait_batch_p2p``), which are
 "own" functions by category but shrink on the late rank. The finding then names the function whose
 β grew most, and the CPU wait is a clause of it. *CPU starvation* is the cause only when the work did
@@ -68,12 +72,31 @@ def cpu_wait_function(functions: Sequence[FunctionInfo]) -> int | None:
     return next((f for f, i in enumerate(functions) if is_cpu_wait(i)), None)
 
 
+def stretch(on_ranks: np.ndarray, on_peers: np.ndarray) -> float:
+    """How much longer the ranks run all their own functions alike: the lower quartile of the
+    per-function ratios ranks / peers, weighted by the peers' β (functions the peers do not run left
+    out), at least 1. A processor that runs everything slower (a CPU quota, a lower clock) stretches
+    every function alike, and this is that factor; work added to functions that hold up to three
+    quarters of the peers' own β leaves it at the others' ratio, near 1."""
+    ok = on_peers > 0
+    if not ok.any():
+        return 1.0
+    ratio, weight = on_ranks[ok] / on_peers[ok], on_peers[ok]
+    order = np.argsort(ratio)
+    cum = np.cumsum(weight[order])
+    i = int(np.searchsorted(cum, cum[-1] / 4))
+    return max(1.0, float(ratio[order][min(i, order.size - 1)]))
+
+
 def judge_cpu_wait(beta: np.ndarray, own_fs: Sequence[int], ranks: np.ndarray, peers: np.ndarray) -> CpuWaitVerdict:
-    """``beta``: functions × workers; ``ranks``/``peers``: worker columns (peers not empty)."""
+    """``beta``: functions × workers; ``ranks``/``peers``: worker columns (peers not empty). A
+    function's growth counts beyond the ranks' uniform stretch (``stretch``): every op longer by the
+    same factor is a slower or starved processor, not more work."""
     if not own_fs:
         return CpuWaitVerdict(0.0, 0.0, None)
     own = beta[list(own_fs)]
-    more = np.median(own[:, ranks], axis=1) - np.median(own[:, peers], axis=1)
+    on_ranks, on_peers = np.median(own[:, ranks], axis=1), np.median(own[:, peers], axis=1)
+    more = on_ranks - stretch(on_ranks, on_peers) * on_peers
     i = int(np.argmax(more))
     return CpuWaitVerdict(float(np.clip(more, 0.0, None).sum()), float(np.median(own[:, peers].sum(axis=0))),
                           list(own_fs)[i] if float(more[i]) > 0 else None)

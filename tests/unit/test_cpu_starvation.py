@@ -114,13 +114,32 @@ def test_a_busy_host_with_no_fault_has_no_finding() -> None:
     assert report.findings == (), [f.sentence for f in report.findings]
 
 
-@pytest.mark.parametrize(("own_factor", "grew"), [(1 + WORK_GREW * 0.95, False), (1 + WORK_GREW * 1.05, True)])
-def test_own_work_grows_at_the_bar(own_factor: float, grew: bool) -> None:
-    """The verdict itself, on rows: both own functions of rank 2 at 1 + 0.95 or 1.05 × WORK_GREW the
-    peers'."""
-    beta = np.array([[0.1, 0.1, 0.1 * own_factor], [0.2, 0.2, 0.2 * own_factor], [0.5, 0.5, 0.1]])
+@pytest.mark.parametrize(("bar", "grew"), [(0.95, False), (1.05, True)])
+def test_own_work_grows_at_the_bar(bar: float, grew: bool) -> None:
+    """The verdict itself, on rows: rank 2's second own function holds 0.95 or 1.05 × WORK_GREW of the
+    peers' own β (0.3) more than theirs, its first is as theirs."""
+    extra = 0.3 * WORK_GREW * bar
+    beta = np.array([[0.1, 0.1, 0.1], [0.2, 0.2, 0.2 + extra], [0.5, 0.5, 0.1]])
     v = judge_cpu_wait(beta, [0, 1], np.array([2]), np.array([0, 1]))
     assert v.work_grew is grew and v.work == 1, v
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 3.0])
+def test_every_op_longer_alike_is_no_extra_work(factor: float) -> None:
+    """A CPU quota (the fault suite's slow-compute-rank): every own function of rank 2 runs ``factor`` ×
+    longer, with a little seeded noise. That is a slower processor, not more work: no function grew
+    beyond the stretch, so the CPU wait keeps its finding. Its twin: the same rank with one function
+    grown on top of the stretch is its work."""
+    rng = np.random.default_rng(int(factor * 10))
+    peers_own = np.array([0.10, 0.06, 0.04, 0.02])  # e.g. aten::bmm, __getitem__, _single_tensor_sgd, python
+    rank_own = peers_own * factor * np.exp(rng.normal(0, 0.03, 4))
+    wait = np.array([[0.2, 0.2, 0.2 * factor]])
+    beta = np.vstack([np.column_stack([peers_own, peers_own, rank_own]), wait])
+    v = judge_cpu_wait(beta, [0, 1, 2, 3], np.array([2]), np.array([0, 1]))
+    assert not v.work_grew, v
+    beta[1, 2] += 0.1  # one function grows beyond the stretch by half the peers' own work
+    v = judge_cpu_wait(beta, [0, 1, 2, 3], np.array([2]), np.array([0, 1]))
+    assert v.work_grew and v.work == 1, v
 
 
 def _pipeline(seed: int, replicas: int) -> PatternArrays:
