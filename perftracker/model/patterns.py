@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -209,16 +209,7 @@ class PatternSet:
         }
 
     def _groups_dict(self) -> dict[str, Any]:
-        """The process-group fields, only when there are any (older readers never see them)."""
-        out: dict[str, Any] = {}
-        if self.groups:
-            out["groups"] = [g.to_list() for g in self.groups]
-        if self.comm:
-            out["comm"] = {k: list(v) for k, v in self.comm.items()}
-        if self.steps_ms:
-            out["steps_ms"] = [round(float(x), 4) for x in self.steps_ms]
-            out["step_group"] = self.step_group
-        return out
+        return groups_fields_dict(self.groups, self.comm, self.steps_ms, self.step_group)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PatternSet:
@@ -289,6 +280,21 @@ def _finite(v: Any, w: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise SchemaError(f"{w}: not a finite number: {v!r:.40}")
     return float(v)
+
+
+def groups_fields_dict(groups: Sequence[ProcessGroup], comm: Mapping[str, Sequence[str]],
+                       steps_ms: Sequence[float], step_group: str) -> dict[str, Any]:
+    """The process-group fields of a PatternSet's dict or a wire worker's, only those there are
+    (older readers never see them); ``parse_groups_fields`` reads them back."""
+    out: dict[str, Any] = {}
+    if groups:
+        out["groups"] = [g.to_list() for g in groups]
+    if comm:
+        out["comm"] = {k: list(v) for k, v in comm.items()}
+    if steps_ms:
+        out["steps_ms"] = [round(float(x), 4) for x in steps_ms]
+        out["step_group"] = step_group
+    return out
 
 
 def parse_groups_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from perftracker.model.patterns import (
     Pattern,
     PatternSet,
     ProcessGroup,
+    groups_fields_dict,
     parse_groups_fields,
 )
 from perftracker.model.schema import (
@@ -207,21 +208,8 @@ def meta_dict(batch: PatternBatch) -> dict[str, Any]:
                         "pid": w.pid, "coords": dict(w.coords), "source": w.source, "gpu": w.gpu,
                         "window_start_ns": w.window_start_ns, "window_end_ns": w.window_end_ns,
                         "iteration_ms": list(w.iteration_ms),
-                        "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **_groups_dict(w)})
+                        "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **groups_fields_dict(w.groups, w.comm, w.steps_ms, w.step_group)})
     return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "workers": workers}
-
-
-def _groups_dict(w: WorkerMeta) -> dict[str, Any]:
-    """A worker's process-group fields, only when there are any (as ``PatternSet.to_dict``)."""
-    out: dict[str, Any] = {}
-    if w.groups:
-        out["groups"] = [g.to_list() for g in w.groups]
-    if w.comm:
-        out["comm"] = {k: list(v) for k, v in w.comm.items()}
-    if w.steps_ms:
-        out["steps_ms"] = [round(float(x), 4) for x in w.steps_ms]
-        out["step_group"] = w.step_group
-    return out
 
 
 def _json(d: dict[str, Any]) -> bytes:
