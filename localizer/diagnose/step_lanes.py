@@ -3,8 +3,8 @@ one rank per pipeline stage), each split into host, compute, waiting, communicat
 
 Drawn from the window's patterns: a rank's critical-path shares per category (β summed over its
 functions), scaled to its median step (its own iteration times, else the window). A collective's
-share splits into waiting (what the rank spends in collectives beyond the least any rank of its
-stage spends there) and communication (the rest). Shares in a fixed order, not a timeline. Pure
+share splits into waiting (the waits the findings measured for the ranks that wait for their
+culprits, at most the collective share) and communication (the rest). Shares in a fixed order, not a timeline. Pure
 numpy over PatternArrays; no I/O.
 """
 
