@@ -11,10 +11,15 @@ starvation, and it takes the critical path from the very ops that grew.
 work grew against their like peers: the sum, over the functions the ranks run themselves (every
 function but the collectives, the link and host-bound patterns and the CPU wait), of what each holds
 above the peers' median β — beyond the ranks' uniform stretch (``stretch``) — is at least
-``WORK_GREW`` of the peers' own β. The stretch is there for a CPU quota (the CPU fault suite's
+``WORK_GREW`` of the peers' own β, and the function it names (the one that grew most) grew by
+that much on its own. The stretch is there for a CPU quota (the CPU fault suite's
 slow-compute-rank): a throttled cgroup is not on the run queue, so schedstat's run_delay misses much
 of its wait and every op of the rank runs longer alike; without it, the op that happened to grow
-most (a dataset's ``__getitem__``, ``_single_tensor_sgd``) was named as extra work. Only the functions they hold
+most (a dataset's ``__getitem__``, ``_single_tensor_sgd``) was named as extra work. The bar on the
+named function is there for the same quota: its ops stretch unevenly (1.1-1.7× in one window, 1.26×
+the lower quartile), and the growth beyond the stretch of twenty small Python frames, each under
+0.2% of the window, summed past the bar while the rank's CPU wait was 2.4× its peers' (then the
+report named ``backward``, 0.24% of the window, as the rank's "Python work"). Only the functions they hold
 *more* count: a pipeline stage's peers wait for it in Python frames (``_wait_batch_p2p``), which are
 "own" functions by category but shrink on the late rank. The finding then names the function whose
 β grew most, and the CPU wait is a clause of it. *CPU starvation* is the cause only when the work did
@@ -50,11 +55,15 @@ class CpuWaitVerdict:
     excess: float  # β the ranks hold above their peers' median, summed over their own functions
     own_peers: float  # the peers' median own β
     work: int | None  # the own function whose β grew most on the ranks (None: none grew)
+    work_excess: float = 0.0  # what that function alone holds above the stretched peers' median
 
     @property
     def work_grew(self) -> bool:
-        """The wait came with the ranks' own work: name the work, not the wait."""
-        return self.work is not None and self.excess > 0 and self.excess >= WORK_GREW * self.own_peers
+        """The wait came with the ranks' own work: name the work, not the wait. The function named
+        must itself have grown by WORK_GREW of the peers' own β: growth spread thinly over many
+        functions is the uneven stretch of a slower processor, not work that one of them added."""
+        bar = WORK_GREW * self.own_peers
+        return self.work is not None and self.excess > 0 and self.excess >= bar and self.work_excess >= bar
 
 
 def is_cpu_wait(info: FunctionInfo) -> bool:
@@ -99,7 +108,7 @@ def judge_cpu_wait(beta: np.ndarray, own_fs: Sequence[int], ranks: np.ndarray, p
     more = on_ranks - stretch(on_ranks, on_peers) * on_peers
     i = int(np.argmax(more))
     return CpuWaitVerdict(float(np.clip(more, 0.0, None).sum()), float(np.median(own[:, peers].sum(axis=0))),
-                          list(own_fs)[i] if float(more[i]) > 0 else None)
+                          list(own_fs)[i] if float(more[i]) > 0 else None, max(0.0, float(more[i])))
 
 
 def like_peers(arr: PatternArrays, ranks: np.ndarray) -> np.ndarray:

@@ -15,7 +15,12 @@ import dataclasses
 import numpy as np
 import pytest
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
-from perftracker.localizer.diagnose.cpu_starvation import CPU_WAIT_KEY, WORK_GREW, judge_cpu_wait
+from perftracker.localizer.diagnose.cpu_starvation import (
+    CPU_WAIT_KEY,
+    WORK_GREW,
+    judge_cpu_wait,
+    stretch,
+)
 from perftracker.localizer.diagnose.localize import localize_arrays
 from perftracker.localizer.diagnose.options import LocalizeOptions
 
@@ -96,6 +101,44 @@ def test_near_the_work_bar_a_rank_that_also_waits_more_per_unit_of_work_is_named
         assert f"also compute op {CPU_WAIT_KEY}" in head.sentence, head.sentence
     else:
         assert head.label == CPU_WAIT_KEY and "CPU starvation" in head.sentence, report.summary
+
+
+def _uneven_quota(seed: int) -> tuple[np.ndarray, list[int]]:
+    """The CPU fault suite's slow-compute-rank as a live window measured it (a 0.3-CPU quota on rank
+    3 of 4 ranks on 2 cores): its own functions run 1.1-1.7× longer, spread over many small Python
+    frames, and its CPU wait is 2.4× the others'. Rows: 24 own functions, then the CPU wait."""
+    rng = np.random.default_rng(seed)
+    peers_own = np.r_[0.018, 0.007, 0.006, 0.005, np.full(20, 0.004)]  # addmm, a few ops, 20 Python frames
+    rank_own = peers_own * rng.uniform(1.1, 1.7, peers_own.size)
+    own = np.column_stack([peers_own * np.exp(rng.normal(0, 0.05, peers_own.size)) for _ in range(3)]
+                          + [rank_own])
+    return np.vstack([own, [[0.14, 0.20, 0.17, 0.42]]]), list(range(peers_own.size))
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_a_cpu_quota_that_stretches_every_op_unevenly_is_no_extra_work(seed: int) -> None:
+    """Growth beyond the stretch spread thinly over many functions sums past WORK_GREW, but no one
+    function grew by it: that is the uneven stretch of a throttled processor, and the CPU wait keeps
+    its finding (the report had named ``backward``, 0.24% of the window, as the rank's Python work)."""
+    beta, fs = _uneven_quota(seed)
+    v = judge_cpu_wait(beta, fs, np.array([3]), np.array([0, 1, 2]))
+    assert v.excess >= WORK_GREW * v.own_peers, v  # the sum alone would have called it work
+    assert not v.work_grew, v
+
+
+@pytest.mark.parametrize(("bar", "grew"), [(0.9, False), (1.1, True)])
+def test_under_a_quota_one_function_grown_on_its_own_past_the_bar_is_work(bar: float, grew: bool) -> None:
+    """The twin: the same throttled rank with one function grown beyond the stretch by 0.9 or 1.1 ×
+    WORK_GREW of the peers' own β on top of its stretch."""
+    beta, fs = _uneven_quota(31)
+    v0 = judge_cpu_wait(beta, fs, np.array([3]), np.array([0, 1, 2]))
+    on_peers = np.median(beta[fs, :3], axis=1)
+    f = 5  # a Python frame that held 0.4% of the window
+    beta[f, 3] = stretch(beta[fs, 3], on_peers) * on_peers[f] + bar * WORK_GREW * v0.own_peers
+    v = judge_cpu_wait(beta, fs, np.array([3]), np.array([0, 1, 2]))
+    assert v.work_grew is grew, v
+    if grew:
+        assert v.work == f, v
 
 
 def test_peers_waiting_in_python_frames_are_not_work_they_did() -> None:
