@@ -24,17 +24,16 @@ window) and ``Runtime.stop()`` (``perftracker.deactivate()``) end any open windo
 cancelled, a running one is stopped in the training thread and discarded (its result is not
 written: that could take a minute), and at exit a writer thread is cancelled at its next throttle
 check and waited for at most ``exit_wait_s``. Each discarded window logs one line and delivers a
-``WindowResult`` with an error. ``ProfileWindow`` owns the state machine and two parts that it
-calls: its ``WindowWriter`` (perftracker/runtime/window_writer.py: paths, writer thread, conversion
-child) and its ``WindowExit`` (perftracker/runtime/window_exit.py: the exit and deactivation path).
+``WindowResult`` with an error. ``ProfileWindow`` owns the state machine and three parts that it
+calls: its ``WindowInstruments`` (perftracker/runtime/window_instruments.py: profiler, stack
+sampling, NVTX, started and undone), its ``WindowWriter`` (perftracker/runtime/window_writer.py:
+paths, writer thread, conversion child) and its ``WindowExit`` (perftracker/runtime/window_exit.py:
+the exit and deactivation path); the state they share is in perftracker/runtime/window_state.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,14 +42,12 @@ from typing import Any
 
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
-from perftracker.runtime import dist_record
-from perftracker.runtime import stack_sampler as stacks_mod
 from perftracker.runtime.convergence import window_converged
-from perftracker.runtime.profiler import KinetoCapture
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window_exit import WindowExit, _register, shutdown_all
 from perftracker.runtime.window_handoff import hand_over
+from perftracker.runtime.window_instruments import WindowInstruments
 from perftracker.runtime.window_writer import (
     _ACTIVE,
     _ARMED,
@@ -66,12 +63,6 @@ from perftracker.runtime.window_writer import (
 __all__ = ["ProfileWindow", "WindowOptions", "WindowResult", "shutdown_all"]
 
 log = logging.getLogger(__name__)
-
-
-def _nvtx() -> Any:
-    import nvtx
-
-    return nvtx
 
 
 class ProfileWindow:
@@ -91,11 +82,11 @@ class ProfileWindow:
         self.options = options or WindowOptions()
         self._runtime = runtime
         self._hooked = False
-        self._remote_warned = False
         self._lock = threading.Lock()
         self._state = _IDLE
         self._cur: _Active | None = None
         self.writer = WindowWriter(self.identity, self.out_dir, self.options, self._deliver, hand_over)
+        self.instruments = WindowInstruments(self.options, self.writer)
         self.exit_path = WindowExit(self)
         _register(self)
 
@@ -172,7 +163,7 @@ class ProfileWindow:
                     cur.end_reason = "converged"
                     self._stop(cur, now)
                 elif self.options.nvtx:
-                    self._nvtx_iteration(cur, iteration)
+                    self.instruments.nvtx_iteration(cur, iteration)
         except Exception as exc:  # never into the training loop
             log.exception("perftracker: profile window failed")
             self._abort(cur, f"{type(exc).__name__}: {exc}")
@@ -186,36 +177,18 @@ class ProfileWindow:
             cur.sampler.close()
             cur.sampler = None
         opts = self.options
-        cur.capture = KinetoCapture(with_stack=opts.stacks == "tracer", record_gc=opts.record_gc)
         try:
-            cur.capture.start()
+            self.instruments.start(cur)
         except PerftrackerError as exc:
-            cur.capture = None
             log.warning("perftracker: session %s: profiling skipped, training continues: %s", cur.session, exc)
             self._abort(cur, str(exc))
             return
-        if opts.record_gc and opts.stacks != "tracer":
-            cur.gc.install()
-        dist_record.window_started(cur.session)  # each collective's process group (never raises)
-        if opts.stacks == "remote" and cur.sampler is not None:
-            cur.pystacks_path = self._remote_stacks(cur)
-        if opts.stacks == "sample" or (opts.stacks == "remote" and cur.pystacks_path is None):
-            cur.stack_sampler = stacks_mod.StackSampler(threading.get_ident(), opts.stack_period_us, opts.helper_cpus,
-                                                        reader=self._own_stack_reader())
-            cur.stack_sampler.start()
-        if opts.switch_interval_s > 0 and cur.stack_sampler is not None:  # only the sampler thread needs it
-            cur.old_switch_s = sys.getswitchinterval()
-            sys.setswitchinterval(min(cur.old_switch_s, opts.switch_interval_s))
         cur.thread_ident = threading.get_ident()
         cur.start_ns = self.clock.now_ns()
         cur.boundaries_ns.append(cur.start_ns)
         if cur.sampler is not None:
             cur.sampler.send(f"start {cur.start_ns}")
-        if opts.nvtx:
-            nvtx = _nvtx()
-            cur.nvtx_window = nvtx.start_range(f"perftracker window {cur.session}", domain="perftracker")
-            nvtx.push_range("perftracker iteration", domain="perftracker")
-            cur.nvtx_iter_open = True
+        self.instruments.open_nvtx(cur)
         with self._lock:
             started = self._cur is cur and self._state == _ARMED
             if started:
@@ -249,77 +222,9 @@ class ProfileWindow:
                      got.worst_phase)
         return got is not None and got.converged
 
-    def _own_stack_reader(self) -> Any:
-        """CPython 3.11 (training thread): a reader of this thread's stack through this process's own
-        memory, so that the sampler thread holds no frame object of it; None elsewhere (frame
-        objects are safe to walk there) and where calibration fails here (logged once)."""
-        if sys.version_info[:2] != (3, 11) or not self.options.stack_reader:
-            return None
-        from perftracker import remote_stacks
-
-        try:
-            return remote_stacks.RemoteStackReader(os.getpid(), remote_stacks.calibrate())
-        except PerftrackerError as exc:
-            if not self._remote_warned:
-                log.warning("perftracker: %s; the stack sampler walks frame objects instead", exc)
-                self._remote_warned = True
-            return None
-
-    def _remote_stacks(self, cur: _Active) -> Path | None:
-        """stacks="remote" (training thread): have the sampler process read this thread's Python
-        stack from outside; None (logged once) where that cannot work here."""
-        from perftracker import remote_stacks
-
-        try:
-            layout = remote_stacks.calibrate()
-        except PerftrackerError as exc:
-            if not self._remote_warned:
-                log.warning("perftracker: %s; sampling Python stacks in a thread instead", exc)
-                self._remote_warned = True
-            return None
-        path = self.writer.path(cur.session, "pystacks")
-        path.unlink(missing_ok=True)
-        assert cur.sampler is not None
-        req = {"path": str(path), "period_us": self.options.stack_period_us, "layout": json.loads(layout.to_json())}
-        cur.sampler.send("pystacks " + json.dumps(req, separators=(",", ":")))
-        return path
-
-    def _nvtx_iteration(self, cur: _Active, iteration: int) -> None:
-        nvtx = _nvtx()
-        if cur.nvtx_iter_open:
-            nvtx.pop_range(domain="perftracker")
-        nvtx.push_range(f"perftracker iteration {iteration}", domain="perftracker")
-        cur.nvtx_iter_open = True
-
     def _release(self, cur: _Active) -> Any:
         """Undo everything the window did to this process; return the profiler result if any."""
-        result = None
-        error = ""
-        if cur.watchdog is not None:
-            cur.watchdog.cancel()
-        if cur.stack_sampler is not None:
-            cur.stack_sampler.stop()
-        if cur.capture is not None and cur.capture.started:
-            try:
-                result = cur.capture.stop()
-            except PerftrackerError as exc:
-                error = str(exc)
-        cur.gc.remove()
-        dist_record.window_ended(cur.session)
-        if cur.old_switch_s:
-            sys.setswitchinterval(cur.old_switch_s)
-            cur.old_switch_s = 0.0
-        if self.options.nvtx and (cur.nvtx_iter_open or cur.nvtx_window is not None):
-            nvtx = _nvtx()
-            if cur.nvtx_iter_open:
-                nvtx.pop_range(domain="perftracker")
-                cur.nvtx_iter_open = False
-            if cur.nvtx_window is not None:
-                nvtx.end_range(cur.nvtx_window)
-                cur.nvtx_window = None
-        if error:
-            raise PerftrackerError(error)
-        return result
+        return self.instruments.release(cur)
 
     def _claim(self, cur: _Active, states: tuple[str, ...], to: str = _FINISHING) -> str | None:
         """Move ``cur`` from one of ``states`` to ``to``; the previous state, or None if another
@@ -374,11 +279,7 @@ class ProfileWindow:
             return
         try:
             last_s = (self.clock.now_ns() - cur.boundaries_ns[-1]) / 1e9 if cur.boundaries_ns else 0.0
-            if cur.stack_sampler is not None:
-                cur.stack_sampler.stop()
-            if cur.old_switch_s:
-                sys.setswitchinterval(cur.old_switch_s)
-                cur.old_switch_s = 0.0
+            self.instruments.stop_stack_sampling(cur)
             if cur.sampler is not None:
                 cur.sampler.close(timeout_s=0.5)
             error = (f"abandoned: no iteration boundary for {last_s:.0f} s (window {cur.window_ns / 1e9:g} s); "
