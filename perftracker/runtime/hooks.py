@@ -5,7 +5,7 @@
   function object back (or deletes the attribute if the class had none of its own).
 - ``Optimizer.step`` uses torch's global step pre/post hooks, which cover every optimizer subclass.
 
-The hooks call three callbacks of a ``HookTarget`` (the Runtime). The callbacks are looked up on
+The hooks call four callbacks of a ``HookTarget`` (the Runtime). The callbacks are looked up on
 every call through the module-level ``_target``, so disabling is a single assignment and costs no
 dict mutation (torch iterates its hook dicts while calling them: removing a hook from inside a hook
 would raise into the training loop). Every exception is caught here and handed to
@@ -25,6 +25,8 @@ _ORIGINAL_ATTR = "__perftracker_original__"
 
 class HookTarget(Protocol):
     def on_dataloader_next(self) -> None: ...
+
+    def on_dataloader_done(self) -> None: ...
 
     def on_step_pre(self) -> None: ...
 
@@ -53,7 +55,14 @@ def _wrap_next(original: Any) -> Any:
                 target.on_dataloader_next()
             except Exception as exc:  # never raise into the training loop
                 _fail(target, "dataloader.next", exc)
-        return original(self)
+        item = original(self)
+        target = _target
+        if target is not None:
+            try:
+                target.on_dataloader_done()  # the data wait ends (perftracker/runtime/phase_times.py)
+            except Exception as exc:
+                _fail(target, "dataloader.done", exc)
+        return item
 
     setattr(__next__, _ORIGINAL_ATTR, original)
     return __next__

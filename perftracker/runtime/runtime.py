@@ -26,6 +26,7 @@ from perftracker.config import Config
 from perftracker.runtime import hooks
 from perftracker.runtime.detector import KIND_NAMES, STEP, Detector, DetectorOptions
 from perftracker.runtime.identity import RuntimeIdentity, provisional_identity, settle_identity
+from perftracker.runtime.phase_times import PhaseTimes
 from perftracker.runtime.sinks import LoggingSink, TriggerSink
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class Runtime:
         self._on_event = self.detector.on_event
         self._pre_t_ns = -1
         self._post_t_ns = -1
+        self.phases = PhaseTimes()  # per-step data / step / rest times from the hooks (the first look)
         # the event log: hook events wait here ((t_ns << 1) | kind) and reach the detector in one
         # warm pass once an event comes at or after _due_ns (every event while listeners are set)
         self._events: list[int] = []
@@ -230,9 +232,13 @@ class Runtime:
     # the detector at most batch_ms late.
     def on_dataloader_next(self) -> None:
         t_ns = self._now_ns()
+        self.phases._enter_ns = t_ns  # PhaseTimes.data_entered, inlined: the hot path
         self._log_event(t_ns << 1)  # DATALOADER == 0
         if t_ns >= self._due_ns:
             self._flush(t_ns)
+
+    def on_dataloader_done(self) -> None:
+        self.phases.data_returned(self._now_ns())
 
     def on_step_pre(self) -> None:
         self._pre_t_ns = self._now_ns()
@@ -240,6 +246,7 @@ class Runtime:
     def on_step_post(self) -> None:
         t_ns = self._now_ns()
         self._post_t_ns = t_ns  # with _pre_t_ns: the optimizer step's time (a window's convergence test)
+        self.phases.step_done(self._pre_t_ns, t_ns)
         self._log_event((t_ns << 1) | STEP)
         if t_ns >= self._due_ns:
             self._flush(t_ns)
