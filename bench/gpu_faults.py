@@ -15,12 +15,17 @@ A finding that names a rank which only waits for a culprit is a false positive.
 stdout: one table row per scenario (its measured step-time change, precision, recall, the
 report's headline, i.e. its first finding), then one JSON line:
 {"scenarios", "precision", "recall", "headline_correct", "clean_false_findings", "analyze_s_max",
-"errors", "saves_error", "saves_scored", "max_headline_chars"} (the longest report headline; at most
+"errors", "saves_error", "saves_abs_error", "saves_rel_error", "saves_scored",
+"max_headline_chars"} (the longest report headline; at most
 120 characters, issue 32). The table's "saves" column is the predicted / injected saving of each
 fault scenario (the prediction: the saves_share of the finding that names a true culprit, 0 when
 none does; the injected truth: removing the faults brings the faulted step back to the base step, a
-saving of 1 - base / faulted), "s_err" their relative error; ``saves_error`` is the largest
-over the scenarios, ``saves_scored`` how many had both (issue 28).
+saving of 1 - base / faulted), "s_err" their error relative to the truth with a floor of
+SAVES_FLOOR (0.10) of the step: |pred - truth| / max(truth, 0.10), so a fault that costs 2% of the
+step is judged by its absolute error (a plain relative error of a 2% saving reads 28 for a
+prediction of 53%, and 1.0 for a prediction of 4%). ``saves_error`` is the largest s_err over the
+scenarios, ``saves_abs_error`` the largest |pred - truth| (share of the step), ``saves_rel_error``
+the largest plain |pred - truth| / truth, ``saves_scored`` how many had both (issue 28).
 headline_correct: the share of fault scenarios whose first finding names a true culprit rank with
 the expected category. Progress goes to stderr.
 """
@@ -35,6 +40,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +56,7 @@ from perftracker.cli.analyze import localize_summaries, summarize_dir  # noqa: E
 from perftracker.model import Report  # noqa: E402
 
 log = logging.getLogger("bench.gpu_faults")
+SAVES_FLOOR = 0.10  # saves_error: a saving below this share of the step is judged by its absolute error
 SCENARIO_DIR = REPO / "bench" / "gpu_scenarios"
 
 
@@ -98,12 +105,26 @@ class Outcome:
         return 0.0
 
     @property
-    def saves_error(self) -> float | None:
-        """|predicted - truth| / truth; None where either is unknown or the fault cost nothing."""
+    def saves_abs_error(self) -> float | None:
+        """|predicted - truth| as a share of the faulted step; None where either is unknown or the
+        fault cost nothing."""
         truth, pred = self.saves_truth, self.saves_predicted
         if truth is None or pred is None or truth <= 0:
             return None
-        return abs(pred - truth) / truth
+        return abs(pred - truth)
+
+    @property
+    def saves_error(self) -> float | None:
+        """|predicted - truth| / max(truth, SAVES_FLOOR): relative, except that a saving below the
+        floor is judged by its absolute error (in floor units)."""
+        err = self.saves_abs_error
+        return None if err is None or self.saves_truth is None else err / max(self.saves_truth, SAVES_FLOOR)
+
+    @property
+    def saves_rel_error(self) -> float | None:
+        """The plain relative error |predicted - truth| / truth (unbounded as the truth goes to 0)."""
+        err = self.saves_abs_error
+        return None if err is None or self.saves_truth is None else err / self.saves_truth
 
 
 def headline(report: Report | None) -> str:
@@ -179,14 +200,21 @@ def summary(outcomes: list[Outcome]) -> dict[str, object]:
         "clean_false_findings": sum(len(o.score.fp) for o in outcomes if not o.is_fault),
         "analyze_s_max": round(max((o.analyze_s for o in outcomes), default=0.0), 2),
         "errors": sum(1 for o in outcomes if o.error),
-        # issue 28: the largest relative error of a fault's predicted saving (its finding's
-        # saves_share) against the injected truth (1 - base step / faulted step); null: no fault scored
-        "saves_error": max(errs) if (errs := [round(e, 4) for o in faults
-                                              if (e := o.saves_error) is not None]) else None,
+        # issue 28: the largest error of a fault's predicted saving (its finding's saves_share)
+        # against the injected truth (1 - base step / faulted step), relative with a floor of
+        # SAVES_FLOOR; then the largest absolute and plain relative errors; null: no fault scored
+        "saves_error": _largest(o.saves_error for o in faults),
+        "saves_abs_error": _largest(o.saves_abs_error for o in faults),
+        "saves_rel_error": _largest(o.saves_rel_error for o in faults),
         "saves_scored": sum(1 for o in faults if o.saves_error is not None),
         # the longest report headline (issue 32: at most 120 characters)
         "max_headline_chars": max((len(o.report.top_line) for o in outcomes if o.report is not None), default=0),
     }
+
+
+def _largest(errors: Iterable[float | None]) -> float | None:
+    known = [round(e, 4) for e in errors if e is not None]
+    return max(known) if known else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -325,3 +325,37 @@ def test_a_slowed_gpu_on_dlrm_makes_only_its_peers_wait_longer(dlrm_dir: Path) -
         if e.gpu and not e.nccl and e.rank != 7:
             assert slow_t[2 * i + 1] - slow_t[2 * i] == pytest.approx(base[2 * i + 1] - base[2 * i])
 
+
+
+def test_saves_error_is_relative_above_the_floor_and_absolute_below_it() -> None:
+    """saves_error = |pred - truth| / max(truth, SAVES_FLOOR) (issue 28): a 2% truth predicted 53%
+    scores 5.1 (the plain relative error would be 25.5), a 2% truth predicted 4% scores 0.2 (plain:
+    1.0), and above the floor it is the plain relative error."""
+    import dataclasses
+
+    from bench.gpu_faults import SAVES_FLOOR, Outcome, _largest
+
+    @dataclasses.dataclass(frozen=True)
+    class Fixed(Outcome):
+        truth: float = 0.0
+        pred: float = 0.0
+
+        @property
+        def saves_truth(self) -> float | None:
+            return self.truth
+
+        @property
+        def saves_predicted(self) -> float | None:
+            return self.pred
+
+    def outcome(truth: float, pred: float) -> Fixed:
+        return Fixed(None, None, None, None, 0.0, truth=truth, pred=pred)  # type: ignore[arg-type]
+
+    assert SAVES_FLOOR == 0.10
+    tiny_far, tiny_near, big = outcome(0.02, 0.53), outcome(0.02, 0.04), outcome(0.40, 0.30)
+    assert tiny_far.saves_error == pytest.approx(5.1) and tiny_far.saves_rel_error == pytest.approx(25.5)
+    assert tiny_near.saves_error == pytest.approx(0.2) and tiny_near.saves_rel_error == pytest.approx(1.0)
+    assert big.saves_error == pytest.approx(0.25) == big.saves_rel_error
+    assert big.saves_abs_error == pytest.approx(0.10)
+    assert outcome(0.0, 0.3).saves_error is None  # a fault that cost nothing is not scored
+    assert _largest([None, 0.2, 5.1]) == 5.1 and _largest([None]) is None
