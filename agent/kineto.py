@@ -5,6 +5,13 @@ events become rows; flows, metadata and instants are dropped. Times become integ
 the trace's own clock (``WindowMeta.clock == "trace"``). GPU rows carry the device index and the
 stream as ``tid``.
 
+Formats read: torch >= 1.11 (lower-case categories such as ``cpu_op`` and ``kernel``, integer
+``tid``) and the first Kineto format of torch 1.8-1.10 (``Operator``, ``Kernel``, ``Runtime``,
+``Memcpy``; ``tid`` a string: ``"123"`` for a CPU thread, ``"stream 7"`` for a GPU stream).
+``ProfilerStep#N`` marks the iterations whatever its category (``cpu_op``/``Operator`` before
+torch 1.11, ``user_annotation`` after). A trace whose bytes are not valid UTF-8 (a file path in
+Latin-1 in a Python frame's name) is read with the bad bytes replaced, and a warning.
+
 The rank comes from ``distributedInfo``; when that is missing, from the caller's ``rank`` or the
 file name (``rank3``, ``worker3``, ``rank_3`` ...: ``rank_from_filename``), and the choice is logged.
 
@@ -69,7 +76,14 @@ _KIND_OF_CAT: dict[str, EventKind] = {
     "cuda_driver": EventKind.RUNTIME,
     "user_annotation": EventKind.ANNOTATION,
     "gpu_user_annotation": EventKind.ANNOTATION,
+    # torch 1.8-1.10 (Kineto's first format): capitalized categories, read case-insensitively
+    "memcpy": EventKind.MEMCPY,
+    "memset": EventKind.MEMSET,
+    "runtime": EventKind.RUNTIME,
 }
+_GPU_KINDS = (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)
+_STREAM_TID = re.compile(r"\s*stream\s*(\d{1,18})\s*$", re.IGNORECASE)
+_NAMED_TID_BASE = 2**40  # thread ids for named (non-numeric) tids: above any OS thread id
 _GC_NAME = "Python GC"
 # tried in order: "rank3" wins over "worker3", either over "proc3" and any other number in the name
 _RANK_IN_NAME = tuple(re.compile(rf"(?<![a-z]){word}[_\-.]?(\d+)", re.IGNORECASE) for word in ("rank", "worker", "proc"))
@@ -147,7 +161,10 @@ def load_trace_json(path: str | Path, max_bytes: int | None = None) -> dict[str,
     try:
         data = _read_capped(path, limit)
         with _gc_paused():
-            doc = _loads(data)
+            try:
+                doc = _loads(data)
+            except ValueError:
+                doc = _loads_lossy(path, data)
         del data
     except RecursionError:
         raise TraceError(f"{path}: invalid Kineto trace (nested too deeply)") from None
@@ -158,6 +175,40 @@ def load_trace_json(path: str | Path, max_bytes: int | None = None) -> dict[str,
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceError(f"{path}: not a Kineto trace (no traceEvents list)")
     return doc
+
+
+def _loads_lossy(path: Path, data: bytes) -> Any:
+    """The document of bytes that are not valid UTF-8, each bad byte read as U+FFFD (logged);
+    re-raises the parser's error when the bytes are valid UTF-8 (the JSON itself is bad)."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        log.warning("%s: not valid UTF-8 (byte %d: %#04x); bad bytes read as U+FFFD", path, exc.start,
+                    data[exc.start])
+        return _loads(data.decode("utf-8", errors="replace").encode("utf-8"))
+    raise
+
+
+def _tid_of(ev: dict[str, Any], kind: EventKind, named: dict[str, int]) -> int | None:
+    """The event's thread (CPU) or stream (GPU) id: an int, or torch 1.8-1.10's string forms
+    ("123"; "stream 7", else ``args.stream``); another string is a named thread and gets an id of
+    its own above any OS thread id. None when there is none."""
+    tid = ev.get("tid")
+    if isinstance(tid, int) and not isinstance(tid, bool):
+        return tid
+    if not isinstance(tid, str):
+        return None
+    text = tid.strip()
+    if text.isdigit() and len(text) <= 18:
+        return int(text)
+    m = _STREAM_TID.match(text)
+    if m:
+        return int(m.group(1))
+    args = ev.get("args")
+    stream = args.get("stream") if isinstance(args, dict) else None
+    if kind in _GPU_KINDS and isinstance(stream, int) and not isinstance(stream, bool):
+        return stream
+    return named.setdefault(text[:200], _NAMED_TID_BASE + len(named))
 
 
 def resolve_rank(doc: dict[str, Any], path: str | Path, rank: int | None = None, prefer_filename: bool = False
@@ -208,23 +259,29 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
     py_tids: Counter[int] = Counter()
     iteration_ms: list[float] = []
     span_lo, span_hi = None, None
+    named_tids: dict[str, int] = {}
+    no_dur = 0
     try:
         for ev in doc["traceEvents"]:
             if not isinstance(ev, dict) or ev.get("ph") != "X":
                 continue
-            kind = _KIND_OF_CAT.get(ev.get("cat", ""))
+            cat = ev.get("cat", "")
+            kind = _KIND_OF_CAT.get(cat.lower() if isinstance(cat, str) else "")
             if kind is None:
                 continue
-            tid = ev.get("tid")
-            if not isinstance(tid, int):
+            tid = _tid_of(ev, kind, named_tids)
+            if tid is None:
                 continue
             name = str(ev.get("name", ""))
             ts = float(ev["ts"])
+            if "dur" not in ev:
+                no_dur += 1
             dur = float(ev.get("dur", 0.0))
             if kind is EventKind.PYTHON and name == _GC_NAME:
                 kind = EventKind.GC
-            gpu = kind in (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET) or (
-                ev.get("cat") == "gpu_user_annotation")
+            elif kind is EventKind.CPU_OP and name.startswith("ProfilerStep#"):
+                kind = EventKind.ANNOTATION  # torch < 1.11 wrote the step marks as operators
+            gpu = kind in _GPU_KINDS or cat == "gpu_user_annotation"
             if gpu:
                 args = ev.get("args") or {}
                 dev = args.get("device", ev.get("pid", 0))
@@ -248,6 +305,8 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
         raise TraceError(f"{path}: invalid Kineto event ({type(exc).__name__}: {exc})") from None
     if not kinds:
         raise TraceError(f"{path}: Kineto trace has no complete events")
+    if no_dur:
+        log.warning("%s: %d of %d complete events have no dur; read as 0 us", path, no_dur, len(kinds))
     starts_us = np.asarray(starts, dtype=np.float64)
     durs_us = np.asarray(durs, dtype=np.float64)
     for ev in doc["traceEvents"]:  # the profiler's own span, when present, bounds the window too
