@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -41,9 +42,14 @@ warning and its rank listed as missing; --strict fails instead. So is a file of 
 $PERFTRACKER_TRACE_MAX_BYTES of JSON (after decompression; default 256 MiB), and one whose times,
 durations or ranks are not finite or out of range.
 
+Traces from torch 1.8 on are read. A trace whose bytes are not valid UTF-8, or whose events lack
+a duration, is read with a warning that says so.
+
 Ranks come from each trace's distributedInfo; without it (or with --rank-from-filename) from the
 file name: rank3 or worker3 (rank_3, worker-3, ...) before any other number, so node1_rank3 is
-rank 3. A single trace without either takes --rank. Hardware samples beside a trace
+rank 3. A single trace without either takes --rank. Several traces of one rank from one process
+(torch.profiler's schedule with repeat > 1) keep the latest, with a warning; from different
+processes, or overlapping in time, they are an error. Hardware samples beside a trace
 (rank3.json.gz -> rank3.samples.npz, the agent's own sample format) give μ and σ; a trace without
 them carries β only (μ = σ = 0). --ranks-per-host N (ranks fill hosts in order) lets each
 collective be measured against its link: NVLink or PCIe inside a host, the NIC between hosts.
@@ -102,29 +108,51 @@ def samples_beside(trace: Path) -> Path:
     return trace.with_name(name + ".samples.npz")
 
 
-def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
-                   ranks_per_host: int = 0) -> tuple[bytes, str]:
-    """One rank, in a worker process: the PatternSet's compact bytes and where its rank came from.
-    Hardware samples beside the trace (``samples_beside``) give μ/σ; a samples file that cannot be
-    read is a warning, and the rank keeps β only."""
-    import logging
+class _Notes(logging.Handler):
+    """The reader's warnings about one file (bad bytes replaced, events without ``dur``), kept to be
+    shown by the parent: a worker process's log records are not."""
 
-    from perftracker.agent.kineto import load_trace_json, resolve_rank, window_from_trace
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
+                   ranks_per_host: int = 0) -> tuple[bytes, str, list[str]]:
+    """One rank, in a worker process: the PatternSet's compact bytes, where its rank came from and
+    the reader's warnings about the file. Hardware samples beside the trace (``samples_beside``)
+    give μ/σ; a samples file that cannot be read is a warning, and the rank keeps β only."""
+    from perftracker.agent import kineto
     from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
     from perftracker.model.raw_window import SampleSet
 
-    doc = load_trace_json(path)
-    who = resolve_rank(doc, path, rank, prefer_filename)
-    raw = window_from_trace(doc, Path(path), who, job=job, session="offline")
+    notes = _Notes()
+    level, propagate = kineto.log.level, kineto.log.propagate
+    kineto.log.setLevel(min(kineto.log.getEffectiveLevel(), logging.WARNING))  # kept even when the CLI is quiet
+    kineto.log.propagate = False  # the parent prints them, once
+    kineto.log.addHandler(notes)
+    try:
+        doc = kineto.load_trace_json(path)
+        kept = len(notes.lines)
+        who = kineto.resolve_rank(doc, path, rank, prefer_filename)
+        del notes.lines[kept:]  # the rank's source is reported with the progress line
+        raw = kineto.window_from_trace(doc, Path(path), who, job=job, session="offline")
+    finally:
+        kineto.log.removeHandler(notes)
+        kineto.log.setLevel(level)
+        kineto.log.propagate = propagate
     samples = None
     beside = samples_beside(Path(path))
     if beside.is_file():
         try:
             samples = SampleSet.load(beside)
         except (PerftrackerError, OSError, ValueError, KeyError) as exc:
-            logging.getLogger(__name__).warning("%s: samples not read, β only (%s)", beside, exc)
+            notes.lines.append(f"{beside.name}: samples not read, β only ({exc})")
     opts = SummarizeOptions(local_world_size=ranks_per_host)
-    return summarize_window(raw, samples, opts).to_bytes(), who.source
+    return summarize_window(raw, samples, opts).to_bytes(), who.source, notes.lines
 
 
 @dataclass
@@ -168,7 +196,7 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         for done, fut in enumerate(as_completed(futures), 1):
             f = futures[fut]
             try:
-                data, rank_source = fut.result()
+                data, rank_source, notes = fut.result()
             except Exception as exc:  # noqa: BLE001 - one bad file among many is a warning
                 reason = _reason(exc)
                 if strict:
@@ -181,21 +209,57 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
                 continue
             ps = PatternSet.from_bytes(data)
             results[f] = ps
+            for note in notes if warn is not None else ():
+                warn(f"[{done}/{len(files)}] {f}: {note.removeprefix(str(f) + ': ')}")
             if progress is not None:
                 note = "" if rank_source == "distributedInfo" else f" (rank taken from the {rank_source})"
                 progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
     if not results:
         raise InputError(f"{directory}: none of the {len(files)} file(s) is a readable Kineto trace")
-    seen: dict[int, Path] = {}
-    for f, ps in results.items():
-        if ps.rank in seen:
-            raise InputError(f"rank {ps.rank} appears twice: {seen[ps.rank]} and {f} "
-                             "(use --rank-from-filename if the files are named by rank)")
-        seen[ps.rank] = f
+    for f, reason in _earlier_cycles(results):
+        del results[f]
+        skipped.append((f, reason, None))
+        if warn is not None:
+            warn(f"{f}: {reason}")
+    seen = {ps.rank: f for f, ps in results.items()}
     named_ranks = [r for _, _, r in skipped if r is not None]
     world = max(len(results), max([*seen, *named_ranks]) + 1)
     sets = [dataclasses.replace(ps, world_size=max(ps.world_size, world)) for ps in results.values()]
     return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
+
+
+def _earlier_cycles(results: dict[Path, PatternSet]) -> list[tuple[Path, str]]:
+    """The files to drop when several traces hold one rank: torch.profiler's schedule with
+    ``repeat`` > 1 writes one trace per cycle and rank (``tensorboard_trace_handler``: same worker
+    name, new time stamp): one process, windows one after the other. The latest cycle is kept, each
+    earlier one listed with why. InputError when the rank's traces come from different processes,
+    overlap in time or have names that give different ranks: two processes claim one rank (traces
+    recorded before init_process_group, two runs in one directory), and no choice would be right."""
+    from perftracker.agent.kineto import rank_from_filename
+
+    by_rank: dict[int, list[tuple[Path, PatternSet]]] = {}
+    for f, ps in results.items():
+        by_rank.setdefault(ps.rank, []).append((f, ps))
+    dropped: list[tuple[Path, str]] = []
+    for rank, items in sorted(by_rank.items()):
+        if len(items) == 1:
+            continue
+        items.sort(key=lambda it: (it[1].window_start_ns, str(it[0])))
+        named = {rank_from_filename(f) for f, _ in items} - {None}
+        pids = sorted({ps.pid for _, ps in items})
+        overlap = next(((a, b) for a, b in zip(items, items[1:], strict=False) if b[1].window_start_ns < a[1].window_end_ns), None)
+        if overlap is not None or len(named) > 1 or len(pids) > 1:
+            a, b = overlap or items[:2]
+            why = ("their names give different ranks" if len(named) > 1 else
+                   f"two processes (pids {', '.join(map(str, pids))})" if len(pids) > 1 else
+                   "their windows overlap in time")
+            hint = (" (use --rank-from-filename: the file names give the ranks)" if len(named) == len(items)
+                    else " (point analyze at one job's traces)")
+            raise InputError(f"rank {rank} appears twice: {a[0]} and {b[0]}; {why}{hint}")
+        kept = items[-1][0]
+        dropped += [(f, f"an earlier profiling cycle of rank {rank}, skipped (kept the latest, {kept.name})")
+                    for f, _ in items[:-1]]
+    return dropped
 
 
 def write_patterns(sets: list[PatternSet], fmt: str, out: TextIO, width: int = 80) -> None:
