@@ -56,6 +56,7 @@ from perftracker.localizer.diagnose.health import (
     health_text,
 )
 from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functions
+from perftracker.localizer.diagnose.host_link import apart, needs_range
 from perftracker.localizer.diagnose.imbalance import step_late
 from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import Threshold
@@ -64,6 +65,7 @@ from perftracker.localizer.diagnose.waits import (
     MemberSets,
     WaitOptions,
     cause_of_lateness,
+    doing_more,
     late_groups,
     loo_threshold,
     material_wait,
@@ -125,7 +127,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
         if v.by_expectation is None or v.by_differential is None or evidence_only(v.info.key):
             continue
         by_exp, by_diff = v.by_expectation, v.by_differential
-        if v.info.key in WORDED_KEYS:  # hardware health: a fault only outside its healthy range (its β
+        if v.info.key in WORDED_KEYS or needs_range(v.info.key):  # health, host link: a fault only outside its range (β
             by_diff = by_diff & by_exp  # is its category's time, no signal of its own; health.py)
         if not (by_exp.any() or by_diff.any()):
             continue
@@ -273,14 +275,18 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
         if root is not lg:  # a victim one hop (or more) further: it waits for ranks that wait for the root
             label += HOP
         owner = _owner(culprits, root.late)
+        rest = _unexplained(culprits, root.late, root.wait_share, opts) if owner is None else root.late
+        if owner is None and rest.size == 0:  # each late rank has a culprit of its own: the widest takes the wait
+            owner = max(culprits, key=lambda d: (np.intersect1d(d.idx, root.late).size, _impact(d)))
         if owner is None:
             like = _like(arr, root.late, root.waiting)
-            cands = _computes_more(arr, root.late, like, _unless_own_work_wait(arr, causes, root.late, like), opts)
-            cause = cause_of_lateness(beta, cands, root.late, like,
+            cands = _computes_more(arr, rest, like, _unless_own_work_wait(arr, causes, rest, like), opts)
+            cause = cause_of_lateness(beta, cands, rest, like,
                                       arr.worker_window_s, opts)
             f = root.f if cause is None else cause[0]
+            who = rest if cause is None else doing_more(beta[f], rest, like, arr.worker_window_s)
             of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, root.waiting], axis=1)))
-            owner = _draft(f, verdicts[f], arr.values[f], root.late, ("waits",), of_waiters, arr.n_workers, 1.0)
+            owner = _draft(f, verdicts[f], arr.values[f], who, ("waits",), of_waiters, arr.n_workers, 1.0)
             owner.kind = "specific"  # compared with the ranks that wait for it, never "random"
             drafts.append(owner)
             culprits.append(owner)
@@ -291,7 +297,10 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             for v in drafts:
                 if not v.folded and _is_wait(v.verdict.info) and np.isin(v.idx, lg.waiting).all():
                     v.folded = True
-    links = [d for d in drafts if not d.folded and d.verdict.info.key in LINK_KEYS]
+    for d in drafts:  # ranks of one host read one TCP counter: only a host apart from the others has a bad link
+        if not d.folded and d.kind != "common" and not apart(d.verdict.info.key, d.observed.mu, d.median.mu):
+            d.folded = True
+    links = [d for d in drafts if not d.folded and d.kind != "common" and d.verdict.info.key in LINK_KEYS]
     family_of = {f: fam for fam in families for f in fam}
     for v in drafts:  # a collective finding of workers that wait for a culprit is the culprit's
         if v.folded or not _is_wait(v.verdict.info) or any(v is c for c in culprits):
@@ -506,6 +515,19 @@ def _owner(culprits: Sequence[_Draft], late: np.ndarray) -> _Draft | None:
     """The culprit finding that covers at least half of the late workers (the costliest such)."""
     covering = [d for d in culprits if np.intersect1d(d.idx, late).size * 2 >= late.size]
     return max(covering, key=_impact, default=None)
+
+
+def _unexplained(culprits: Sequence[_Draft], late: np.ndarray, wait_share: float, opts: WaitOptions) -> np.ndarray:
+    """The late workers that no culprit finding already names. A late rank with a finding of its own
+    that costs it at least ``suspect_cost`` of the wait (the bar of ``suspect_late_groups``) is late
+    for that cause; the group's other late ranks are searched for theirs alone, so that one rank's
+    cause is not painted on another (imbalance-r2 of the GPU bench: rank 2's GPU work made it late at
+    the all-reduce with ranks 4 and 5, whose extra host time then named rank 2 a host stall, while
+    rank 2 held less of that idle time than the ranks that waited)."""
+    named = [d.idx for d in culprits if _own_impact(d) >= opts.suspect_cost * wait_share]
+    if not named:
+        return late
+    return np.setdiff1d(late, np.concatenate(named))
 
 
 def _waits_cover(d: _Draft, label: str, ranks: tuple[int, ...]) -> bool:

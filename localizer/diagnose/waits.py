@@ -259,6 +259,19 @@ def cause_of_lateness(values_beta: np.ndarray, candidates: list[int], late: np.n
     return candidates[i], float(excess[i])
 
 
+def doing_more(beta_f: np.ndarray, late: np.ndarray, waiting: np.ndarray, window_s: np.ndarray | None) -> np.ndarray:
+    """The late workers that spend more time in a function than the waiting workers' median (in
+    absolute time, as ``cause_of_lateness`` compares): those its finding names. The cause is chosen
+    on the late workers' median; a late worker that spends less in it than the waiters is late for
+    something else, and naming it for this cause would be false. ``late`` itself when none does."""
+    b = np.asarray(beta_f, dtype=float)
+    if window_s is not None:
+        w = np.where(np.asarray(window_s) > 0, window_s, 1.0)
+        b = b * w
+    more = late[b[late] > float(np.median(b[waiting]))]
+    return more if more.size else late
+
+
 _SUSPECT_BELOW_Q = 0.05  # every suspect rank lies below this quantile of the waiting ranks' shares
 
 
