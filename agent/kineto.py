@@ -406,21 +406,40 @@ _PG_MAX_TIME_US = 2**62 / 1000  # as MAX_TIME_US
 _PG_MAX_SPAN_US = 86_400e6  # as MAX_SPAN_US
 
 
-def _pg_ranks(v: Any) -> tuple[int, ...]:
-    """A member list: a JSON list of ints or its string form "[1, 3]"; () when it is neither."""
+def _pg_ranks(v: Any, size: int = -1) -> tuple[int, ...]:
+    """A member list: a JSON list of ints or its string form "[1, 3]"; () when it is neither.
+    PyTorch cuts the string form of a group of more than 30 ranks to its first 30 and ", ...]"
+    (``format_list`` in torch/csrc/profiler/util.cpp): when those 30 are an arithmetic run and the
+    event's ``Group size`` says how many there are, the run is continued to that size (how
+    Megatron-style data-, pipeline- and tensor-parallel groups are laid out); else ()."""
     if isinstance(v, str):
         body = v.strip()
         if not (body.startswith("[") and body.endswith("]")):
             return ()
         parts = [p.strip() for p in body[1:-1].split(",") if p.strip()]
+        cut = bool(parts) and parts[-1] == "..."
+        parts = parts[:-1] if cut else parts
         if len(parts) > _PG_MAX_RANK or not all(p.isdigit() and len(p) <= 8 for p in parts):
             return ()
         v = [int(p) for p in parts]
+        if cut:
+            return _continued(v, size)
     if not isinstance(v, list) or len(v) > _PG_MAX_RANK:
         return ()
     if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _PG_MAX_RANK for x in v):
         return ()
     return tuple(v)
+
+
+def _continued(prefix: list[int], size: int) -> tuple[int, ...]:
+    """The members of a cut member list (see ``_pg_ranks``); () when they cannot be known."""
+    if not 2 <= len(prefix) < size <= _PG_MAX_RANK:
+        return ()
+    step = prefix[1] - prefix[0]
+    if step <= 0 or any(b - a != step for a, b in zip(prefix, prefix[1:], strict=False)):
+        return ()
+    last = prefix[0] + step * (size - 1)
+    return tuple(range(prefix[0], last + 1, step)) if last < _PG_MAX_RANK else ()
 
 
 def _pg_int(v: Any, default: int = -1) -> int:
@@ -463,7 +482,7 @@ def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int
             continue
         name = str(pg)[:200]
         if name not in groups:
-            members = _pg_ranks(args.get("Process Group Ranks"))
+            members = _pg_ranks(args.get("Process Group Ranks"), _pg_int(args.get("Group size")))
             desc = args.get("Process Group Description")
             groups[name] = (name, str(desc)[:200] if isinstance(desc, str) else "", members)
         elif not groups[name][1] and isinstance(args.get("Process Group Description"), str):

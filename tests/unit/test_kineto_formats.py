@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from perftracker.agent.kineto import read_kineto_trace
+from perftracker.agent.kineto import process_groups, read_kineto_trace
 
 from perftracker.errors import TraceError
 from perftracker.model.raw_window import EventKind
@@ -99,3 +99,32 @@ def test_missing_dur_is_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, logger="perftracker.agent.kineto"):
         read_kineto_trace(GLOO0)
     assert not [r for r in caplog.records if "no dur" in r.getMessage()]
+
+
+def _nccl_doc(ranks: object, size: object = 32) -> dict:  # type: ignore[type-arg]
+    """One NCCL kernel with the args torch 2.x writes (as in the shared sa_se traces)."""
+    args = {"Collective name": "reduce_scatter_tensor_coalesced", "dtype": "BFloat16", "Process Group Name": "1",
+            "Process Group Description": "DATA_PARALLEL_GROUP", "Process Group Ranks": ranks, "Group size": size,
+            "Seq": 0}
+    return {"traceEvents": [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL",
+                             "pid": 0, "tid": 7, "ts": 1000.0, "dur": 50.0, "args": args}]}
+
+
+DP32 = list(range(0, 64, 2))
+
+
+def test_cut_member_list_of_a_large_group() -> None:
+    """PyTorch writes a group of more than 30 ranks as its first 30 and ", ...]": the group had no
+    members, so the summarizer cut steps by a smaller group (sa_se with such lists lost its
+    'slowest rank moves' finding). An arithmetic run with its Group size is continued."""
+    cut = "[" + ", ".join(map(str, DP32[:30])) + ", ...]"
+    groups, _ = process_groups(_nccl_doc(cut))
+    assert groups == (("1", "DATA_PARALLEL_GROUP", tuple(DP32)),)
+    # twins: the whole list as a string or a list reads the same; what cannot be known stays unknown
+    assert process_groups(_nccl_doc(str(DP32)))[0] == groups
+    assert process_groups(_nccl_doc(DP32))[0] == groups
+    assert process_groups(_nccl_doc(cut, size="32"))[0] == groups  # a size written as a string
+    assert process_groups(_nccl_doc(cut, size=None))[0][0][2] == ()  # no size: members unknown
+    uneven = [0, 1, *range(4, 60, 2)]  # 30 ranks, not one stride
+    assert process_groups(_nccl_doc("[" + ", ".join(map(str, uneven)) + ", ...]"))[0][0][2] == ()
+    assert process_groups(_nccl_doc(cut, size=30))[0][0][2] == ()  # a size that contradicts the cut
