@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -33,9 +34,10 @@ from perftracker.agent.daemon import helper_processes as processing
 from perftracker.agent.daemon.agent_metrics import Metrics
 from perftracker.agent.daemon.workers import Worker
 
-from perftracker.errors import PerftrackerError
+from perftracker.errors import PerftrackerError, SchemaError
 from perftracker.model import PatternSet
 from perftracker.model.names import is_name
+from perftracker.model.window_cost import window_cost_fields
 from perftracker.rundir import RunDirError, ensure_private_dir
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
@@ -261,6 +263,9 @@ class WindowRunner:
         t0 = time.monotonic()
         async with self._summarize_lock:
             ps = await processing.summarize(raw, samples, out, self.options.processing, self._summarizer)
+        cost = self._window_cost(done.get("cost"), w.rank)
+        if cost:  # what the window cost and the budget, for the report's header (issue 30)
+            ps = dataclasses.replace(ps, window_cost=cost)
         self.metrics.summarized(time.monotonic() - t0)
         files = [p for p in (raw, out, samples) if p is not None]
         if run is not None:  # uploaded with the node's other ranks (upload_node)
@@ -275,6 +280,18 @@ class WindowRunner:
         log.info("session %s: uploaded rank %d's %d patterns (%.1f s to summarize)", session, w.rank,
                  len(ps.patterns), time.monotonic() - t0)
         self._cleanup(files)
+
+    def _window_cost(self, value: Any, rank: int) -> dict[str, float]:
+        """WINDOW_DONE's ``cost`` (window_cost.report_fields), checked; a bad one is dropped with a warning."""
+        if value is None:
+            return {}
+        try:
+            if not isinstance(value, dict):
+                raise SchemaError(f"not an object: {value!r:.60}")
+            return window_cost_fields(value, f"rank {rank}'s window cost")
+        except SchemaError as exc:
+            self._warn_once("window-cost", "window cost dropped (the report shows none): %s", exc)
+            return {}
 
     async def upload_node(self, run: SessionRun) -> None:
         """Upload the summarized ranks of this node in one request; a failure fails them all."""

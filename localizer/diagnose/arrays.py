@@ -16,6 +16,7 @@ import numpy as np
 from perftracker.errors import InputError
 from perftracker.model import Category, PatternSet
 from perftracker.model.patterns import ProcessGroup
+from perftracker.model.window_cost import worst_of
 
 _RANGE_TOLERANCE = 1e-6  # the model accepts values a hair outside [0, 1]; they are clipped
 
@@ -72,6 +73,7 @@ class PatternArrays:
     worker_window_s: np.ndarray | None = None  # (N,) each worker's own window; None: all window_s
     stage: np.ndarray | None = None  # (N,) pipeline stage ("pp" coordinate) or -1; None: unknown
     job_groups: JobGroups = field(default_factory=JobGroups)  # process groups, when the patterns name them
+    window_cost: Mapping[str, float] = field(default_factory=dict)  # the worst rank's (model.window_cost.worst_of)
 
     @property
     def n_workers(self) -> int:
@@ -144,6 +146,7 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         worker_window_s=np.array([max(0.0, (s.window_end_ns - s.window_start_ns) / 1e9) for s in sets]),
         stage=_stages(sets, groups),
         job_groups=groups,
+        window_cost=worst_of([s.window_cost for s in sets]),
     )
 
 

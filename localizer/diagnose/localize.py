@@ -262,7 +262,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
         ranks_reported=tuple(ranks_reported.tolist()), ranks_missing=missing,
         findings=tuple(findings), top_functions=tuple(top), summary=summary, profile=expectations.name,
         iteration_ms={r: tuple(arr.iteration_ms[r]) for r in sorted(keep_iter) if r in arr.iteration_ms},
-        status="partial" if missing else "complete",
+        status="partial" if missing else "complete", window_cost=dict(arr.window_cost),
     )
     report = dress_report(report, arr.n_workers, samples=not arr.offline)
     return dataclasses.replace(report, step_lanes=step_lanes(arr, report.findings))

@@ -34,6 +34,44 @@ def baseline_ms(reason: str) -> float | None:
     return float(m.group(1)) if m is not None else None
 
 
+_LEVEL_TEXT = {
+    "window": "profile window (Kineto, samplers)",
+    "first look": "first look (the hooks' phase times; no window was run)",
+    "snapshot": "stack snapshot",
+    "exit": "the worker's exit",
+    "traces": "offline traces",
+}
+
+
+def level_text(report: Report) -> str:
+    """Which level of diagnosis the report came from, in words."""
+    return _LEVEL_TEXT.get(report.diagnosis_level, report.diagnosis_level)
+
+
+def cost_text(report: Report) -> str:
+    """"ran 7.3 s, blocked training 0.4 s; budget 72 s/h: 12.4 s spent before it, 59.6 s left":
+    what the window cost and the budget left, from the fields the workers sent ("" if none)."""
+    c = report.window_cost
+    if not c:
+        return ""
+    parts = []
+    if "window_s" in c:
+        parts.append(f"ran {c['window_s']:.1f} s")
+    if "blocked_s" in c:
+        parts.append(f"blocked training {c['blocked_s']:.2f} s")
+    text = ", ".join(parts)
+    if "budget_s" in c:
+        budget = f"budget {c['budget_s']:.0f} s/h"
+        if "spent_s" in c:
+            budget += f": {c['spent_s']:.1f} s spent in the hour before it"
+        if "left_s" in c:
+            budget += f", {c['left_s']:.1f} s left"
+        if "last_cost_s" in c:
+            budget += f" (last window {c['last_cost_s']:.1f} s)"
+        text = f"{text}; {budget}" if text else budget
+    return text
+
+
 def brief_lines(report: Report) -> list[str]:
     """``perftracker report --brief``: the headline, then each finding's title and its cost."""
     lines = [report.top_line or "(no headline)"]

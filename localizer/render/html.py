@@ -23,8 +23,10 @@ from typing import TextIO
 from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import (
     baseline_ms,
+    cost_text,
     has_samples,
     impact_text,
+    level_text,
     step_times_text,
     trigger_text,
 )
@@ -125,6 +127,10 @@ def _header(report: Report) -> str:
     ]
     if report.window_s > 0:
         rows.append(("window", _window(report.window_s) + (f", profile {escape(report.profile)}" if report.profile else "")))
+    rows.append(("level", escape(level_text(report))))
+    cost = cost_text(report)
+    if cost:
+        rows.append(("window cost", escape(cost)))
     rows.append(("trigger", escape(trigger_text(report.trigger_reason))))
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))

@@ -18,8 +18,10 @@ from typing import TextIO
 
 from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import (
+    cost_text,
     has_samples,
     impact_text,
+    level_text,
     step_times_text,
     trigger_text,
 )
@@ -94,6 +96,10 @@ def _header(report: Report) -> Panel:
     if report.window_s > 0:
         window = f"{report.window_s:.3g} s" if report.window_s >= 1 else f"{report.window_s * 1000:.3g} ms"
         grid.add_row("window", _t(window + (f"  profile {report.profile}" if report.profile else "")))
+    grid.add_row("level", _t(level_text(report)))
+    cost = cost_text(report)
+    if cost:
+        grid.add_row("window cost", _t(cost))
     grid.add_row("trigger", _t(trigger_text(report.trigger_reason)))
     grid.add_row("ranks reported", _t(_ranks_text(report.ranks_reported)))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")

@@ -18,6 +18,7 @@ from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays, j
 
 from perftracker.errors import InputError
 from perftracker.model import Category
+from perftracker.model.window_cost import worst_of
 from perftracker.wire.patterns import PatternBatch, WorkerMeta, select_ranks
 
 ROW_BYTES = 4 + 4 + 24  # function index, worker slot, three float64 per stored row
@@ -185,7 +186,8 @@ def _arrays(job: str, session: str, workers: list[WorkerMeta], funcs: tuple[Func
         gpu=any(w.gpu for w in workers), world_size=max(w.world_size for w in workers),
         iteration_ms={w.rank: tuple(w.iteration_ms) for w in workers if w.iteration_ms},
         offline=all(w.source != "online" for w in workers),
-        worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stages(workers, groups), job_groups=groups)
+        worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stages(workers, groups), job_groups=groups,
+        window_cost=worst_of([w.window_cost for w in workers]))
 
 
 def columns_of(job: str, session: str, batches: Iterable[tuple[PatternBatch, set[int]]]) -> SessionColumns:

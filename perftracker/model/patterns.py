@@ -21,6 +21,7 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+from perftracker.model.window_cost import window_cost_fields
 
 
 class Category(StrEnum):
@@ -169,6 +170,8 @@ class PatternSet:
     comm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # collective function key -> group names
     steps_ms: tuple[float, ...] = ()  # compute time per step (between the step group's collectives), ms
     step_group: str = ""  # the group whose collective instances cut the steps ("" : iteration marks)
+    # what the window cost this worker and its budget (perftracker.model.window_cost; issue 30)
+    window_cost: Mapping[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -206,6 +209,7 @@ class PatternSet:
             "frames": list(frames),
             "patterns": rows,
             **self._groups_dict(),
+            **({"window_cost": dict(self.window_cost)} if self.window_cost else {}),
         }
 
     def _groups_dict(self) -> dict[str, Any]:
@@ -256,6 +260,7 @@ class PatternSet:
             source=optional(d, "source", str, where, "online"),
             gpu=optional(d, "gpu", bool, where, False),
             iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
+            window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
             **parse_groups_fields(d, where),
         )
 

@@ -19,6 +19,7 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+from perftracker.model.window_cost import window_cost_fields
 
 # Version 2 (issue 32) adds a finding's ``title``, ``evidence``, ``next_steps`` and ``cause``, the
 # report's ``headline`` and ``step_lanes``; version 1 documents (``sentence`` and ``summary`` only)
@@ -262,6 +263,17 @@ class Report:
     schema_version: int = REPORT_SCHEMA_VERSION
     headline: str = ""  # at most 120 characters: the first finding's title, "(+N more)"
     step_lanes: tuple[Lane, ...] = ()  # one representative step of a few ranks, for the step picture
+    # which level of diagnosis the report came from (issue 30): "window" (a profile window),
+    # "first look" (the hooks' phase times, no window), "snapshot" (a hang's stacks), "exit" (a
+    # crash), "traces" (offline traces); "" derives it from ``kind`` (``diagnosis_level``)
+    level: str = ""
+    # what the window cost the training job and the budget it spends from (issue 30; the workers'
+    # WINDOW_COST_KEYS, the worst rank's): empty when no worker sent it
+    window_cost: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def diagnosis_level(self) -> str:
+        return self.level or _LEVELS.get(self.kind, "window")
 
     @property
     def top_line(self) -> str:
@@ -288,6 +300,8 @@ class Report:
             "iteration_ms": {str(k): [rounded(x) for x in v] for k, v in self.iteration_ms.items()},
             "headline": self.headline,
             "step_lanes": [lane.to_dict() for lane in self.step_lanes],
+            "level": self.diagnosis_level,
+            "window_cost": {k: rounded(v) for k, v in self.window_cost.items()},
         }
 
     @classmethod
@@ -312,8 +326,17 @@ class Report:
             top_functions=tuple(TopFunction.from_dict(t) for t in optional(d, "top_functions", list, where, [])),
             hang_states=tuple(RankState.from_dict(s) for s in optional(d, "hang_states", list, where, [])),
             iteration_ms=_series(optional(d, "iteration_ms", dict, where, {}), f"{where}.iteration_ms"),
+            level=_stored_level(optional(d, "level", str, where, ""), require(d, "kind", str, where)),
+            window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
         )
 
+
+_LEVELS = {"slowdown": "window", "hang": "snapshot", "crash": "exit", "offline": "traces"}
+
+
+def _stored_level(level: str, kind: str) -> str:
+    """The level field as read: "" when it is the one ``kind`` implies (a report reads back equal)."""
+    return "" if level == _LEVELS.get(kind, "window") else level
 
 def _strings(values: Sequence[Any], where: str) -> tuple[str, ...]:
     for i, v in enumerate(values):

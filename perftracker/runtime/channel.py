@@ -45,7 +45,7 @@ from perftracker.runtime.channel_messages import (
 )
 from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
 from perftracker.runtime.window_budget import CostBudget
-from perftracker.runtime.window_cost import WindowCostMeter, ledger_path
+from perftracker.runtime.window_cost import WindowCostMeter, ledger_path, report_fields
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import frames as wire
 from perftracker.wire.frames import MessageType
@@ -411,9 +411,11 @@ class AgentChannel:
     def _start_window(self, session: str, window_s: float, reason: str = "") -> None:
         grace_s = max(30.0, 2.0 * window_s)
         meter: WindowCostMeter | None = None
+        budget: dict[str, Any] | None = None  # the budget as it stands when the window opens
         try:
             meter = self.cost_meter()
             meter.armed(session, reason)
+            budget = meter.to_dict()["budget"]
         except Exception as exc:  # noqa: BLE001
             self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
         self._quiet_until = max(self._quiet_until, time.monotonic() + window_s + grace_s)
@@ -424,7 +426,9 @@ class AgentChannel:
             if meter is not None:
                 meter.delivered(session)
             try:
-                self._enqueue(window_done_message(result, session))
+                cost = report_fields(budget, (int(result.end_ns or 0) - int(result.start_ns or 0)) / 1e9,
+                                     int(getattr(result, "blocking_ns", 0) or 0) / 1e9)
+                self._enqueue(window_done_message(result, session, cost))
             except Exception as exc:  # noqa: BLE001 - runs in the training thread
                 self._warn_once("done", "perftracker: could not report a finished window: %s", exc)
 

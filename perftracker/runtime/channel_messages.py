@@ -103,14 +103,17 @@ def iter_stats_message(runtime: ChannelRuntime, recent_iterations: int) -> dict[
     )
 
 
-def window_done_message(result: FinishedWindow, session: str) -> dict[str, Any]:
-    """WINDOW_DONE from a ProfileWindow's WindowResult (``session`` when it names none)."""
+def window_done_message(result: FinishedWindow, session: str, cost: Mapping[str, float] | None = None
+                        ) -> dict[str, Any]:
+    """WINDOW_DONE from a ProfileWindow's WindowResult (``session`` when it names none); ``cost``:
+    what the window cost and the budget (window_cost.report_fields), for the report's header."""
+    extra = {"cost": dict(cost)} if cost else {}
     return wire.make_message(
         MessageType.WINDOW_DONE, session=str(result.session or session), raw_path=str(result.raw_path or ""),
         start_ns=int(result.start_ns or 0), end_ns=int(result.end_ns or 0), error=str(result.error or ""),
         samples_path=str(result.samples_path or ""),
         # a child that outlives the worker writes raw_path (at exit, issue 30): the agent waits for it
-        writer_pid=int(getattr(result, "writer_pid", 0) or 0),
+        writer_pid=int(getattr(result, "writer_pid", 0) or 0), **extra,
     )
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -117,6 +118,21 @@ class WindowCostMeter:
             os.replace(tmp, self.ledger)
         except OSError as exc:
             log.debug("perftracker: window cost ledger not written: %s", exc)
+
+
+def report_fields(budget: Mapping[str, Any] | None, window_s: float, blocking_s: float) -> dict[str, float]:
+    """What a window's WINDOW_DONE tells the report about its cost (``Report.window_cost``): how long
+    it recorded, how long its stop blocked training, and the budget as it stood when the window
+    opened (``CostBudget.to_dict`` then). The window's own measured cost comes 5 s after it was
+    delivered, after the report: ``perftracker status`` shows it."""
+    out = {"window_s": round(max(0.0, float(window_s)), 3), "blocked_s": round(max(0.0, float(blocking_s)), 3)}
+    if budget:
+        for key, src in (("budget_s", "limit_s"), ("spent_s", "spent_s"), ("left_s", "left_s"),
+                         ("last_cost_s", "last_window_lost_s")):
+            v = budget.get(src)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out[key] = round(float(v), 3)
+    return out
 
 
 def ledger_path(run_dir: str | os.PathLike[str], job: str, rank: int) -> Path:

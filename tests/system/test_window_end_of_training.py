@@ -104,6 +104,10 @@ def test_a_window_cut_by_the_end_of_training_ends_in_a_report_with_both_ranks(tm
     assert len(cut) == 2 and len(handed) == 2 and "discarded" not in out, (out + err)[-5000:]
     report = json.loads((runs / "reports" / f"{session}.json").read_text())
     assert report["ranks_reported"] == [0, 1], json.dumps(report)[:3000]
+    # the report says its level and what the window cost (issue 30): sent by the real workers' channel
+    cost = report["window_cost"]
+    assert report["level"] == "window" and {"window_s", "blocked_s", "budget_s", "left_s"} <= set(cost), cost
+    assert 0 < cost["window_s"] <= 20.5 and cost["budget_s"] == 72.0 and cost["left_s"] <= 72.0, cost
     exits = {int(r): float(s) for r, s in re.findall(r"EXIT (\d) ([0-9.]+)", out)}
     assert sorted(exits) == [0, 1], out[-3000:]
-    print(f"exit after training, per rank (s): {exits}")
+    print(f"exit after training, per rank (s): {exits}; window cost in the report: {cost}")
