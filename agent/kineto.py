@@ -9,8 +9,10 @@ Formats read: torch >= 1.11 (lower-case categories such as ``cpu_op`` and ``kern
 ``tid``) and the first Kineto format of torch 1.8-1.10 (``Operator``, ``Kernel``, ``Runtime``,
 ``Memcpy``; ``tid`` a string: ``"123"`` for a CPU thread, ``"stream 7"`` for a GPU stream).
 ``ProfilerStep#N`` marks the iterations whatever its category (``cpu_op``/``Operator`` before
-torch 1.11, ``user_annotation`` after). A trace whose bytes are not valid UTF-8 (a file path in
-Latin-1 in a Python frame's name) is read with the bad bytes replaced, and a warning.
+torch 1.11, ``user_annotation`` after). A trace that is not strict JSON but that Chrome and Perfetto
+read (a byte order mark, bytes that are not UTF-8 such as a Latin-1 path in a Python frame's name,
+raw control characters or unescaped backslashes in names, lone surrogates) is read with a warning
+that says what was repaired (``_loads_lenient``); a truncated file is still an error.
 
 The rank comes from ``distributedInfo``; when that is missing, from the caller's ``rank`` or the
 file name (``rank3``, ``worker3``, ``rank_3`` ...: ``rank_from_filename``), and the choice is logged.
@@ -163,8 +165,11 @@ def load_trace_json(path: str | Path, max_bytes: int | None = None) -> dict[str,
         with _gc_paused():
             try:
                 doc = _loads(data)
-            except ValueError:
-                doc = _loads_lossy(path, data)
+            except ValueError as strict_error:
+                try:
+                    doc = _loads_lenient(path, data)
+                except ValueError:
+                    raise strict_error from None  # the strict parser's word on where it breaks
         del data
     except RecursionError:
         raise TraceError(f"{path}: invalid Kineto trace (nested too deeply)") from None
@@ -177,16 +182,64 @@ def load_trace_json(path: str | Path, max_bytes: int | None = None) -> dict[str,
     return doc
 
 
-def _loads_lossy(path: Path, data: bytes) -> Any:
-    """The document of bytes that are not valid UTF-8, each bad byte read as U+FFFD (logged);
-    re-raises the parser's error when the bytes are valid UTF-8 (the JSON itself is bad)."""
+def _loads_lenient(path: Path, data: bytes) -> Any:
+    """The document of bytes the strict parser refused, read as Chrome and Perfetto read them: a
+    UTF-8 byte order mark skipped, bytes that are not UTF-8 as U+FFFD, control characters inside
+    strings kept, a backslash that starts no JSON escape (a Windows path in a name, written
+    unescaped) as itself, a lone surrogate (``\\ud800``) as U+FFFD. Each repair is logged once;
+    the parser's error is re-raised when none makes the bytes JSON (a truncated file stays one)."""
+    fixes: list[str] = []
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+        fixes.append("a UTF-8 byte order mark skipped")
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        log.warning("%s: not valid UTF-8 (byte %d: %#04x); bad bytes read as U+FFFD", path, exc.start,
-                    data[exc.start])
-        return _loads(data.decode("utf-8", errors="replace").encode("utf-8"))
-    raise
+        fixes.append(f"not valid UTF-8 (byte {exc.start}: {data[exc.start]:#04x}); bad bytes read as U+FFFD")
+        text = data.decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text, strict=False)
+    except ValueError as exc:
+        if "escape" not in str(exc):
+            raise
+        text = _BAD_ESCAPE.sub(_escape_fixed, text)
+        doc = json.loads(text, strict=False)
+        fixes.append("backslashes that start no JSON escape read as themselves")
+    doc, scrubbed = _scrub(doc)
+    if scrubbed:
+        fixes.append(f"{scrubbed} string(s) with a lone surrogate, read with U+FFFD")
+    if not fixes:
+        fixes.append("control characters inside strings kept")
+    log.warning("%s: not strict JSON, read leniently: %s", path, "; ".join(fixes))
+    return doc
+
+
+_BAD_ESCAPE = re.compile(r'\\(u[0-9a-fA-F]{4}|["\\/bfnrt]|.?)', re.DOTALL)
+
+
+def _escape_fixed(m: re.Match[str]) -> str:
+    """A JSON escape as it is; a backslash before anything else doubled, so it reads as itself."""
+    return m.group(0) if len(m.group(1)) > 1 or (m.group(1) and m.group(1) in '"\\/bfnrt') else "\\\\" + m.group(1)
+
+
+def _scrub(v: Any) -> tuple[Any, int]:
+    """``v`` with each string that cannot be written as UTF-8 (a lone surrogate) repaired, and how many."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in v), 1
+        return v, 0
+    n = 0
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            v[i], k = _scrub(x)
+            n += k
+    elif isinstance(v, dict):
+        for key in list(v):
+            v[key], k = _scrub(v[key])
+            n += k
+    return v, n
 
 
 def _tid_of(ev: dict[str, Any], kind: EventKind, named: dict[str, int]) -> int | None:
@@ -214,7 +267,13 @@ def _tid_of(ev: dict[str, Any], kind: EventKind, named: dict[str, int]) -> int |
 def resolve_rank(doc: dict[str, Any], path: str | Path, rank: int | None = None, prefer_filename: bool = False
                  ) -> RankInfo:
     raw_info = doc.get("distributedInfo")
-    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+    info: dict[str, Any] = dict(raw_info) if isinstance(raw_info, dict) else {}
+    for key in ("rank", "world_size"):  # written as strings by some tools ("3"): read as the numbers they are
+        v = info.get(key)
+        if isinstance(v, str) and v.strip().isdigit() and len(v.strip()) <= 18:
+            info[key] = int(v.strip())
+        elif isinstance(v, bool):
+            info[key] = None
     world = int(info.get("world_size", 0) or 0) if isinstance(info.get("world_size", 0), int) else 0
     if not 0 <= world <= MAX_RANK:
         raise TraceError(f"{path}: distributedInfo.world_size {world} is out of range [0, {MAX_RANK}]")

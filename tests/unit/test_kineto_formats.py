@@ -128,3 +128,35 @@ def test_cut_member_list_of_a_large_group() -> None:
     uneven = [0, 1, *range(4, 60, 2)]  # 30 ranks, not one stride
     assert process_groups(_nccl_doc("[" + ", ".join(map(str, uneven)) + ", ...]"))[0][0][2] == ()
     assert process_groups(_nccl_doc(cut, size=30))[0][0][2] == ()  # a size that contradicts the cut
+
+
+@pytest.mark.parametrize(("raw_name", "read_as", "said"), [
+    (b'"C:\\Users\\me\\job.py(12): aten::addmm"', "C:\\Users\\me\\job.py(12): aten::addmm", "backslashes"),
+    (b'"aten::addmm\tx"', "aten::addmm\tx", "control characters"),
+    (b'"aten::addmm\\ud800"', "aten::addmm\ufffd", "lone surrogate"),
+])
+def test_names_chrome_reads_but_strict_json_does_not(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     raw_name: bytes, read_as: str, said: str) -> None:
+    """Each made the whole file unreadable; Chrome and Perfetto read them. The repair is named."""
+    p = tmp_path / "rank0.json"
+    p.write_bytes(GLOO0.read_bytes().replace(b'"aten::addmm"', raw_name, 1))
+    with caplog.at_level(logging.WARNING, logger="perftracker.agent.kineto"):
+        raw = read_kineto_trace(p)
+    assert read_as in raw.names and len(raw) == len(read_kineto_trace(GLOO0))
+    assert all(n.encode("utf-8") for n in raw.names)  # every name can be written out
+    assert any("read leniently" in r.getMessage() and said in r.getMessage() for r in caplog.records)
+
+
+def test_byte_order_mark_and_string_ranks(tmp_path: Path) -> None:
+    doc = json.loads(GLOO0.read_text())
+    p = tmp_path / "a.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(doc).encode())
+    assert read_kineto_trace(p).meta.rank == 0
+    doc["distributedInfo"].update(rank="1", world_size="2")  # written as strings: still the rank
+    p.write_text(json.dumps(doc))
+    raw = read_kineto_trace(p)
+    assert (raw.meta.rank, raw.meta.world_size) == (1, 2)
+    doc["distributedInfo"]["rank"] = "one"  # no rank there: the file name has none either
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="no distributedInfo.rank"):
+        read_kineto_trace(p)
