@@ -209,8 +209,9 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
                 continue
             ps = PatternSet.from_bytes(data)
             results[f] = ps
-            for note in notes if warn is not None else ():
-                warn(f"[{done}/{len(files)}] {f}: {note.removeprefix(str(f) + ': ')}")
+            for note in notes:
+                if warn is not None:
+                    warn(f"[{done}/{len(files)}] {f}: {note.removeprefix(str(f) + ': ')}")
             if progress is not None:
                 note = "" if rank_source == "distributedInfo" else f" (rank taken from the {rank_source})"
                 progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
