@@ -19,7 +19,7 @@ test then reads the reports ``perftracker run`` left under ./perftracker-runs/ a
   host), so the test does not insist on the last report.
 
 The must-not twin: the FSDP2 job with no slowed rank, a window opened by hand mid-run: its report
-names no rank.
+names no rank, on the host as it is and beside one busy loop.
 
 Each case runs on the host as it is and beside one busy loop (``python -c "while True: pass"``, one
 of the 2 cores), so that the cause is also checked under contention: the slowed rank's CPU wait
@@ -173,7 +173,7 @@ def test_a_slowed_rank_is_headlined_with_its_compute_and_the_others_wait_inside(
 
 
 @pytest.mark.timeout(300)
-def test_a_clean_fsdp2_job_has_no_culprit(tmp_path: Path, free_port: int) -> None:
+def test_a_clean_fsdp2_job_has_no_culprit(load: str, tmp_path: Path, free_port: int) -> None:
     """The must-not twin: FSDP2 with no slowed rank; a window opened by hand while it trains."""
     from perftracker.agent.daemon.localizer_client import Uplink
 
@@ -206,7 +206,7 @@ def test_a_clean_fsdp2_job_has_no_culprit(tmp_path: Path, free_port: int) -> Non
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     assert report is not None, out[-3000:] + err[-3000:]
-    print(f"\n[clean fsdp2, {_uptime()}] {report.summary}")
+    print(f"\n[clean fsdp2 {load}, {_uptime()}] {report.headline or report.summary}")
     assert report.ranks_reported == (0, 1), report.summary
     assert not [f for f in report.findings if f.kind != "common"], [f.sentence for f in report.findings]
 
