@@ -58,7 +58,7 @@ class Config:
     window_writer: str = "thread"
     # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
     exit_delay_s: float = 7.0
-    # end a window once its phases converged (>= 20 iterations and 2 s, each phase's share of the
+    # end a window once its phases converged (>= 20 iterations and 5 s, each phase's share of the
     # time within window_tolerance between its two halves; convergence.py); window_s is the upper bound.
     # Off by default: in bench/faults.py --quick it lost the findings (recall 0.0 twice, 0.8 without)
     window_converge: bool = False

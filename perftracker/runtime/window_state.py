@@ -61,7 +61,7 @@ class WindowOptions:
     converge: bool = False
     converge_min_iterations: int = 20
     converge_tolerance: float = 0.10
-    converge_min_s: float = 2.0
+    converge_min_s: float = 5.0  # convergence.MIN_S
     overrun_s: float = 60.0  # no closing boundary this long after window_s: abandon (the agent waits as long)
     # Test seam, None in production: called in the writer thread with the exit event (set as soon as
     # the process starts exiting, or shutdown() cancels the writer) before it writes the file, so
