@@ -10,8 +10,10 @@ like functions (expected range, differential test). Here:
   its category's time, not a signal of its own, so the differential test alone never makes one.
 - ``health_excess``: what a health finding costs, as a share of the window: a stated estimate. The
   clock: the compute time the rank would save at its peers' clock (kernels that scale with the
-  clock), β × (1 - μ / median μ). The port: the share of the rank's collective time its port was
-  stalled beyond the median rank's, β × (μ - median μ).
+  clock), β × (1 - μ / median μ), but no more than its compute holds over the median rank's
+  (β - median β): a GPU whose kernels kept their time at the lower clock is found, and costs
+  nothing. The port: the share of the rank's collective time its port was stalled beyond the
+  median rank's, β × (μ - median μ).
 - ``health_text``: the finding's label (a throttled GPU's facts, ``perftracker.model.hardware.clock_label``)
   and sentence, e.g. "rank 5: GPU at 1.10 of 1.98 GHz (thermal slowdown) …".
 
@@ -50,7 +52,10 @@ def health_excess(key: str, observed: Triple, median: Triple) -> float | None:
     if key == GPU_CLOCK_KEY:
         if median.mu <= 0:
             return 0.0
-        return max(observed.beta * (1.0 - observed.mu / median.mu), 0.0)
+        by_clock = observed.beta * (1.0 - observed.mu / median.mu)
+        # bounded by what the rank's compute measurably holds over its peers': kernels that kept their
+        # time at the lower clock (memory- or latency-bound) cost the step nothing (throttled-gpu-r5)
+        return max(min(by_clock, observed.beta - median.beta), 0.0)
     if key in (IB_WAIT_KEY, P2P_PCIE_KEY):
         return max(observed.beta * (observed.mu - median.mu), 0.0)
     return None

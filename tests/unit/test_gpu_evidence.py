@@ -258,3 +258,32 @@ def test_health_patterns_stay_out_of_a_ranks_own_work_and_idle_time() -> None:
     assert idle_a is not None and idle_b is not None
     np.testing.assert_allclose(arr_a.values[idle_a, 0, :], arr_b.values[idle_b, 0, :])
     assert not any(is_health(arr_a.functions[f].key) for f in own_functions(arr_a.functions))
+
+
+# ------------------------------------------------------------------- what a throttled clock costs
+@pytest.mark.parametrize("excess, expected", [
+    (0.0, 0.0),  # kernels kept their time at 0.55 of the clock: found, and costs nothing
+    (-0.01, 0.0),  # the rank computes less than its peers: nothing
+    (0.01, 0.01),  # a little longer: the measured excess, not the clock's 0.045
+    (0.15, 0.1125),  # kernels ~1.8x as long, and more: the clock's estimate, 0.25 x 0.45
+])
+def test_a_throttled_clock_costs_no_more_than_the_ranks_compute_excess(excess: float, expected: float) -> None:
+    from perftracker.localizer.diagnose.health import health_excess
+
+    from perftracker.model import Triple
+
+    median = Triple(0.10, 0.98, 0.01)
+    observed = Triple(0.10 + excess, 0.98 * 0.55, 0.01)
+    by_clock = observed.beta * (1 - 0.55)
+    assert by_clock >= expected - 1e-9
+    assert health_excess(GPU_CLOCK_KEY, observed, median) == pytest.approx(expected, abs=1e-9)
+
+
+def test_a_throttled_gpu_whose_gemms_keep_their_time_is_found_and_costs_nothing() -> None:
+    """The twin of the 1.8x case above: the same clock and reason, GEMMs unchanged: found, no saving."""
+    report = localize(_job(1, clock={5: 0.55}, reason={5: "thermal"}))
+    hits = _findings(report, GPU_CLOCK_KEY)
+    assert len(hits) == 1 and hits[0].ranks == (5,) and hits[0].saves_share < 0.005
+    slow = localize(_job(2, clock={3: 0.56}, reason={3: "power"}, gemm_ns={3: 5_400_000}))
+    on3 = _findings(slow, GPU_CLOCK_KEY)
+    assert len(on3) == 1 and on3[0].saves_share > 0.1
