@@ -76,8 +76,8 @@ def gloo_calls(doc: Mapping[str, Any], rank: int) -> RankCalls:
         name, ts, dur = ev.get("name"), ev.get("ts"), ev.get("dur", 0)
         if not isinstance(name, str) or not name.startswith(GLOO_PREFIX):
             continue
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in (ts, dur)) \
-                or dur < 0:
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or isinstance(ts, bool) \
+                or isinstance(dur, bool) or not (np.isfinite(ts) and np.isfinite(dur)) or dur < 0:
             continue
         spans.setdefault(name, []).append((float(ts), float(ts) + float(dur)))
     calls = {n: np.array(sorted(v), dtype=np.float64).reshape(-1, 2) for n, v in spans.items()}

@@ -121,10 +121,11 @@ class _Notes(logging.Handler):
 
 
 def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
-                   ranks_per_host: int = 0) -> tuple[bytes, str, list[str]]:
+                   ranks_per_host: int = 0, gloo_groups: dict[str, str] | None = None) -> tuple[bytes, str, list[str]]:
     """One rank, in a worker process: the PatternSet's compact bytes, where its rank came from and
     the reader's warnings about the file. Hardware samples beside the trace (``samples_beside``)
-    give μ/σ; a samples file that cannot be read is a warning, and the rank keeps β only."""
+    give μ/σ; a samples file that cannot be read is a warning, and the rank keeps β only.
+    ``gloo_groups``: the group of each gloo event name of this rank (``_with_gloo_groups``)."""
     from perftracker.agent import kineto
     from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
     from perftracker.model.raw_window import SampleSet
@@ -140,6 +141,10 @@ def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None 
         who = kineto.resolve_rank(doc, path, rank, prefer_filename)
         del notes.lines[kept:]  # the rank's source is reported with the progress line
         raw = kineto.window_from_trace(doc, Path(path), who, job=job, session="offline")
+        if gloo_groups:
+            from perftracker.cli.gloo_offline import with_gloo_groups
+
+            raw = with_gloo_groups(raw, gloo_groups)
     finally:
         kineto.log.removeHandler(notes)
         kineto.log.setLevel(level)
@@ -222,11 +227,41 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         skipped.append((f, reason, None))
         if warn is not None:
             warn(f"{f}: {reason}")
+    _with_gloo_groups(results, prefer_filename, job, rank, ranks_per_host, warn)
     seen = {ps.rank: f for f, ps in results.items()}
     named_ranks = [r for _, _, r in skipped if r is not None]
     world = max(len(results), max([*seen, *named_ranks]) + 1)
     sets = [dataclasses.replace(ps, world_size=max(ps.world_size, world)) for ps in results.values()]
     return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
+
+
+def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, job: str, rank: int | None,
+                      ranks_per_host: int, warn: Callable[[str], None] | None) -> None:
+    """A CPU gloo job's traces list their groups but name none on a collective (torch 2.13): each
+    rank whose gloo calls get a group (``perftracker.cli.gloo_offline``) is summarized again with
+    them, in place; the calls left without one are said in one warning (issue 28). Off unless
+    PERFTRACKER_GLOO_GROUPS=1 (``gloo_offline.ENV``: on a host with fewer cores than ranks it turned
+    CPU contention into per-group findings, docs/diagnosis.md)."""
+    from perftracker.cli.gloo_offline import enabled
+
+    todo = {ps.rank: f for f, ps in results.items() if ps.groups and not ps.comm} if enabled() else {}
+    if len(todo) < 2:
+        return
+    from perftracker.cli.gloo_offline import gloo_assignments
+
+    assigned, unassigned = gloo_assignments(todo)
+    if unassigned and warn is not None:
+        warn(f"gloo: {len(unassigned)} rank/call pairs have no process group ({unassigned[0]}"
+             + (", ..." if len(unassigned) > 1 else "") + ")")
+    for f, ps in list(results.items()):
+        if ps.rank in assigned and todo.get(ps.rank) == f:
+            try:
+                data, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, assigned[ps.rank])
+            except Exception as exc:  # noqa: BLE001 - the first summary stands
+                if warn is not None:
+                    warn(f"{f}: gloo groups not applied ({_reason(exc)})")
+                continue
+            results[f] = PatternSet.from_bytes(data)
 
 
 def _earlier_cycles(results: dict[Path, PatternSet]) -> list[tuple[Path, str]]:

@@ -116,3 +116,58 @@ def test_malformed_entries_are_skipped() -> None:
     assert rc.groups == (("0", (0, 1)),)
     assert rc.calls["gloo:all_reduce"].tolist() == [[1.0, 3.0]]
     assert set(rc.calls) == {"gloo:all_reduce"}
+
+
+def _trace(tmp_rank: int = 0) -> dict[str, object]:
+    """A real-format torch 2.13 gloo trace of one all-reduce and one send: the caller's Python
+    frames and c10d op on the main thread (tid 100), the gloo events on gloo's worker thread
+    (tid 200), an unrelated matmul."""
+    def x(name: str, cat: str, tid: int, ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+    return {"distributedInfo": {"backend": "gloo", "rank": tmp_rank, "world_size": 4,
+                                "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+                                              {"pg_name": "1", "pg_desc": "PIPELINE_PARALLEL_GROUP", "ranks": [0, 1]},
+                                              {"pg_name": "3", "pg_desc": "DATA_PARALLEL_GROUP", "ranks": [0, 2]}]},
+            "traceEvents": [
+                x("pp_dp_gloo.py(96): main", "python_function", 100, 0.0, 1000.0),
+                x("aten::mm", "cpu_op", 100, 10.0, 50.0),
+                x("torch/distributed/c10d_logger.py(80): wrapper", "python_function", 100, 100.0, 300.0),
+                x("torch/distributed/distributed_c10d.py(3155): all_reduce", "python_function", 100, 102.0, 296.0),
+                x("c10d::allreduce_", "cpu_op", 100, 104.0, 10.0),
+                x("gloo:all_reduce", "user_annotation", 200, 110.0, 280.0),
+                x("torch/distributed/c10d_logger.py(80): wrapper", "python_function", 100, 500.0, 100.0),
+                x("torch/distributed/distributed_c10d.py(2712): send", "python_function", 100, 502.0, 96.0),
+                x("c10d::send", "cpu_op", 100, 504.0, 10.0),
+                x("gloo:send", "user_annotation", 200, 510.0, 80.0),
+            ]}
+
+
+def test_offline_rows_give_the_call_its_group_and_leave_unassigned_calls_alone(tmp_path: Path) -> None:
+    from perftracker.agent import kineto
+
+    from perftracker.cli.gloo_offline import with_gloo_groups
+
+    path = tmp_path / "rank0.json"
+    doc = _trace()
+    path.write_text(json.dumps(doc))
+    raw = kineto.window_from_trace(doc, path, kineto.resolve_rank(doc, path), job="j", session="s")
+    rows = with_gloo_groups(raw, {"gloo:all_reduce": "3"}).meta.comm
+    named = {(r[0], r[3], r[4]) for r in rows}
+    assert named == {("gloo:all_reduce", "3", "allreduce"), ("c10d::allreduce_", "3", "allreduce"),
+                     ("torch/distributed/distributed_c10d.py(3155): all_reduce", "3", "allreduce"),
+                     ("torch/distributed/c10d_logger.py(80): wrapper", "3", "allreduce")}
+    # the send (no group: the rank is in two pairs) and the matmul get no row, nor the second wrapper
+    assert not any(r[1] >= 500_000 for r in rows)
+    # nothing assigned: the window is unchanged
+    assert with_gloo_groups(raw, {}) is raw
+
+
+def test_analyze_applies_gloo_groups_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perftracker.cli.gloo_offline import ENV, enabled
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert not enabled()
+    monkeypatch.setenv(ENV, "0")
+    assert not enabled()
+    monkeypatch.setenv(ENV, "1")
+    assert enabled()
