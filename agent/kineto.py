@@ -22,7 +22,10 @@ Nothing in a trace is trusted (issue 33). A file is read up to ``PERFTRACKER_TRA
 reference data), so a gzip bomb costs at most that. Event times must be finite, within
 ``MAX_TIME_US`` of the epoch, durations in [0, ``MAX_SPAN_US``], and one trace's events within
 ``MAX_SPAN_US`` (a day) of each other; ranks and world sizes in [0, ``MAX_RANK``]; thread ids and
-devices must fit their columns. Anything else raises TraceError naming the file and the value, so
+devices must fit their columns. A negative ``dur`` is the one exception: Kineto before pytorch/kineto#646
+(torch <= 1.12) wrote an event whose end was never set as ``dur = -ts``; such events are dropped
+with a warning that counts them, the rest of the file kept. Anything else raises TraceError naming
+the file and the value, so
 ``perftracker analyze`` skips that file with a warning: never an aborted run (NaN in a
 ProfilerStep's ``dur``), a MemoryError (a rank of 10**12) or a silently wrong window (a ``ts`` of
 1e300).
@@ -320,6 +323,7 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
     span_lo, span_hi = None, None
     named_tids: dict[str, int] = {}
     no_dur = 0
+    negative: list[str] = []
     try:
         for ev in doc["traceEvents"]:
             if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -336,6 +340,9 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
             if "dur" not in ev:
                 no_dur += 1
             dur = float(ev.get("dur", 0.0))
+            if dur < 0:  # Kineto before pytorch/kineto#646 (torch <= 1.12) wrote an unset end (0) as -ts
+                negative.append(name)
+                continue
             if kind is EventKind.PYTHON and name == _GC_NAME:
                 kind = EventKind.GC
             elif kind is EventKind.CPU_OP and name.startswith("ProfilerStep#"):
@@ -366,6 +373,9 @@ def _window_from_trace(doc: dict[str, Any], path: Path, who: RankInfo, job: str,
         raise TraceError(f"{path}: Kineto trace has no complete events")
     if no_dur:
         log.warning("%s: %d of %d complete events have no dur; read as 0 us", path, no_dur, len(kinds))
+    if negative:
+        log.warning("%s: %d complete event(s) with a negative dur dropped (an unset end time; the first: %r)",
+                    path, len(negative), negative[0][:60])
     starts_us = np.asarray(starts, dtype=np.float64)
     durs_us = np.asarray(durs, dtype=np.float64)
     for ev in doc["traceEvents"]:  # the profiler's own span, when present, bounds the window too

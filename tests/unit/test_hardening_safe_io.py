@@ -197,11 +197,18 @@ def test_a_sound_trace_gives_its_window() -> None:
 
 @pytest.mark.parametrize("bad", [
     {"ts": math.nan}, {"ts": math.inf}, {"ts": 1e300}, {"ts": 1e30}, {"ts": 1e18}, {"dur": math.nan},
-    {"dur": -5.0}, {"dur": 1e20}, {"tid": 2**70}, {"args": {"device": 40000}},
+    {"dur": math.inf}, {"dur": 1e20}, {"tid": 2**70}, {"args": {"device": 40000}},
 ])
 def test_non_finite_or_out_of_range_numbers_make_the_file_a_trace_error(bad: dict[str, object]) -> None:
     with pytest.raises(TraceError, match="rank1.json: .*(out of range|range)"):
         _window(_trace(**bad))
+
+
+def test_a_negative_duration_drops_that_event_only() -> None:
+    """Kineto before pytorch/kineto#646 wrote an unset end as dur = -ts: the event is dropped (and
+    counted in a warning, tests/unit/test_kineto_formats.py), the file kept."""
+    raw = _window(_trace(dur=-5.0))
+    assert len(raw) == 3 and "gemm" not in [raw.names[int(i)] for i in raw.col("name_id")]
 
 
 def test_a_profiler_step_with_a_nan_duration_is_a_trace_error_not_an_abort() -> None:

@@ -160,3 +160,22 @@ def test_byte_order_mark_and_string_ranks(tmp_path: Path) -> None:
     p.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match="no distributedInfo.rank"):
         read_kineto_trace(p)
+
+
+def test_negative_dur_drops_the_event_not_the_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Kineto before pytorch/kineto#646 wrote an end never set (0) as dur = -ts: one such event
+    made the whole rank 'out of range'. It is dropped and counted; a NaN dur is still an error."""
+    doc = json.loads(GLOO0.read_text())
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    xs[0]["dur"] = -xs[0]["ts"]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="perftracker.agent.kineto"):
+        raw = read_kineto_trace(p)
+    full = read_kineto_trace(GLOO0)
+    assert len(raw) == len(full) - 1 and raw.meta.window_start_ns >= full.meta.window_start_ns
+    assert any("1 complete event(s) with a negative dur dropped" in r.getMessage() for r in caplog.records)
+    xs[0]["dur"] = float("nan")
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="out of range"):
+        read_kineto_trace(p)
