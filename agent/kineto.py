@@ -85,6 +85,12 @@ _KIND_OF_CAT: dict[str, EventKind] = {
     "memcpy": EventKind.MEMCPY,
     "memset": EventKind.MEMSET,
     "runtime": EventKind.RUNTIME,
+    # other accelerators' host API calls (libkineto ActivityType names; not verified on hardware)
+    "xpu_runtime": EventKind.RUNTIME,
+    "xpu_driver": EventKind.RUNTIME,
+    "privateuse1_runtime": EventKind.RUNTIME,
+    "privateuse1_driver": EventKind.RUNTIME,
+    "mtia_runtime": EventKind.RUNTIME,
 }
 _GPU_KINDS = (EventKind.KERNEL, EventKind.MEMCPY, EventKind.MEMSET)
 _STREAM_TID = re.compile(r"\s*stream\s*(\d{1,18})\s*$", re.IGNORECASE)

@@ -179,3 +179,19 @@ def test_negative_dur_drops_the_event_not_the_file(tmp_path: Path, caplog: pytes
     p.write_text(json.dumps(doc))
     with pytest.raises(TraceError, match="out of range"):
         read_kineto_trace(p)
+
+
+def test_other_accelerators_runtime_calls_are_runtime_rows(tmp_path: Path) -> None:
+    """An Intel XPU or PrivateUse1 trace's host API calls (libkineto's category names) were dropped;
+    fixture shape only: not verified on hardware."""
+    doc = json.loads(GLOO0.read_text())
+    pid = doc["traceEvents"][0]["pid"]
+    t0 = min(e["ts"] for e in doc["traceEvents"])
+    for i, cat in enumerate(("xpu_runtime", "privateuse1_runtime", "cuda_sync")):
+        doc["traceEvents"].append({"ph": "X", "cat": cat, "name": "urEnqueueKernelLaunch", "pid": pid, "tid": pid,
+                                   "ts": t0 + 10 * i, "dur": 3.0, "args": {"correlation": i}})
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps(doc))
+    raw = read_kineto_trace(p)
+    assert _kinds(raw).get(EventKind.RUNTIME) == 2  # cuda_sync (a GPU-side wait marker) is not one
+    assert len(raw) == len(read_kineto_trace(GLOO0)) + 2
