@@ -48,6 +48,7 @@ from perftracker.agent.daemon.workers import (
     Worker,
     check_worker_message,
     liveness,
+    phase_rows,
     select_job,
 )
 
@@ -303,6 +304,8 @@ class AgentDaemon:
             w.iteration = msg["iteration"]
             w.iteration_ms = float(msg.get("mean_ms") or 0.0)
             w.min_ms = float(msg.get("min_ms") or 0.0)
+            w.phases_ms = phase_rows(msg.get("phases_ms"))
+            w.phases_before_ms = phase_rows(msg.get("phases_before_ms"))
             self.metrics.iteration_times(w.job, w.rank, w.iteration, msg.get("recent_ms") or ())
         elif kind == MessageType.TRIGGER.value:
             self.metrics.trigger(w.job)

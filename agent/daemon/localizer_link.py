@@ -157,6 +157,10 @@ class Upstream:
                                   "iteration_ms": round(max(0.0, w.iteration_ms), 3)})
                     if w.work_session and alive:
                         ranks[-1]["working_on"] = w.work_session
+                    if w.phases_ms:  # the hooks' phase times: the localizer's first look (issue 30)
+                        ranks[-1]["phases_ms"] = w.phases_ms
+                        if w.phases_before_ms:
+                            ranks[-1]["phases_before_ms"] = w.phases_before_ms
                 try:
                     await self.call(self.uplink.heartbeat, job, self.agent_id, ranks)
                     self.warn_once.clear("heartbeat")

@@ -38,6 +38,8 @@ class Worker:
     last_event_age_s: float = 0.0
     iteration_ms: float = 0.0
     min_ms: float = 0.0
+    phases_ms: list[list[float]] = field(default_factory=list)  # the last steps' phases (ITER_STATS; first look)
+    phases_before_ms: list[list[float]] = field(default_factory=list)  # steps from before them
     work_session: str = ""  # the session whose window this agent is still profiling/summarizing/uploading
     last_seen: float = field(default_factory=time.monotonic)
     cgroup: MemoryCgroup | None = None  # its memory cgroup and OOM kill count when last read
@@ -152,3 +154,21 @@ def check_worker_message(msg: dict[str, Any]) -> None:
         _text(msg, "error", MAX_ERROR_CHARS)
         _integer(msg, "start_ns", 0, 2**63 - 1)
         _integer(msg, "end_ns", 0, 2**63 - 1)
+
+
+MAX_PHASE_ROWS = 64
+
+
+def phase_rows(value: Any) -> list[list[float]]:
+    """ITER_STATS' phase rows (steps × [data, step, rest] ms), checked: anything else is [] (the first
+    look then has no times for this rank and leaves the slowdown to the window)."""
+    if not isinstance(value, list) or len(value) > MAX_PHASE_ROWS:
+        return []
+    out = []
+    for row in value:
+        if (not isinstance(row, list) or len(row) != 3
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                           for x in row)):
+            return []
+        out.append([float(x) for x in row])
+    return out

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from perftracker.model import Box, Category, Finding, Report, Triple
+
 PHASES = ("data loading", "optimizer step", "forward/backward and collectives")  # = runtime.phase_times.PHASES
 NAMEABLE = (0, 1)  # phases the first look may name; the rest needs kernel detail
 REST = 2
@@ -155,3 +157,37 @@ def _all_ranks(ranks: list[int], med: np.ndarray, before_ms: Mapping[int, np.nda
         if best is None or got.share > best.share:
             best = got
     return best
+
+
+_NEXT = {
+    "data loading": ("the input pipeline: DataLoader num_workers and pin_memory, the dataset's __getitem__, the "
+                     "storage it reads", "a full profile window: perftracker trigger <job>"),
+    "optimizer step": ("the optimizer: its implementation (foreach/fused), parameters offloaded to the CPU, "
+                       "gradient clipping or hooks in the step", "a full profile window: perftracker trigger <job>"),
+}
+
+
+def first_look_report(look: FirstLook, job: str, session: str, reason: str, ranks: tuple[int, ...],
+                      created_ns: int) -> Report:
+    """A report of the level "first look" for a named cause: one finding, its measured times as
+    evidence (a phase's share of the step as β; the hooks measure no utilization: μ, σ are 0)."""
+    if not look.named:
+        raise ValueError("first_look_report needs a named cause")
+    share = min(1.0, look.ms / look.step_ms) if look.step_ms > 0 else 0.0
+    ref = min(1.0, look.reference_ms / look.step_ms) if look.step_ms > 0 else 0.0
+    than = "its peers" if look.kind == "one_rank" else "before the slowdown"
+    evidence = (
+        f"{look.phase}: {look.ms:.1f} ms per step against {look.reference_ms:.1f} ms {than} "
+        f"(median of the last steps; the step {look.step_ms:.1f} ms)",
+        "measured by the hooks (DataLoader.__next__, the optimizer step's pre/post hooks); no profile window ran",
+    )
+    finding = Finding(
+        key=f"phase:{look.phase}", label=look.phase, category=Category.PYTHON, ranks=look.ranks,
+        kind="specific" if look.kind == "one_rank" else "common", tests=("first look",),
+        observed=Triple(share, 0.0, 0.0), median=Triple(ref, 0.0, 0.0),
+        expected=Box(Triple(0.0, 0.0, 0.0), Triple(ref, 1.0, 1.0)), sentence=look.title,
+        impact=min(1.0, max(0.0, look.share)), title=look.title, evidence=evidence,
+        next_steps=_NEXT.get(look.phase, ()), cause="first_look")
+    return Report(job=job, session=session, kind="slowdown", created_ns=created_ns, trigger_reason=reason,
+                  window_s=0.0, ranks_reported=ranks, findings=(finding,), summary=look.title,
+                  headline=look.title, level="first look")

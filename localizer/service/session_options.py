@@ -4,7 +4,8 @@ manager that owns them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -35,4 +36,7 @@ class SessionOptions:
     # session gets 429 when its job has this many open or being localized, or when its token (the
     # job, for the main token) opened this many in the last minute; joining an open session is free
     max_open_sessions_per_job: int = 4
+    # the first look (session_first_look.py, issue 30): a detector's slowdown whose rank and phase the
+    # heartbeats' phase times name closes at once with a "first look" report, no window
+    first_look: bool = field(default_factory=lambda: os.environ.get("PERFTRACKER_FIRST_LOOK", "") == "1")
     triggers_per_minute: int = 12

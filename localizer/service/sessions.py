@@ -37,6 +37,7 @@ from typing import Any
 from perftracker.localizer.service.columns import ColumnCache
 from perftracker.localizer.service.job_limits import TriggerQuota, check_open_sessions
 from perftracker.localizer.service.ownership import Ownership, hash_key
+from perftracker.localizer.service.session_first_look import FirstLookPhases
 from perftracker.localizer.service.session_hangs import HangSessions
 from perftracker.localizer.service.session_options import SessionOptions
 from perftracker.localizer.service.session_reports import (
@@ -104,6 +105,7 @@ class SessionManager:
         self.store = store
         self.clock: Clock = clock or WallClock()
         self.options = options or SessionOptions()
+        self.first_look = FirstLookPhases()  # the heartbeats' phase times (issue 30)
         self._lock = threading.RLock()  # the service's loop and the executor both call in
         self._extended: set[str] = set()  # sessions kept open for a busy rank (logged once each)
         self.uploads = PatternUploads(store, self.clock, self._lock, self.options.max_cached_set_bytes,
@@ -183,6 +185,7 @@ class SessionManager:
             log.warning("heartbeat of agent %s (job %s): dropped rank(s) %s owned by another agent", hb.agent_id,
                         hb.job, sorted({r.rank for r in hb.ranks} - mine))
             hb = dataclasses.replace(hb, ranks=tuple(r for r in hb.ranks if r.rank in mine))
+        self.first_look.heard(hb.job, hb.ranks, now)
         self.store.events.put_heartbeats([HeartbeatRecord(hb.job, r.rank, hb.agent_id, r.iteration, r.phase,
                                                    r.last_event_age_s, r.alive, r.iteration_ms, now)
                                    for r in hb.ranks])
@@ -258,11 +261,29 @@ class SessionManager:
                 seq=0, session=_new_session_id(now), job=job, kind=kind, reason=reason, window_s=window,
                 state=OPEN, opened_ns=now, deadline_ns=now + int(wait_s * 1e9),
                 expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks))
+            look = self._first_look(rec, now) if kind == SLOWDOWN else None
+            if look is not None:  # settled without a window: no agent ever sees the session open
+                rec = dataclasses.replace(rec, state=DONE, closed_ns=now)
             rec = self.store.insert_session(rec)
+            if look is not None:
+                self.store.events.put_report(look)
+                self._quota.opened(key, now)
+                log.info("session %s for job %s settled by the first look: %s", rec.session, job, look.headline)
+                return rec, False
             self._quota.opened(key, now)
             log.info("opened session %s for job %s (%s, %s, %d expected rank(s))", rec.session, job, kind,
                      reason, len(rec.expected))
             return rec, False
+
+    def _first_look(self, rec: SessionRecord, now_ns: int) -> Report | None:
+        """The first look's report for a new slowdown session, or None (the window runs)."""
+        if not self.options.first_look or len(rec.expected) > 4096:
+            return None
+        try:
+            return self.first_look.look(rec.job, rec.session, rec.reason, list(rec.expected), now_ns, now_ns)
+        except Exception:  # noqa: BLE001 - the window is the fallback
+            log.exception("first look for session %s failed; the window runs", rec.session)
+            return None
 
     def _joins(self, s: SessionRecord, kind: str, now_ns: int) -> bool:
         """Whether a trigger of ``kind`` at ``now_ns`` belongs to the open session ``s``."""

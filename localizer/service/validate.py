@@ -56,6 +56,9 @@ class RankBeat:
     alive: bool
     iteration_ms: float
     working_on: str = ""  # a session whose window the agent is still working on for this rank
+    # the hooks' per-step phase times, steps × (data, step, rest) ms, now and from before (first look)
+    phases_ms: tuple[tuple[float, float, float], ...] = ()
+    phases_before_ms: tuple[tuple[float, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,9 +169,31 @@ def parse_heartbeat(body: Any) -> Heartbeat:
                               phase=_str(r, "phase", rw, default=""),
                               last_event_age_s=_float(r, "last_event_age_s", rw, default=0.0),
                               alive=alive, iteration_ms=_float(r, "iteration_ms", rw, default=0.0),
-                              working_on=_str(r, "working_on", rw, default="")))
+                              working_on=_str(r, "working_on", rw, default=""),
+                              phases_ms=_phase_rows(r, "phases_ms", rw),
+                              phases_before_ms=_phase_rows(r, "phases_before_ms", rw)))
     return Heartbeat(job=_str(d, "job", where, name=True), agent_id=_str(d, "agent_id", where, name=True),
                      ranks=tuple(beats))
+
+
+MAX_PHASE_ROWS = 64
+
+
+def _phase_rows(d: Mapping[str, Any], key: str, where: str) -> tuple[tuple[float, float, float], ...]:
+    """An optional list of [data, step, rest] ms rows (the first look's input)."""
+    if key not in d:
+        return ()
+    rows = d[key]
+    if not isinstance(rows, list) or len(rows) > MAX_PHASE_ROWS:
+        raise RequestError(f"{where}.{key}: expected a list of at most {MAX_PHASE_ROWS} rows")
+    out = []
+    for i, row in enumerate(rows):
+        if (not isinstance(row, list) or len(row) != 3
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                           for x in row)):
+            raise RequestError(f"{where}.{key}[{i}]: expected [data_ms, step_ms, rest_ms], finite, >= 0")
+        out.append((float(row[0]), float(row[1]), float(row[2])))
+    return tuple(out)
 
 
 def parse_trigger(body: Any) -> TriggerRequest:

@@ -99,8 +99,27 @@ def iter_stats_message(runtime: ChannelRuntime, recent_iterations: int) -> dict[
         return None
     return wire.make_message(
         MessageType.ITER_STATS, iteration=int(runtime.iteration or 0), recent_ms=recent,
-        mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=current_phase(),
+        mean_ms=sum(recent) / len(recent), min_ms=min(recent), phase=current_phase(), **phase_fields(runtime),
     )
+
+
+PHASE_ROWS = 20  # steps of phase times sent now, and from before (the first look, issue 30)
+
+
+def phase_fields(runtime: Any) -> dict[str, Any]:
+    """The hooks' per-step phase times (perftracker/runtime/phase_times.py) for the first look: the
+    last ``PHASE_ROWS`` steps, and, once the ring holds six times as many, its oldest ``PHASE_ROWS``
+    (before a slowdown that the detector saw); {} when there are none or they cannot be read."""
+    try:
+        rows = runtime.phases.recent_ms()
+    except Exception:  # noqa: BLE001 - no phases (an older runtime), never into training
+        return {}
+    if len(rows) < PHASE_ROWS:
+        return {}
+    out = {"phases_ms": [[round(float(x), 3) for x in r] for r in rows[-PHASE_ROWS:]]}
+    if len(rows) >= 6 * PHASE_ROWS:
+        out["phases_before_ms"] = [[round(float(x), 3) for x in r] for r in rows[:PHASE_ROWS]]
+    return out
 
 
 def window_done_message(result: FinishedWindow, session: str, cost: Mapping[str, float] | None = None
