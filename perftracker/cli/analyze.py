@@ -56,6 +56,7 @@ collective be measured against its link: NVLink or PCIe inside a host, the NIC b
 
 examples:
   perftracker analyze traces/
+  perftracker analyze traces/ --brief
   perftracker analyze traces/ --format html -o report.html
   perftracker analyze traces/ --patterns --format json
   perftracker analyze my_trace.json --rank 0
@@ -78,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-host", type=int, default=0, metavar="N",
                         help="ranks per host, filled in order (default: unknown; collectives use NVLink, else the NIC)")
     parser.add_argument("--patterns", action="store_true", help="print the per-rank patterns instead of a report")
+    parser.add_argument("--brief", action="store_true",
+                        help="print only the headline and each finding's title (text; ignores --format)")
     parser.add_argument("-j", "--jobs", type=int, default=0, help="parallel processes (default: one per core)")
 
 
@@ -354,7 +357,11 @@ def run(args: argparse.Namespace) -> int:
         report = localize_summaries(summ, directory, args.expect)
 
         def render(fh: TextIO) -> None:
-            if args.format == "text" and fh is sys.stdout and con is not None:
+            if getattr(args, "brief", False):
+                from perftracker.localizer.render.facts import brief_lines
+
+                fh.write(safe_text("\n".join(brief_lines(report)), newlines=True) + "\n")
+            elif args.format == "text" and fh is sys.stdout and con is not None:
                 write(report, "text", fh, console=con)
             else:
                 write(report, args.format, fh)

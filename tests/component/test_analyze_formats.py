@@ -76,3 +76,15 @@ def test_reader_warnings_reach_the_user(tmp_path: Path) -> None:
     summ = summarize_dir(tmp_path, jobs=2, warn=warned.append)
     assert [ps.rank for ps in summ.sets] == [0, 1]
     assert len(warned) == 1 and "rank1.json" in warned[0] and "not valid UTF-8" in warned[0]
+
+
+def test_brief_prints_the_headline_and_titles(capsys: pytest.CaptureFixture[str]) -> None:
+    """`report --brief` existed; `analyze` (what a newcomer runs first) printed only the full report."""
+    from perftracker.cli.main import main
+
+    assert main(["analyze", str(FIX / "gloo_cpu"), "--brief", "-j", "2"]) == 0
+    brief = capsys.readouterr().out.splitlines()
+    assert main(["analyze", str(FIX / "gloo_cpu"), "--format", "json", "-j", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert brief[0] == report["headline"] and len(brief) == 1 + len(report["findings"])
+    assert all(f["title"] in line for f, line in zip(report["findings"], brief[1:], strict=True))
