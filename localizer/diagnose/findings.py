@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays, nan_row_means
+from perftracker.localizer.diagnose.contention import within_contention
 from perftracker.localizer.diagnose.cpu_starvation import (
     cpu_wait_function,
     is_cpu_wait,
@@ -283,6 +284,9 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             cands = _computes_more(arr, rest, like, _unless_own_work_wait(arr, causes, rest, like), opts)
             cause = cause_of_lateness(beta, cands, rest, like,
                                       arr.worker_window_s, opts)
+            if cause is None and within_contention(arr, root.wait_share, root.late, root.waiting):
+                claimed[i] = True  # the scheduler's, no rank's (contention.py): its waiters' findings fold
+                continue
             f = root.f if cause is None else cause[0]
             who = rest if cause is None else doing_more(beta[f], rest, like, arr.worker_window_s)
             of_waiters = Triple(*(float(x) for x in np.median(arr.values[f][:, root.waiting], axis=1)))
@@ -399,9 +403,7 @@ def _computes_more(arr: PatternArrays, late: np.ndarray, like: np.ndarray, cause
     steps = arr.job_groups.steps
     if steps is None:
         return causes
-    with np.errstate(invalid="ignore"):
-        mine = np.nanmean(steps[late], axis=1)
-        theirs = np.nanmean(steps[like], axis=1)
+    mine, theirs = nan_row_means(steps[late]), nan_row_means(steps[like])
     if not (np.isfinite(mine).all() and np.isfinite(theirs).any()):
         return causes
     if float(np.median(mine)) < (1.0 + opts.moving_ratio) * float(np.nanmedian(theirs)):

@@ -62,7 +62,7 @@ CAUSES: tuple[Cause, ...] = (
        "pinned memory: `DataLoader(pin_memory=True)` and `.to(device, non_blocking=True)`",
        "the PCIe link: `nvidia-smi -q | grep -A2 'Link Width'` (generation and width) on the rank's host",
        "peer copies falling back from NVLink: `nvidia-smi topo -m`"),
-    _c("slow_link", "slow link", r"interconnect|nic|nvlink|retransmi|network|link",
+    _c("slow_link", "slow link", r"interconnect|\bnics?\b|nvlink|retransmi|\blinks?\b|network(?! utilization)",
        "the NIC's error counters: `ethtool -S <nic>` (drops, CRC errors), `ibstat`, `perfquery`",
        "NCCL's transport: `NCCL_DEBUG=INFO` (IB vs sockets, the chosen interface)",
        "the host's link speed and cabling against a healthy rank's (`ibstat` rate, `ethtool <nic>`)"),

@@ -15,6 +15,7 @@ import pytest
 from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
 from perftracker.localizer.diagnose.host_link import LINK_APART, apart
 from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.next_steps import cause_kind
 from perftracker.localizer.diagnose.options import LocalizeOptions
 
 from perftracker.model import LINK_KEY, Category, Finding, Report
@@ -92,3 +93,20 @@ def test_apart_is_for_the_host_link_only() -> None:
     assert apart(LINK_KEY, 0.011, 0.005) and not apart(LINK_KEY, 0.009, 0.005)
     assert not apart(LINK_KEY, 0.0, 0.0)  # nothing retransmitted anywhere
     assert apart("InfiniBand port wait (port_xmit_wait)", 0.06, 0.05)
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    # a collective finding with no hint is its whole sentence: its measure is no link cause
+    ("rank 0: collective all_gather_single holds the critical path 1.6× longer than on other ranks, "
+     "at 40% of their network utilization", "unknown"),
+    ("exposed communication above half the window", "unknown"),  # "nic" inside "communication"
+    ("lossy, congested or rate-limited network link on this host (TCP retransmissions)", "slow_link"),
+    ("slow or congested InfiniBand link at this rank's port (port_xmit_wait)", "slow_link"),
+    ("a slow NIC on this host", "slow_link"),
+    ("network congestion", "slow_link"),
+])
+def test_a_waiting_ranks_network_utilization_is_no_slow_link(text: str, kind: str) -> None:
+    """The headline's cause kind comes from the sentence's cause clause, or from the whole sentence
+    where it has none; 'network' there was the nic resource's name in a measure (explain.py), and the
+    waiting rank's headline read '— slow link'."""
+    assert cause_kind(text) == kind
