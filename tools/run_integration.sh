@@ -11,7 +11,7 @@
 # 2 cores. Exit status: pytest's.
 set -u
 cd "$(dirname "$0")/.."
-log=${1:-integration-$(date -u +%Y%m%dT%H%M%SZ).log}
+log=${1:-${TMPDIR:-/tmp}/perftracker-integration-$(date -u +%Y%m%dT%H%M%SZ).log}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 start=$(date +%s)
