@@ -270,3 +270,25 @@ def validate_arrays(arr: PatternArrays) -> None:
                              f"{('beta', 'mu', 'sigma')[d]}")
         _check_range(arr.values[f:f + 1], arr.ranks, arr.functions[f:f + 1])
         raise InputError(f"function {keys[f]!r}: values outside [0, 1]")
+
+
+def nan_row_means(a: np.ndarray) -> np.ndarray:
+    """The mean of each row over its finite values; NaN for a row with none (``np.nanmean`` warns
+    "Mean of empty slice" there, and a warning must not reach the user of ``perftracker analyze``)."""
+    a = np.asarray(a, dtype=np.float64)
+    ok = np.isfinite(a)
+    n = ok.sum(axis=-1)
+    total = np.where(ok, a, 0.0).sum(axis=-1)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
+def nan_col_medians(a: np.ndarray) -> np.ndarray:
+    """The median of each column over its finite values; NaN for a column with none, without
+    ``np.nanmedian``'s "All-NaN slice" warning."""
+    a = np.asarray(a, dtype=np.float64)
+    out = np.full(a.shape[1:], np.nan)
+    ok = np.isfinite(a).any(axis=0)
+    if ok.any():
+        out[ok] = np.nanmedian(a[:, ok], axis=0)
+    return out
+

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays, nan_row_means
 from perftracker.localizer.diagnose.contention import within_contention
 from perftracker.localizer.diagnose.cpu_starvation import (
     cpu_wait_function,
@@ -403,9 +403,7 @@ def _computes_more(arr: PatternArrays, late: np.ndarray, like: np.ndarray, cause
     steps = arr.job_groups.steps
     if steps is None:
         return causes
-    with np.errstate(invalid="ignore"):
-        mine = np.nanmean(steps[late], axis=1)
-        theirs = np.nanmean(steps[like], axis=1)
+    mine, theirs = nan_row_means(steps[late]), nan_row_means(steps[like])
     if not (np.isfinite(mine).all() and np.isfinite(theirs).any()):
         return causes
     if float(np.median(mine)) < (1.0 + opts.moving_ratio) * float(np.nanmedian(theirs)):

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from perftracker.localizer.diagnose.arrays import nan_col_medians
 from perftracker.localizer.diagnose.waits import WaitOptions
 
 MIN_STEPS = 3
@@ -175,8 +176,7 @@ def stage_saves(steps: np.ndarray, stage: np.ndarray, heavy: int) -> float:
     """What balancing the stages would save, in ms summed over the steps: per step, the heavy
     stage's median compute brought to the mean of the stages' medians. A stated estimate."""
     stages = [int(s) for s in np.unique(stage) if s >= 0]
-    with np.errstate(invalid="ignore"):
-        med = {s: np.nanmedian(steps[stage == s], axis=0) for s in stages}
+    med = {s: nan_col_medians(steps[stage == s]) for s in stages}
     mean = np.mean([med[s] for s in stages], axis=0)
     gain = med[heavy] - mean
     return float(np.nansum(np.clip(gain, 0.0, None)))
