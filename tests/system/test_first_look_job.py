@@ -3,6 +3,9 @@ run` (agent + embedded localizer, PERFTRACKER_FIRST_LOOK=1). From iteration 150,
 take 25 ms longer to load (its collate_fn sleeps, in the training thread: num_workers=0). The
 detector fires, the heartbeats carry both ranks' per-step phase times, and the localizer closes the
 session with a report of the level "first look" naming rank 1's data loading; no window runs.
+The detector often fires a few iterations after the onset, before the heartbeats carry ten slow
+steps: that first session then runs a window (the first look defers), and the next ones (the other
+rank's trigger, the post-window check) are settled by the first look.
 
 The twin (not found by the first look): the same job with rank 1's *forward* 25 ms slower. The
 hooks put that in "forward/backward and collectives", which needs kernel detail: the session opens
@@ -68,8 +71,8 @@ JOB = textwrap.dedent("""\
     """)
 
 
-def _run(tmp_path: Path, where: str) -> list[Report]:
-    """Run the job until two sessions are localized; every report of the run."""
+def _run(tmp_path: Path, where: str, sessions: int) -> list[Report]:
+    """Run the job until ``sessions`` sessions are localized; every report of the run."""
     job = tmp_path / "job.py"
     job.write_text(JOB)
     progress = tmp_path / "progress"
@@ -89,9 +92,9 @@ def _run(tmp_path: Path, where: str) -> list[Report]:
         def localized() -> list[Report]:
             done = [s for s in up.list_sessions("firstlook") if s.get("state") == "done"]
             got = [up.get_report(s["session"]) for s in done]
-            return [r for r in got if r is not None] if len(done) >= 2 else []
+            return [r for r in got if r is not None] if len(done) >= sessions else []
 
-        reports = wait_until(localized, 150, step_s=0.5, what="two localized sessions")
+        reports = wait_until(localized, 150, step_s=0.5, what=f"{sessions} localized sessions")
         (progress / "stop").write_text("")
         proc.communicate(timeout=120)
     finally:
@@ -103,7 +106,7 @@ def _run(tmp_path: Path, where: str) -> list[Report]:
 
 @pytest.mark.timeout(400)
 def test_slow_data_loading_on_one_rank_is_settled_by_the_first_look(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "data")
+    reports = _run(tmp_path, "data", 2)  # the first may run a window (see the module docstring)
     looks = [r for r in reports if r.level == "first look"]
     assert looks, [r.to_dict() for r in reports]
     for r in looks:  # every first-look report names rank 1's data loading, with no window
@@ -114,6 +117,6 @@ def test_slow_data_loading_on_one_rank_is_settled_by_the_first_look(tmp_path: Pa
 
 @pytest.mark.timeout(400)
 def test_slow_forward_on_one_rank_runs_the_window(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "forward")
+    reports = _run(tmp_path, "forward", 1)
     assert all(r.diagnosis_level == "window" and r.window_s > 0 for r in reports), [r.to_dict() for r in reports]
     print(f"window reports: {[r.headline for r in reports]}")
