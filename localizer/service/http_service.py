@@ -344,6 +344,8 @@ class LocalizerService:
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind,
                                                                     quota_key=quota))
         self._wake(job)
+        if not joined and s.state == "done":  # settled by the first look: no window, its report is stored
+            await asyncio.to_thread(self.localize_runner.settled, s.session)
         lookup = self.cluster.expect_pods(s) if self.cluster is not None else None
         if lookup is not None:  # answer with the pods' ranks too, unless the API server is slow
             try:

@@ -110,10 +110,7 @@ class LocalizeRunner:
             # reads the file next, so it must already be there
             written = self._write_report_file(report)
             if writer.call(lambda: self.sessions.finish(session, report)):
-                if self.cluster is not None:
-                    self.cluster.post_events(report)
-                for callback in self.on_report:
-                    callback(report)
+                self._announce(report)
             elif written is not None:  # the session was not this report's to finish
                 written.unlink(missing_ok=True)
         except Exception:  # noqa: BLE001 - e.g. the store failed; the deadline checker retries
@@ -121,6 +118,23 @@ class LocalizeRunner:
         finally:
             with self._lock:
                 self.localizing.discard(session)
+
+    def _announce(self, report: Report) -> None:
+        if self.cluster is not None:
+            self.cluster.post_events(report)
+        for callback in self.on_report:
+            callback(report)
+
+    def settled(self, session: str) -> None:
+        """A session the trigger closed at once (the first look, session_first_look.py): its report
+        file, Kubernetes events and callbacks, as a localized session gets them. Never raises."""
+        try:
+            report = self.sessions.store.get_report(session)
+            if report is not None:
+                self._write_report_file(report)
+                self._announce(report)
+        except Exception:  # noqa: BLE001 - the store has the report; these are conveniences
+            log.exception("announcing the first-look report of session %s failed", session)
 
     def _localize_options(self) -> object | None:
         """The options handed to ``localize``: ``expect_path`` from the service options (localize thread)."""

@@ -71,7 +71,7 @@ JOB = textwrap.dedent("""\
     """)
 
 
-def _run(tmp_path: Path, where: str, sessions: int) -> list[Report]:
+def _run(tmp_path: Path, where: str, sessions: int) -> tuple[list[Report], Path]:
     """Run the job until ``sessions`` sessions are localized; every report of the run."""
     job = tmp_path / "job.py"
     job.write_text(JOB)
@@ -101,22 +101,23 @@ def _run(tmp_path: Path, where: str, sessions: int) -> list[Report]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    return reports
+    return reports, runs / "reports"
 
 
 @pytest.mark.timeout(400)
 def test_slow_data_loading_on_one_rank_is_settled_by_the_first_look(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "data", 2)  # the first may run a window (see the module docstring)
+    reports, files = _run(tmp_path, "data", 2)  # the first may run a window (see the module docstring)
     looks = [r for r in reports if r.level == "first look"]
     assert looks, [r.to_dict() for r in reports]
     for r in looks:  # every first-look report names rank 1's data loading, with no window
         assert [f.ranks for f in r.findings] == [(1,)] and r.findings[0].label == "data loading", r.to_dict()
         assert r.window_s == 0.0
+        assert json.loads((files / f"{r.session}.json").read_text())["level"] == "first look"  # as a window's
     print(f"first look settled {len(looks)} of {len(reports)} sessions: {looks[0].headline}")
 
 
 @pytest.mark.timeout(400)
 def test_slow_forward_on_one_rank_runs_the_window(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "forward", 1)
+    reports, _ = _run(tmp_path, "forward", 1)
     assert all(r.diagnosis_level == "window" and r.window_s > 0 for r in reports), [r.to_dict() for r in reports]
     print(f"window reports: {[r.headline for r in reports]}")
