@@ -28,6 +28,7 @@ from perftracker.model import PatternSet
 from perftracker.model.names import safe_text
 
 if TYPE_CHECKING:
+    from perftracker.agent.summarize.step_align import Cut, StepMarks
     from perftracker.model import Report
 
 HELP = "summarize and localize per-rank Kineto trace files offline"
@@ -124,12 +125,15 @@ class _Notes(logging.Handler):
 
 
 def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
-                   ranks_per_host: int = 0, gloo_groups: dict[str, str] | None = None) -> tuple[bytes, str, list[str]]:
-    """One rank, in a worker process: the PatternSet's compact bytes, where its rank came from and
-    the reader's warnings about the file. Hardware samples beside the trace (``samples_beside``)
-    give μ/σ; a samples file that cannot be read is a warning, and the rank keeps β only.
-    ``gloo_groups``: the group of each gloo event name of this rank (``_with_gloo_groups``)."""
+                   ranks_per_host: int = 0, gloo_groups: dict[str, str] | None = None,
+                   cut: Cut | None = None) -> tuple[bytes, str, list[str], StepMarks]:
+    """One rank, in a worker process: the PatternSet's compact bytes, where its rank came from,
+    the reader's warnings about the file and its step marks (before any cut). Hardware samples
+    beside the trace (``samples_beside``) give μ/σ; a samples file that cannot be read is a warning,
+    and the rank keeps β only. ``gloo_groups``: the group of each gloo event name of this rank
+    (``_with_gloo_groups``); ``cut``: the part of the trace to summarize (``_aligned``)."""
     from perftracker.agent import kineto
+    from perftracker.agent.summarize.step_align import cut_window, step_marks
     from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
     from perftracker.model.raw_window import SampleSet
 
@@ -148,6 +152,9 @@ def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None 
             from perftracker.cli.gloo_offline import with_gloo_groups
 
             raw = with_gloo_groups(raw, gloo_groups)
+        marks = step_marks(raw)
+        if cut is not None:
+            raw = cut_window(raw, cut)
     finally:
         kineto.log.removeHandler(notes)
         kineto.log.setLevel(level)
@@ -160,7 +167,7 @@ def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None 
         except (PerftrackerError, OSError, ValueError, KeyError) as exc:
             notes.lines.append(f"{beside.name}: samples not read, β only ({exc})")
     opts = SummarizeOptions(local_world_size=ranks_per_host)
-    return summarize_window(raw, samples, opts).to_bytes(), who.source, notes.lines
+    return summarize_window(raw, samples, opts).to_bytes(), who.source, notes.lines, marks
 
 
 @dataclass
@@ -197,6 +204,7 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
     workers = max(1, min(len(files), jobs or (os.cpu_count() or 1)))
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     results: dict[Path, PatternSet] = {}
+    marks: dict[Path, StepMarks] = {}
     skipped: list[tuple[Path, str, int | None]] = []
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host): f
@@ -204,7 +212,7 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         for done, fut in enumerate(as_completed(futures), 1):
             f = futures[fut]
             try:
-                data, rank_source, notes = fut.result()
+                data, rank_source, notes, marks[f] = fut.result()
             except Exception as exc:  # noqa: BLE001 - one bad file among many is a warning
                 reason = _reason(exc)
                 if strict:
@@ -230,7 +238,8 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         skipped.append((f, reason, None))
         if warn is not None:
             warn(f"{f}: {reason}")
-    _with_gloo_groups(results, prefer_filename, job, rank, ranks_per_host, warn)
+    cuts = _aligned(results, marks, prefer_filename, job, rank, ranks_per_host, warn)
+    _with_gloo_groups(results, prefer_filename, job, rank, ranks_per_host, warn, cuts)
     seen = {ps.rank: f for f, ps in results.items()}
     named_ranks = [r for _, _, r in skipped if r is not None]
     world = max(len(results), max([*seen, *named_ranks]) + 1)
@@ -238,8 +247,36 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
     return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
 
 
+def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], prefer_filename: bool, job: str,
+             rank: int | None, ranks_per_host: int, warn: Callable[[str], None] | None) -> dict[int, Cut]:
+    """Every rank cut to the work all ranks recorded (``perftracker.agent.summarize.step_align``):
+    the ranks that recorded more are summarized again over the common steps, in place; what was
+    cut, or why nothing could be, is one warning. A rank whose cut fails keeps its whole window
+    (warned). The cuts applied, by rank."""
+    from perftracker.agent.summarize.step_align import plan_cuts
+
+    plan = plan_cuts([marks[f] for f in results if f in marks])
+    if plan.note and warn is not None:
+        warn(plan.note)
+    applied: dict[int, Cut] = {}
+    for f, ps in list(results.items()):
+        cut = plan.by_rank.get(ps.rank)
+        if cut is None:
+            continue
+        try:
+            data, _, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, cut=cut)
+        except Exception as exc:  # noqa: BLE001 - the whole window stands
+            if warn is not None:
+                warn(f"{f}: not cut to the common steps, whole window kept ({_reason(exc)})")
+            continue
+        results[f] = PatternSet.from_bytes(data)
+        applied[ps.rank] = cut
+    return applied
+
+
 def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, job: str, rank: int | None,
-                      ranks_per_host: int, warn: Callable[[str], None] | None) -> None:
+                      ranks_per_host: int, warn: Callable[[str], None] | None,
+                      cuts: dict[int, Cut] | None = None) -> None:
     """A CPU gloo job's traces list their groups but name none on a collective (torch 2.13): each
     rank whose gloo calls get a group (``perftracker.cli.gloo_offline``) is summarized again with
     them, in place; the calls left without one are said in one warning (issue 28). Off unless
@@ -259,7 +296,8 @@ def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, jo
     for f, ps in list(results.items()):
         if ps.rank in assigned and todo.get(ps.rank) == f:
             try:
-                data, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, assigned[ps.rank])
+                data, _, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, assigned[ps.rank],
+                                               (cuts or {}).get(ps.rank))
             except Exception as exc:  # noqa: BLE001 - the first summary stands
                 if warn is not None:
                     warn(f"{f}: gloo groups not applied ({_reason(exc)})")

@@ -40,7 +40,10 @@ def test_one_cycle_is_not_a_duplicate() -> None:
     warned: list[str] = []
     d = FIX / "gloo_cpu"
     summ = summarize_dir(d, jobs=2, warn=warned.append)
-    assert [ps.rank for ps in summ.sets] == [0, 1] and summ.skipped == [] and warned == []
+    assert [ps.rank for ps in summ.sets] == [0, 1] and summ.skipped == []
+    # the fixture's two ranks were cut to 6 ms each from different times: only the step alignment's
+    # note says so (tests/unit/test_step_align.py), nothing about duplicates
+    assert warned == ["ranks not aligned: their traces do not overlap in time (one host, no ProfilerStep marks)"]
 
 
 def test_two_processes_claiming_one_rank_still_fail(tmp_path: Path) -> None:
@@ -75,7 +78,8 @@ def test_reader_warnings_reach_the_user(tmp_path: Path) -> None:
     warned: list[str] = []
     summ = summarize_dir(tmp_path, jobs=2, warn=warned.append)
     assert [ps.rank for ps in summ.sets] == [0, 1]
-    assert len(warned) == 1 and "rank1.json" in warned[0] and "not valid UTF-8" in warned[0]
+    reader = [w for w in warned if not w.startswith("ranks not aligned")]  # the fixture's ranks: different times
+    assert len(reader) == 1 and "rank1.json" in reader[0] and "not valid UTF-8" in reader[0]
 
 
 def test_brief_prints_the_headline_and_titles(capsys: pytest.CaptureFixture[str]) -> None:
