@@ -26,6 +26,7 @@ from perftracker.localizer.diagnose.imbalance import (
     moving_saves,
     stage_imbalance,
     stage_saves,
+    steady_excess,
 )
 from perftracker.localizer.diagnose.waits import LateGroup, MemberSets, WaitOptions
 
@@ -97,7 +98,8 @@ def claim(arr: PatternArrays, groups: Sequence[LateGroup], roots: Sequence[int],
     """Per late group: True when a group cause explains it, and the wait then goes to that cause:
     its late workers (or its root's) are all of the heavy stage and its waiters all of other stages
     (a group across stages: the pipeline's send/recv, an embedding group), or its root was judged in
-    a step group whose slowest rank moves. The group's own late workers are asked first: a stage-1
+    a step group whose slowest rank moves and its late workers are not steadily slower there
+    (``_steady``: a rank with a slow GPU in a group whose work moves is late on its own account). The group's own late workers are asked first: a stage-1
     rank that is late for its stage-0 partner because the heavy stage is late is the stage's
     doing, even when that rank also waits for a slow peer of its own stage."""
     out = []
@@ -115,12 +117,20 @@ def claim(arr: PatternArrays, groups: Sequence[LateGroup], roots: Sequence[int],
         if s is not None and _across(root, s):
             stage.add(wait)
             out.append(True)
-        elif m is not None and root.group >= 0 and root.group in m.groups:
+        elif m is not None and root.group >= 0 and root.group in m.groups and not _steady(arr, root):
             moving.add(wait)
             out.append(True)
         else:
             out.append(False)
     return out
+
+
+def _steady(arr: PatternArrays, root: LateGroup) -> bool:
+    """The root's late workers compute more than their step group's median member on average over
+    the steps, by at least half of the wait judged: late on their own account, not by the work
+    that moves from rank to rank (whose members' means are even)."""
+    jg = arr.job_groups
+    return steady_excess(jg.steps, jg.step_group, root.group, root.late, float(arr.window_s)) >= 0.5 * root.wait_share
 
 
 def _across(lg: LateGroup, s: StageImbalance) -> bool:

@@ -194,6 +194,27 @@ def moving_saves(steps: np.ndarray, step_group: np.ndarray, groups: tuple[int, .
     return best
 
 
+def steady_excess(steps: np.ndarray | None, step_group: np.ndarray | None, group: int, late: np.ndarray,
+                  window_s: float) -> float:
+    """How much longer the ``late`` columns compute, on average over the steps, than the median
+    member of step group ``group``, summed over those steps as a share of the window (0 without
+    steps). Work that moves from rank to rank leaves every member's mean even; a rank that is slower
+    in every step (a slow GPU) keeps its excess in the mean, however much the slowest rank of each
+    step moves around it (issue 28)."""
+    if steps is None or step_group is None or window_s <= 0 or late.size == 0:
+        return 0.0
+    cols = np.flatnonzero(step_group == group)
+    if cols.size < 2 or not np.isin(late, cols).all():
+        return 0.0
+    sub = steps[cols]
+    full = ~np.isnan(sub).any(axis=0)
+    if not full.any():
+        return 0.0
+    means = sub[:, full].mean(axis=1)
+    excess = float(np.median(means[np.isin(cols, late)]) - np.median(means))
+    return max(0.0, excess) * int(full.sum()) / 1000.0 / window_s
+
+
 def _step_groups(steps: np.ndarray, step_group: np.ndarray
                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
     """(group, its worker columns, their per-step compute, the steps every member has) per group."""

@@ -204,31 +204,48 @@ def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]
     waits elsewhere, the waits are followed there, from group to group, until a group whose late
     workers wait for no one. A cycle stops where it closes.
 
+    What a late worker waits elsewhere explains its lateness only by what it waits there *beyond* the
+    workers that wait for it here (the median, over g's waiters, of their wait at the same
+    collective in their own groups; 0 where they have none that is material): on a DP32 x PP2 job
+    whose stage 1 is heavy, every stage-0 rank waits at its pipeline send/recv for its stage-1
+    partner; a stage-0 rank late at its data-parallel all-reduce that waits at its send/recv no more
+    than its 31 peers is late on its own account, and the all-reduce's wait is its, not the stage's
+    (issue 28: a rank with a 1.3x slower GPU on the light stage was claimed by the stage imbalance).
+
     Only waits in a *different* process group (both read from the traces) are followed: within one
     group the collectives run one after the other, and a rank late at one of them while it waits
     at the next is two phases of the same step, not a chain (on dlrm, rank 7 arrives last at the
     first all-to-all and waits for ranks 4-5 at the all-reduces)."""
 
-    def waits_in(late: np.ndarray, here: int, share: float) -> list[int]:
+    def waits_in(late: np.ndarray, waiting: np.ndarray, here: int, share: float) -> list[int]:
         """Per late worker, the first other group's late group it waits in at least half as long as
-        it is late here (-1: none)."""
+        it is late here, beyond what ``waiting`` wait at that collective (-1: none)."""
         out = []
         for r in late.tolist():
             out.append(next((j for j, h in enumerate(groups) if here >= 0 and h.group >= 0 and h.group != here
                              and r in h.waiting and not np.isin(h.late, late).any()
-                             and h.wait_share >= _EXPLAINS * share), -1))
+                             and h.wait_share - peers_wait(h.f, waiting, here) >= _EXPLAINS * share), -1))
         return out
+
+    def peers_wait(f: int, waiting: np.ndarray, here: int) -> float:
+        """The median, over ``waiting``, of each one's wait at collective f in another group than
+        ``here`` (its largest where it waits in several; 0 where in none)."""
+        if waiting.size == 0:
+            return 0.0
+        per = [max((h.wait_share for h in groups if h.f == f and h.group >= 0 and h.group != here
+                    and w in h.waiting), default=0.0) for w in waiting.tolist()]
+        return float(np.median(per))
 
     trimmed = list(groups)
     for i, g in enumerate(groups):
-        elsewhere = np.array(waits_in(g.late, g.group, g.wait_share), dtype=np.int64)
+        elsewhere = np.array(waits_in(g.late, g.waiting, g.group, g.wait_share), dtype=np.int64)
         if (elsewhere >= 0).any() and (elsewhere < 0).any():
             trimmed[i] = LateGroup(g.f, g.late[elsewhere < 0], g.waiting, g.wait_share, g.group)
     roots = []
     for i in range(len(trimmed)):
         cur, seen = i, {i}
         while True:
-            where = waits_in(trimmed[cur].late, trimmed[cur].group, trimmed[cur].wait_share)
+            where = waits_in(trimmed[cur].late, trimmed[cur].waiting, trimmed[cur].group, trimmed[cur].wait_share)
             nxt = where[0] if where and min(where) >= 0 else -1
             if nxt < 0 or nxt in seen:
                 break
