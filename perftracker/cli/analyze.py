@@ -172,11 +172,13 @@ def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None 
 
 @dataclass
 class Summaries:
-    """What ``summarize_dir`` read: the ranks' PatternSets, sorted by rank, and the files it skipped
-    (path, one-line reason, the rank its name gives or None)."""
+    """What ``summarize_dir`` read: the ranks' PatternSets, sorted by rank, the files it skipped
+    (path, one-line reason, the rank its name gives or None) and what the step alignment cut ('':
+    nothing; ``_aligned``)."""
 
     sets: list[PatternSet]
     skipped: list[tuple[Path, str, int | None]] = field(default_factory=list)
+    aligned: str = ""
 
     @property
     def ranks_skipped(self) -> list[int]:
@@ -238,40 +240,47 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         skipped.append((f, reason, None))
         if warn is not None:
             warn(f"{f}: {reason}")
-    cuts = _aligned(results, marks, prefer_filename, job, rank, ranks_per_host, warn)
+    cuts, aligned = _aligned(results, marks, prefer_filename, job, rank, ranks_per_host, warn, jobs)
     _with_gloo_groups(results, prefer_filename, job, rank, ranks_per_host, warn, cuts)
     seen = {ps.rank: f for f, ps in results.items()}
     named_ranks = [r for _, _, r in skipped if r is not None]
     world = max(len(results), max([*seen, *named_ranks]) + 1)
     sets = [dataclasses.replace(ps, world_size=max(ps.world_size, world)) for ps in results.values()]
-    return Summaries(sorted(sets, key=lambda p: p.rank), skipped)
+    return Summaries(sorted(sets, key=lambda p: p.rank), skipped, aligned)
 
 
 def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], prefer_filename: bool, job: str,
-             rank: int | None, ranks_per_host: int, warn: Callable[[str], None] | None) -> dict[int, Cut]:
+             rank: int | None, ranks_per_host: int, warn: Callable[[str], None] | None, jobs: int = 0
+             ) -> tuple[dict[int, Cut], str]:
     """Every rank cut to the work all ranks recorded (``perftracker.agent.summarize.step_align``):
     the ranks that recorded more are summarized again over the common steps, in place; what was
     cut, or why nothing could be, is one warning. A rank whose cut fails keeps its whole window
-    (warned). The cuts applied, by rank."""
+    (warned). The cuts applied, by rank, and the alignment's note."""
     from perftracker.agent.summarize.step_align import plan_cuts
 
     plan = plan_cuts([marks[f] for f in results if f in marks])
     if plan.note and warn is not None:
         warn(plan.note)
     applied: dict[int, Cut] = {}
-    for f, ps in list(results.items()):
-        cut = plan.by_rank.get(ps.rank)
-        if cut is None:
-            continue
-        try:
-            data, _, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, cut=cut)
-        except Exception as exc:  # noqa: BLE001 - the whole window stands
-            if warn is not None:
-                warn(f"{f}: not cut to the common steps, whole window kept ({_reason(exc)})")
-            continue
-        results[f] = PatternSet.from_bytes(data)
-        applied[ps.rank] = cut
-    return applied
+    todo = {f: plan.by_rank[ps.rank] for f, ps in results.items() if ps.rank in plan.by_rank}
+    if not todo:
+        return applied, plan.note
+    workers = max(1, min(len(todo), jobs or (os.cpu_count() or 1)))
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host, None, cut): f
+                   for f, cut in todo.items()}
+        for fut in as_completed(futures):
+            f = futures[fut]
+            try:
+                data, _, _, _ = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the whole window stands
+                if warn is not None:
+                    warn(f"{f}: not cut to the common steps, whole window kept ({_reason(exc)})")
+                continue
+            results[f] = PatternSet.from_bytes(data)
+            applied[results[f].rank] = todo[f]
+    return applied, plan.note
 
 
 def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, job: str, rank: int | None,
@@ -358,7 +367,8 @@ def localize_summaries(summ: Summaries, directory: Path, expect: str | None = No
     from perftracker.localizer.diagnose.localize import localize
     from perftracker.localizer.diagnose.options import LocalizeOptions
 
-    report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=f"offline: {directory}"))
+    trigger = f"offline: {directory}" + (f"; {summ.aligned}" if summ.aligned else "")  # the cut, in the report
+    report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=trigger))
     if summ.ranks_skipped:
         missing = tuple(sorted(set(report.ranks_missing) | set(summ.ranks_skipped)))
         report = dataclasses.replace(report, ranks_missing=missing)

@@ -24,6 +24,7 @@ def test_clean_job_with_a_misaligned_tail(tmp_path: Path) -> None:
         summ.sets[0].window_end_ns - summ.sets[0].window_start_ns)
     report = localize_summaries(summ, d)
     assert not report.findings, [f.sentence for f in report.findings]
+    assert report.trigger_reason == f"offline: {d}; {warned[0]}"  # the cut, in the report too
 
 
 def test_slowed_rank_with_a_misaligned_tail(tmp_path: Path) -> None:
