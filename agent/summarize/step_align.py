@@ -100,7 +100,7 @@ def plan_cuts(marks: list[StepMarks]) -> Cuts:
     if len(hosts) != 1 or "" in hosts:
         return Cuts({}, "ranks not aligned: some traces have no ProfilerStep marks and they come from "
                         f"{'different hosts' if len(hosts) > 1 else 'unnamed hosts'} (no shared clock); "
-                        "ranks whose profiles cover different work can read as a culprit")
+                        "each rank's whole trace is compared")
     lo = max(mk.window_start_ns for mk in marks)
     hi = min(mk.window_end_ns for mk in marks)
     if hi <= lo:
