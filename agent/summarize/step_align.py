@@ -118,8 +118,9 @@ def plan_cuts(marks: list[StepMarks]) -> Cuts:
 def _by_steps(marks: list[StepMarks]) -> Cuts:
     common = set.intersection(*(set(mk.cpu) for mk in marks))
     if not common:
-        return Cuts({}, "ranks not aligned: no ProfilerStep number is recorded by every rank "
-                        + "; ".join(f"rank {mk.rank} {_steps(sorted(mk.cpu))}" for mk in sorted(marks, key=_rank)))
+        each = _some([f"rank {mk.rank} {_steps(sorted(mk.cpu))}" for mk in sorted(marks, key=_rank)], "; ")
+        return Cuts({}, f"ranks not aligned: no ProfilerStep number is recorded by every rank ({each}); "
+                        "each rank's whole trace is compared")
     first, last = min(common), max(common)
     keep = sorted(common)
     by_rank: dict[int, Cut] = {}
@@ -136,7 +137,7 @@ def _by_steps(marks: list[StepMarks]) -> Cuts:
         dropped.append(f"rank {mk.rank} {_steps(extra)}")
     if not by_rank:
         return Cuts({})
-    return Cuts(by_rank, f"ranks compared over the steps all recorded ({_steps(keep)}); cut: " + ", ".join(dropped))
+    return Cuts(by_rank, f"ranks compared over the steps all recorded ({_steps(keep)}); cut: " + _some(dropped, ", "))
 
 
 def _rank(mk: StepMarks) -> int:
@@ -153,7 +154,13 @@ def _steps(nums: list[int]) -> str:
         return f"step {nums[0]}"
     if nums == list(range(nums[0], nums[-1] + 1)):
         return f"steps {nums[0]}-{nums[-1]}"
-    return "steps " + ", ".join(map(str, nums))
+    return "steps " + _some(list(map(str, nums)), ", ")
+
+
+def _some(items: list[str], sep: str, most: int = 6) -> str:
+    """The first ``most`` items and how many more: a note stays one line on 64 ranks."""
+    more = f"{sep}... ({len(items) - most} more)" if len(items) > most else ""
+    return sep.join(items[:most]) + more
 
 
 def cut_window(raw: RawWindow, cut: Cut) -> RawWindow:

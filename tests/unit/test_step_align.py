@@ -93,7 +93,8 @@ def test_no_common_step_cuts_nothing_and_says_so() -> None:
     raws = _raws(job_docs({0: [1, 2, 3], 1: [4, 5, 6]}, CLEAN, seed=5))
     plan = plan_cuts([step_marks(r) for r in raws])
     assert plan.by_rank == {}
-    assert plan.note == "ranks not aligned: no ProfilerStep number is recorded by every rank rank 0 steps 1-3; rank 1 steps 4-6"
+    assert plan.note == ("ranks not aligned: no ProfilerStep number is recorded by every rank (rank 0 steps 1-3; "
+                         "rank 1 steps 4-6); each rank's whole trace is compared")
 
 
 def test_no_step_marks_one_host_cuts_to_the_common_time() -> None:
@@ -128,6 +129,16 @@ def test_step_numbers_match_across_clock_offsets() -> None:
     assert cut.start_ns > raws[0].meta.window_end_ns  # rank 1's own clock
     report, _ = _report(raws)
     assert not report.findings
+
+
+def test_many_ranks_note_stays_short() -> None:
+    """64 ranks, odd ones with an extra step: the note names six and counts the rest."""
+    steps = {r: [*STEPS, 7] if r % 2 else STEPS for r in range(64)}
+    marks = [step_marks(r) for r in _raws({r: d for r, d in job_docs(steps, dict.fromkeys(range(64), 4000.0), seed=10).items()})]
+    plan = plan_cuts(marks)
+    assert sorted(plan.by_rank) == list(range(1, 64, 2))
+    assert plan.note.endswith("cut: rank 1 step 7, rank 3 step 7, rank 5 step 7, rank 7 step 7, rank 9 step 7, "
+                              "rank 11 step 7, ... (26 more)")
 
 
 def test_cut_window_clips_rows_and_steps() -> None:
