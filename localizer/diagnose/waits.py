@@ -227,14 +227,19 @@ def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]
                              and h.wait_share - peers_wait(h.f, waiting, here) >= _EXPLAINS * share), -1))
         return out
 
+    memo: dict[tuple[int, int, bytes], float] = {}
+
     def peers_wait(f: int, waiting: np.ndarray, here: int) -> float:
         """The median, over ``waiting``, of each one's wait at collective f in another group than
         ``here`` (its largest where it waits in several; 0 where in none)."""
-        if waiting.size == 0:
-            return 0.0
-        per = [max((h.wait_share for h in groups if h.f == f and h.group >= 0 and h.group != here
-                    and w in h.waiting), default=0.0) for w in waiting.tolist()]
-        return float(np.median(per))
+        key = (f, here, waiting.tobytes())
+        if key not in memo:
+            best = np.zeros(waiting.size)
+            for h in groups:
+                if h.f == f and h.group >= 0 and h.group != here:
+                    best = np.where(np.isin(waiting, h.waiting), np.maximum(best, h.wait_share), best)
+            memo[key] = float(np.median(best)) if waiting.size else 0.0
+        return memo[key]
 
     trimmed = list(groups)
     for i, g in enumerate(groups):
