@@ -59,10 +59,12 @@ class Cut:
 @dataclass(frozen=True)
 class Cuts:
     """The cut of each rank that needs one (rank -> Cut) and one line saying what was cut and why
-    ('' when every rank covers the same work)."""
+    ('' when every rank covers the same work). ``usual``: the note says only that nothing could be
+    checked, as for most multi-host traces (no step marks, no shared clock): not worth a warning."""
 
     by_rank: dict[int, Cut]
     note: str = ""
+    usual: bool = False
 
 
 def step_marks(raw: RawWindow) -> StepMarks:
@@ -100,7 +102,7 @@ def plan_cuts(marks: list[StepMarks]) -> Cuts:
     if len(hosts) != 1 or "" in hosts:
         return Cuts({}, "ranks not aligned: some traces have no ProfilerStep marks and they come from "
                         f"{'different hosts' if len(hosts) > 1 else 'unnamed hosts'} (no shared clock); "
-                        "each rank's whole trace is compared")
+                        "each rank's whole trace is compared", usual=True)
     lo = max(mk.window_start_ns for mk in marks)
     hi = min(mk.window_end_ns for mk in marks)
     if hi <= lo:

@@ -27,6 +27,8 @@ from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import PatternSet
 from perftracker.model.names import safe_text
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from perftracker.agent.summarize.step_align import Cut, StepMarks
     from perftracker.model import Report
@@ -259,6 +261,9 @@ def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], pref
     from perftracker.agent.summarize.step_align import plan_cuts
 
     plan = plan_cuts([marks[f] for f in results if f in marks])
+    if plan.usual:  # nothing to check (most multi-host traces): said at -v, not on every report
+        log.info("%s", plan.note)
+        return {}, ""
     if plan.note and warn is not None:
         warn(plan.note)
     applied: dict[int, Cut] = {}
