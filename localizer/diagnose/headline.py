@@ -59,10 +59,19 @@ def fit_incident(summary: str, limit: int = MAX_TITLE_CHARS) -> str:
 
 
 def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
-    """A function's name for a headline: a Python frame's function, a C++ kernel without its
-    argument list ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""
-    m = _FRAME.match(label)
-    label = m.group("fn") if m is not None else _cpp_name(label)
+    """A function's name for a headline: a Python frame's function with its file and line
+    ("at (train.py:144)": a bare Python name such as ``at`` or ``step`` says little; the place is
+    dropped when it does not fit), a C++ kernel without its argument list
+    ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""
+    m = _FRAME.match(label.rsplit(";", 1)[-1])  # a stack key "a.py(1): f;b.py(2): g": its innermost frame
+    if m is not None:
+        fn = " ".join(m.group("fn").split())
+        placed = f"{fn} ({m.group('path').replace(chr(92), '/').rsplit('/', 1)[-1]}:{m.group('line')})"
+        if len(placed) <= limit:
+            return placed
+        label = fn
+    else:
+        label = _cpp_name(label)
     label = " ".join(label.split())
     if len(label) <= limit:
         return label

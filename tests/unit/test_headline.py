@@ -166,7 +166,13 @@ def test_fit_and_short_label() -> None:
     assert len(cut) == 120 and cut.endswith("…")
     assert short_label("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)") == \
         "ncclKernel_AllReduce_RING_LL_Sum_float"
-    assert short_label("/opt/venv/lib/python3.11/site-packages/torch/nn/module.py(1750): _call_impl") == "_call_impl"
+    # a Python frame keeps its file and line (a bare name like the fault kit's `at` says little), its
+    # innermost frame when it is a stack key, and only its name when the place does not fit
+    assert short_label("/opt/venv/lib/python3.11/site-packages/torch/nn/module.py(1750): _call_impl") == \
+        "_call_impl (module.py:1750)"
+    assert short_label("/job/train.py(1): <module>;/t/torch/_tensor.py(566): backward") == "backward (_tensor.py:566)"
+    assert short_label("/job/a_rather_long_module_name.py(12): a_rather_long_function_name") == \
+        "a_rather_long_function_name"
     assert short_label(LONG_KERNEL) == "cutlass::Kernel2"  # no return type, templates or arguments
     assert short_label("void at::native::vectorized_elementwise_kernel<4, F<float>, A<char*, 1> >(int, F<float>)") == \
         "vectorized_elementwise_kernel"  # past 40 characters: without its namespaces
