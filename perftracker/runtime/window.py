@@ -48,7 +48,7 @@ from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window_exit import WindowExit, _register, shutdown_all
 from perftracker.runtime.window_handoff import hand_over
 from perftracker.runtime.window_instruments import WindowInstruments
-from perftracker.runtime.window_writer import (
+from perftracker.runtime.window_state import (
     _ACTIVE,
     _ARMED,
     _FINISHING,
@@ -56,9 +56,9 @@ from perftracker.runtime.window_writer import (
     _OVERRUN,
     WindowOptions,
     WindowResult,
-    WindowWriter,
     _Active,
 )
+from perftracker.runtime.window_writer import WindowWriter
 
 __all__ = ["ProfileWindow", "WindowOptions", "WindowResult", "shutdown_all"]
 

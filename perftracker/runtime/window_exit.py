@@ -39,16 +39,16 @@ import time
 import weakref
 from typing import Any, Protocol
 
-from perftracker.runtime.window_writer import (
+from perftracker.runtime.window_state import (
     _ACTIVE,
     _ARMED,
     _FINISHING,
     _OVERRUN,
     WindowOptions,
     WindowResult,
-    WindowWriter,
     _Active,
 )
+from perftracker.runtime.window_writer import WindowWriter
 
 log = logging.getLogger("perftracker.runtime.window")  # one logger for the window's lines, whichever module
 

@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from perftracker.runtime.window_writer import WindowOptions, WindowResult, _Active, _lower_priority
+from perftracker.runtime.window_state import WindowOptions, WindowResult, _Active
+from perftracker.runtime.window_writer import _lower_priority
 
 log = logging.getLogger("perftracker.runtime.window")
 

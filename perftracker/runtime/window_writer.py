@@ -24,16 +24,7 @@ from perftracker.runtime.profiler import kineto_rows
 from perftracker.runtime.protocols import WorkerIdentity
 from perftracker.runtime.raw_window_build import build_raw_window
 from perftracker.runtime.throttle import Cancelled, Detached, Throttle
-from perftracker.runtime.window_state import (  # noqa: F401 - re-exported: the writer's users import them here
-    _ACTIVE,
-    _ARMED,
-    _FINISHING,
-    _IDLE,
-    _OVERRUN,
-    WindowOptions,
-    WindowResult,
-    _Active,
-)
+from perftracker.runtime.window_state import WindowOptions, WindowResult, _Active
 
 log = logging.getLogger("perftracker.runtime.window")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from perftracker.runtime.window_writer import _Active
+from perftracker.runtime.window_state import _Active
 
 
 class _Ident:
