@@ -24,6 +24,9 @@ import numpy as np
 from perftracker.agent.gloo_groups import GLOO_PREFIX, Assignment, RankCalls, assign, gloo_calls
 from perftracker.model.raw_window import RawWindow
 from perftracker.runtime.comm_rows import _COMM_NAME, collective_kind, comm_rows
+from perftracker.runtime.dist_record import (
+    Call,  # the live recorder's call record: one shape for comm_rows
+)
 
 log = logging.getLogger(__name__)
 ENV = "PERFTRACKER_GLOO_GROUPS"  # "1": `analyze` assigns gloo calls their groups (off by default)
@@ -35,17 +38,6 @@ def enabled() -> bool:
     clean run (one rank's aten::mm 1.3-2.1x, its data-parallel partner waiting 6-35%: CPU
     contention, invisible offline), against 1 of 4 without; it is for hosts with a core per rank."""
     return os.environ.get(ENV, "").strip() == "1"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Call:
-    kind: str
-    group: str
-    src: int
-    dst: int
-    start_ns: int
-    end_ns: int
-    thread: int
 
 
 def gloo_assignments(files: Mapping[int, Path]) -> tuple[dict[int, dict[str, str]], list[str]]:
@@ -85,7 +77,7 @@ def with_gloo_groups(raw: RawWindow, groups: Mapping[str, str]) -> RawWindow:
     training = raw.meta.training_tid
     on_training = is_comm & (tid == training)
     kinds = np.array([collective_kind(n) for n in names])[name_id]
-    calls: list[_Call] = []
+    calls: list[Call] = []
     for r in np.flatnonzero(is_comm).tolist():
         name = names[int(name_id[r])]
         group = groups.get(name) if name.startswith(GLOO_PREFIX) else None
@@ -100,7 +92,7 @@ def with_gloo_groups(raw: RawWindow, groups: Mapping[str, str]) -> RawWindow:
         wrap = on_training & (kinds == "") & (start <= lo) & (end >= hi) & (end - start <= (hi - lo) * 2 + 1_000_000)
         if wrap.any():
             lo, hi = int(start[wrap].min()), int(end[wrap].max())
-        calls.append(_Call(kind, group, -1, -1, min(lo, s), max(hi, e), training))
+        calls.append(Call(kind, group, -1, -1, min(lo, s), max(hi, e), training))
     if not calls:
         return raw
     rows = comm_rows(raw, calls)
