@@ -11,10 +11,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from dp_pp_sets import dp_pp_set
 from perftracker.localizer.diagnose.localize import localize
 from perftracker.localizer.diagnose.waits import LateGroup, WaitOptions, wait_roots
 
-from perftracker.model import Category, Pattern, PatternSet, ProcessGroup
+from perftracker.model import PatternSet
 
 
 def _lg(f: int, late: list[int], waiting: list[int], group: int, share: float) -> LateGroup:
@@ -69,13 +70,7 @@ def _job(slow_s: float, p2p_extra: float = 0.0, n_dp: int = 4) -> list[PatternSe
             sendrecv += p2p_extra
         elif s == 0:
             allreduce += slow_s
-        groups = (ProcessGroup(f"pp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", (2 * d, 2 * d + 1), True),
-                  ProcessGroup(f"dp{s}", "DATA_PARALLEL_GROUP", tuple(range(s, n, 2))))
-        pats = (Pattern("gemm", Category.COMPUTE, gemm, 0.0, 0.0, "gemm"),
-                Pattern("nccl:send_recv", Category.COLLECTIVE, sendrecv, 0.0, 0.0, "nccl:send_recv"),
-                Pattern("nccl:all_reduce", Category.COLLECTIVE, allreduce, 0.0, 0.0, "nccl:all_reduce"))
-        sets.append(PatternSet("j", "s", r, n, f"h{r}", 0, 10**9, pats, source="kineto", gpu=True, groups=groups,
-                               comm={"nccl:send_recv": (f"pp{d}",), "nccl:all_reduce": (f"dp{s}",)}))
+        sets.append(dp_pp_set(r, n, gemm, sendrecv, allreduce))
     return sets
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dp_pp_sets import dp_pp_set
 from perftracker.localizer.diagnose.imbalance import (
     moving_imbalance,
     moving_in_group,
@@ -161,13 +162,7 @@ def _job(slow: int | None, n_dp: int = 4) -> list[PatternSet]:
                 allreduce = 0.3  # its data-parallel peers wait
             if r != slow and s != ss and d != sd:
                 allreduce = 0.25  # the partner's peers wait for the partner, one hop further
-        groups = (ProcessGroup(f"pp{d}", "PIPELINE_MODEL_PARALLEL_GROUP", (2 * d, 2 * d + 1), True),
-                  ProcessGroup(f"dp{s}", "DATA_PARALLEL_GROUP", tuple(range(s, n, 2))))
-        pats = (Pattern("gemm", Category.COMPUTE, gemm, 0.0, 0.0, "gemm"),
-                Pattern("nccl:send_recv", Category.COLLECTIVE, sendrecv, 0.0, 0.0, "nccl:send_recv"),
-                Pattern("nccl:all_reduce", Category.COLLECTIVE, allreduce, 0.0, 0.0, "nccl:all_reduce"))
-        sets.append(PatternSet("j", "s", r, n, f"h{r}", 0, 10**9, pats, source="kineto", gpu=True, groups=groups,
-                               comm={"nccl:send_recv": (f"pp{d}",), "nccl:all_reduce": (f"dp{s}",)}))
+        sets.append(dp_pp_set(r, n, gemm, sendrecv, allreduce))
     return sets
 
 
