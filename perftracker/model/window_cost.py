@@ -31,8 +31,6 @@ def window_cost_fields(d: Mapping[str, Any], where: str) -> dict[str, float]:
     return out
 
 
-
-
 def worst_of(costs: list[Mapping[str, float]]) -> dict[str, float]:
     """The report's window cost over its ranks: the largest of each field, the least budget left."""
     out: dict[str, float] = {}

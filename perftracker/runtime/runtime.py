@@ -232,7 +232,7 @@ class Runtime:
     # the detector at most batch_ms late.
     def on_dataloader_next(self) -> None:
         t_ns = self._now_ns()
-        self.phases._enter_ns = t_ns  # PhaseTimes.data_entered, inlined: the hot path
+        self.phases.data_entered(t_ns)
         self._log_event(t_ns << 1)  # DATALOADER == 0
         if t_ns >= self._due_ns:
             self._flush(t_ns)
