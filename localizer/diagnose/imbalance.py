@@ -187,8 +187,8 @@ def moving_saves(steps: np.ndarray, step_group: np.ndarray, groups: tuple[int, .
     slowest member of the costliest moving group brought to its median. A stated estimate."""
     best = 0.0
     for g in groups:
-        sub = steps[step_group == g]
-        sub = sub[:, ~np.isnan(sub).any(axis=0)]
+        _, sub, full = _step_group(steps, step_group, g)
+        sub = sub[:, full]
         if sub.size:
             best = max(best, float((sub.max(axis=0) - np.median(sub, axis=0)).sum()))
     return best
@@ -203,11 +203,9 @@ def steady_excess(steps: np.ndarray | None, step_group: np.ndarray | None, group
     step moves around it (issue 28)."""
     if steps is None or step_group is None or window_s <= 0 or late.size == 0:
         return 0.0
-    cols = np.flatnonzero(step_group == group)
+    cols, sub, full = _step_group(steps, step_group, group)
     if cols.size < 2 or not np.isin(late, cols).all():
         return 0.0
-    sub = steps[cols]
-    full = ~np.isnan(sub).any(axis=0)
     if not full.any():
         return 0.0
     means = sub[:, full].mean(axis=1)
@@ -221,6 +219,12 @@ def _step_groups(steps: np.ndarray, step_group: np.ndarray
     for g in np.unique(step_group):
         if g < 0:
             continue
-        cols = np.flatnonzero(step_group == g)
-        sub = steps[cols]
-        yield int(g), cols, sub, ~np.isnan(sub).any(axis=0)
+        yield (int(g), *_step_group(steps, step_group, int(g)))
+
+
+def _step_group(steps: np.ndarray, step_group: np.ndarray, g: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step group ``g``'s worker columns, their per-step compute, and the steps every member has."""
+    cols = np.flatnonzero(step_group == g)
+    sub = steps[cols]
+    return cols, sub, ~np.isnan(sub).any(axis=0)
