@@ -33,8 +33,8 @@ _TESTS = {
 }
 _KINDS = {
     "common": "common: most ranks (a job-wide cause)",
-    "specific": "specific: a few ranks (look at their hosts and inputs)",
-    "random": "random: scattered ranks whose share varies from worker to worker",
+    "specific": "specific: these ranks and not the others (look at their hosts and inputs)",
+    "random": "random: no fixed culprit; the share varies from rank to rank (or from step to step)",
 }
 
 
@@ -92,7 +92,7 @@ def _cpp_name(label: str) -> str:
     if not (sep and group.endswith("]")):
         name, group = label, ""
     text = name.strip()
-    cut = text
+    cut = text.replace("(anonymous namespace)::", "")
     if cut.endswith(")") and not cut.startswith("("):
         depth = 0
         for i in range(len(cut) - 1, -1, -1):
@@ -107,10 +107,32 @@ def _cpp_name(label: str) -> str:
         cut = stripped
     cut = cut.removeprefix("void ").strip()
     if cut and " " not in cut:  # a symbol: "Memcpy HtoD (Pageable -> Device)" keeps its words
+        op = _kernel_op(name)
         text = cut
-    if len(text) > _MAX_LABEL_CHARS and "::" in text and " " not in text:
+        if len(text) > _MAX_LABEL_CHARS and "::" in text:
+            text = text.rsplit("::", 1)[-1]
+        if op and op.lower() not in text.lower():
+            text = f"{text} ({op})"
+    elif len(text) > _MAX_LABEL_CHARS and "::" in text and " " not in text:
         text = text.rsplit("::", 1)[-1]
     return f"{text} [{group}" if group else text
+
+
+_OP = re.compile(r"(?<![A-Za-z0-9])([A-Za-z][A-Za-z0-9]*?)(?:_kernel_cuda|_kernel_impl|Functor|Ops)(?![A-Za-z0-9_])")
+_WRAPPERS = frozenset({"Binary", "AUnary", "BUnary", "Unary", "Reduce", "Func", "Binary_internal"})
+
+
+def _kernel_op(symbol: str) -> str:
+    """The operation a generic ATen kernel runs, named in its template arguments:
+    "vectorized_elementwise_kernel<4, at::native::sqrt_kernel_cuda(…)::{lambda…}>" -> "sqrt",
+    "…BinaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float>>" -> "Mul",
+    "reduce_kernel<512, 1, ReduceOp<float, MeanOps<…>>>" -> "Mean"; "" when none is named (the
+    innermost name that is not a generic wrapper)."""
+    start = symbol.find("<")
+    if start < 0:
+        return ""
+    names = [m for m in _OP.findall(symbol[start:]) if m not in _WRAPPERS]
+    return names[-1] if names else ""
 
 
 def _who(ranks: Sequence[int], n_workers: int) -> str:
@@ -236,19 +258,34 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
     the test that fired, the kind, the cost."""
     ranks = f"{'rank' if len(f.ranks) == 1 else 'ranks'} {compress_ranks(f.ranks)}"
     o, m, lo, hi = f.observed, f.median, f.expected.lo, f.expected.hi
+    health = is_health(f.key)
+    if health:  # a measure, not a function: its μ is the fact (its β is its category's time)
+        what = "retransmitted share" if f.key == LINK_KEY else "the measure"
+        return tuple([f"measure: {frame_text(f.label or f.key)}",
+                      f"μ ({what}): {pct(o.mu)} on {ranks}; median rank {pct(m.mu)}{_expected(lo.mu, hi.mu)}",
+                      *_common_evidence(f, n_workers)])
     lines = [f"function: {f.category.value} {frame_text(f.label or f.key)}"] if f.key not in (STAGE_KEY, MOVING_KEY) else []
     if f.key in (STAGE_KEY, MOVING_KEY):
         lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window on "
                      f"{ranks}; {pct(m.beta)} on the ranks that wait")
     else:
         lines.append(f"β (share of the window on the critical path): {pct(o.beta)} on {ranks}; median rank "
-                     f"{pct(m.beta)}; expected {_range(lo.beta, hi.beta)}")
+                     f"{pct(m.beta)}{_expected(lo.beta, hi.beta)}")
     if samples and (o.mu > 0 or m.mu > 0 or lo.mu > 0 or hi.mu < 1):
-        what = ("retransmitted share" if f.key == LINK_KEY else "the health measure" if is_health(f.key)
-                else "utilization of its resource")
-        lines.append(f"μ ({what}): {pct(o.mu)}; median rank {pct(m.mu)}; expected {_range(lo.mu, hi.mu)}")
-        lines.append(f"σ (spread of that utilization): {pct(o.sigma)}; median rank {pct(m.sigma)}; "
-                     f"expected {_range(lo.sigma, hi.sigma)}")
+        lines.append(f"μ (utilization of its resource): {pct(o.mu)}; median rank {pct(m.mu)}{_expected(lo.mu, hi.mu)}")
+        lines.append(f"σ (spread of that utilization): {pct(o.sigma)}; median rank {pct(m.sigma)}"
+                     f"{_expected(lo.sigma, hi.sigma)}")
+    return tuple(lines) + _common_evidence(f, n_workers)
+
+
+def _expected(lo: float, hi: float) -> str:
+    """"; expected ≤ 10%", or nothing where any value is expected (only the other ranks judge it)."""
+    return "" if lo <= 0 and hi >= 1 else f"; expected {_range(lo, hi)}"
+
+
+def _common_evidence(f: Finding, n_workers: int) -> tuple[str, ...]:
+    """The evidence lines every finding has after its pattern: waits, parts, tests, kind, cost."""
+    lines: list[str] = []
     for w in f.waits:
         lines.append(f"waits: {describe_ranks(list(w.ranks), n_workers)} "
                      f"{_plural(len(w.ranks), 'waits', 'wait')} {pct(w.share)} of the window "
@@ -270,7 +307,10 @@ def dress(f: Finding, n_workers: int, samples: bool = True) -> Finding:
     """``f`` with its title, cause kind, evidence and next steps."""
     title, kind = title_of(f, n_workers)
     return dataclasses.replace(f, title=title, cause=kind, evidence=evidence_of(f, n_workers, samples),
-                               next_steps=next_steps(kind))
+                               next_steps=next_steps(kind, f.label or f.key))
+
+
+SAME_STEP = 0.01  # step medians within this fraction of the longest are the longest (one step's timer noise)
 
 
 def longest_step_note(f: Finding, iteration_ms: Mapping[int, Sequence[float]]) -> str:
@@ -282,7 +322,10 @@ def longest_step_note(f: Finding, iteration_ms: Mapping[int, Sequence[float]]) -
     if longest in f.ranks:
         return ""
     mine = [steps[r] for r in f.ranks if r in steps]
-    here = f" ({max(mine):.1f} ms on ranks {compress_ranks(f.ranks)})" if mine else ""
+    if mine and max(mine) >= steps[longest] * (1.0 - SAME_STEP):
+        return ""  # the culprit's steps are as long as the longest: nothing to explain
+    rank_word = "rank" if len(f.ranks) == 1 else "ranks"
+    here = f" ({max(mine):.1f} ms on {rank_word} {compress_ranks(f.ranks)})" if mine else ""
     why = ("a step's time includes the time a rank waits for the others, and the others wait for these ranks"
            if f.waits else "a step's time includes waiting, and no test flags a function of that rank")
     return f"longest steps: rank {longest}, {steps[longest]:.1f} ms{here}, is not named: {why}"
@@ -313,6 +356,17 @@ def report_headline(findings: Sequence[Finding], n_workers: int, fallback: str) 
     return title_of(first, n_workers, MAX_TITLE_CHARS - len(more))[0] + more
 
 
+def order_note(f: Finding, before: Sequence[Finding]) -> str:
+    """Why a finding that costs more than one listed above it comes after it ("" when none does):
+    causes specific to some ranks come first (docs/reports.md), a job-wide one after them."""
+    cheaper = [g for g in before if g.impact < f.impact]
+    if not cheaper:
+        return ""
+    why = ("it holds on most ranks (how the whole job runs), and the causes specific to some ranks come first"
+           if f.kind == "common" else "the causes that others wait for at a material cost come first")
+    return f"order: listed below a finding that costs less because {why}"
+
+
 def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report:
     """``report`` with every finding dressed, the culprit's longest-step note and the headline."""
     findings = [dress(f, n_workers, samples) for f in report.findings]
@@ -320,6 +374,10 @@ def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report
         note = longest_step_note(findings[0], report.iteration_ms)
         if note:
             findings[0] = dataclasses.replace(findings[0], evidence=findings[0].evidence + (note,))
+    for i in range(1, len(findings)):
+        note = order_note(findings[i], findings[:i])
+        if note:
+            findings[i] = dataclasses.replace(findings[i], evidence=findings[i].evidence + (note,))
     quiet = quiet_headline(n_workers, [(t.label or t.key, t.median.beta) for t in report.top_functions])
     if n_workers == 1 and not findings:
         quiet = report.summary  # the only rank: its summary says there was nothing to compare

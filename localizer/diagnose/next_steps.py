@@ -131,6 +131,22 @@ def cause_of(kind: str) -> Cause:
     return _BY_KIND.get(kind, UNKNOWN)
 
 
-def next_steps(kind: str) -> tuple[str, ...]:
-    """What to check next for a cause kind (the unknown cause's generic steps for an unknown kind)."""
-    return cause_of(kind).steps
+# what to check first for a function whose name says where the time went, before its cause's steps
+# (a host-bound optimizer step is not a dataloader question); first match wins
+FUNCTION_STEPS: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.IGNORECASE), step) for p, step in (
+    (r"optimizer\.step|\bAdam|\bSGD\b|Adagrad|zero_grad",
+     "the optimizer step on the host: a fused or foreach optimizer (`fused=True`, `foreach=True`), "
+     "fewer parameter tensors"),
+    (r"python gc|garbage collect|\bgc\b",
+     "garbage collection: `gc.freeze()` after setup, fewer short-lived Python objects per step"),
+    (r"\bsleep\b|time\.sleep",
+     "who calls sleep in the training loop (`py-spy dump --pid <pid>` on the rank)"),
+))
+
+
+def next_steps(kind: str, label: str = "") -> tuple[str, ...]:
+    """What to check next for a cause kind (the unknown cause's generic steps for an unknown kind),
+    led by a step for the function itself where its name says where the time went."""
+    steps = cause_of(kind).steps
+    first = next((step for pattern, step in FUNCTION_STEPS if label and pattern.search(label)), None)
+    return steps if first is None or first in steps else (first, *steps)

@@ -97,6 +97,9 @@ def impact_text(f: Finding) -> str:
     return f"{100 * f.impact:.0f}% of the window ({seconds})"
 
 
+_SAME_STEP = 0.01  # step medians this close (a fraction of the longest) read as one step time
+
+
 def step_times_text(report: Report) -> str:
     """"0: 14.5 ms, 1: 19.9 ms, …": each rank's median step time, for reports whose ranks' windows
     are their own steps (offline traces); "" otherwise or when no rank has one."""
@@ -105,8 +108,12 @@ def step_times_text(report: Report) -> str:
     ranks = sorted(r for r, v in report.iteration_ms.items() if v)
     if not ranks:
         return ""
+    medians = {r: statistics.median(report.iteration_ms[r]) for r in ranks}
+    lo, hi = min(medians.values()), max(medians.values())
+    if len(ranks) > 1 and hi - lo <= _SAME_STEP * hi:  # a synchronous job: everyone's step is the slowest's
+        return f"{statistics.median(medians.values()):.1f} ms on every rank (ranks that finish early wait for the others)"
     shown = ranks[:_MAX_RANKS_SHOWN]
-    text = ", ".join(f"{r}: {statistics.median(report.iteration_ms[r]):.1f} ms" for r in shown)
+    text = ", ".join(f"{r}: {medians[r]:.1f} ms" for r in shown)
     if len(ranks) > len(shown):
         text += f", … ({compress_ranks(ranks)})"
     return text

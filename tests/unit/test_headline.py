@@ -155,7 +155,36 @@ def test_health_patterns_read_as_measures_not_time_spent() -> None:
                                observed=Triple(0.6, 0.3, 0.1), median=Triple(0.5, 0.01, 0.0))
     title, kind = title_of(port, 8)
     assert title == "ranks 1,6: InfiniBand port wait (port_xmit_wait) 30% (others 1%) — slow link" and kind == "slow_link"
-    assert any(line.startswith("μ (the health measure): 30%") for line in dress(port, 8).evidence)
+    evidence = dress(port, 8).evidence
+    # the measure the title states is the evidence's first fact; its β (the category's time: 60% on
+    # these ranks against the median rank's 50%) is not shown, so nothing contradicts the title
+    assert evidence[:2] == ("measure: InfiniBand port wait (port_xmit_wait)",
+                            "μ (the measure): 30% on ranks 1,6; median rank 1%")
+    assert not any(line.startswith(("β", "function:")) for line in evidence)
+    # a function's evidence keeps its β line; an open range says nothing ("expected any" read as jargon)
+    plain = dress(_finding("more work or a slower processor on these ranks (load imbalance)"), 4).evidence
+    assert plain[0] == "function: compute aten::bmm" and plain[1].startswith("β (share of the window")
+    assert "expected" not in plain[1]
+
+
+def test_a_generic_aten_kernel_is_named_with_the_operation_it_runs() -> None:
+    sqrt = ("void at::native::vectorized_elementwise_kernel<4, at::native::sqrt_kernel_cuda(at::TensorIteratorBase&)"
+            "::{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2> >(int, "
+            "at::native::sqrt_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}, at::detail::Array<char*, 2>)")
+    assert short_label(sqrt) == "vectorized_elementwise_kernel (sqrt)"
+    mul = ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+           "at::native::binary_internal::MulFunctor<float> >, at::detail::Array<char*, 3> >(int, int)")
+    assert short_label(mul) == "vectorized_elementwise_kernel (Mul)"  # the wrapper BinaryFunctor is not the op
+    mean = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, "
+            "float, float>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, "
+            "float, float>, unsigned int, float, 4>)")
+    assert short_label(mean) == "at::native::reduce_kernel (Mean)"
+    # twins: a kernel whose template names no operation, and one without templates, stay as they were
+    assert short_label("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long, unsigned int, 2, "
+                       "2, -2, true>(at::cuda::detail::TensorInfo<float, unsigned int>, int, long)") == \
+        "at::native::indexSelectLargeIndex"
+    assert short_label("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_nt") == \
+        "ampere_bf16_s16816gemm_bf1…tages_64x3_nt"
 
 
 def test_fit_and_short_label() -> None:
@@ -191,6 +220,12 @@ def test_a_culprit_that_is_not_the_longest_step_says_why_and_its_twin_does_not()
     assert note.startswith("longest steps: rank 1, 19.9 ms") and "others wait for these ranks" in note
     assert longest_step_note(f, {**steps, 5: (25.0,)}) == ""  # the culprit is the longest: nothing to explain
     assert longest_step_note(dataclasses.replace(f, kind="common"), steps) == ""
+    # steps equal to the longest within 1% are the longest: 19.8 ms is 0.5% short of 19.9 ms, 19.6 ms 1.5%
+    assert longest_step_note(f, {**steps, 5: (19.8,)}) == ""
+    near = longest_step_note(f, {**steps, 5: (19.6,)})
+    assert near.startswith("longest steps: rank 1, 19.9 ms (19.6 ms on ranks 4-5)")
+    one = longest_step_note(dataclasses.replace(f, ranks=(4,)), steps)
+    assert "(18.0 ms on rank 4)" in one
 
 
 def test_report_headline_counts_the_others_and_fits() -> None:
@@ -353,3 +388,22 @@ def test_an_incident_headline_keeps_file_and_line_not_the_whole_path() -> None:
     assert len(head) <= MAX_TITLE_CHARS and "at pipeline.py:67 in main" in head and "/very/long" not in head, head
     short = "hang: rank 1 stopped at job.py:3 in step"  # its twin: a short one is left as it is
     assert fit_incident(short) == short
+
+
+def test_a_function_that_says_where_the_time_went_leads_the_next_steps_and_its_twin_does_not() -> None:
+    host = next_steps("host_bound")
+    opt = next_steps("host_bound", "Optimizer.step#Adagrad.step")
+    assert opt[0].startswith("the optimizer step on the host") and opt[1:] == host
+    assert next_steps("host_bound", "DistributedDataParallel.forward") == host  # no function row: the cause's steps
+    assert next_steps("host_bound", "Python GC")[0].startswith("garbage collection")
+    f = dress(_finding("the host", label="Optimizer.step#Adagrad.step", category=Category.PYTHON), 8)
+    assert f.next_steps[0].startswith("the optimizer step on the host")
+
+
+def test_a_costlier_finding_listed_lower_says_why_and_its_twin_does_not() -> None:
+    from perftracker.localizer.diagnose.headline import order_note
+    specific = dataclasses.replace(_finding("host stall"), impact=0.25)
+    common = dataclasses.replace(_finding("host-bound", kind="common", ranks=(0, 1, 2, 3)), impact=0.49)
+    assert "holds on most ranks" in order_note(common, [specific])
+    assert order_note(dataclasses.replace(common, impact=0.2), [specific]) == ""  # cheaper below: in cost order
+    assert "others wait for" in order_note(dataclasses.replace(specific, impact=0.3), [specific])

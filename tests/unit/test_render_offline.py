@@ -48,3 +48,11 @@ def test_online_report_keeps_utilization_rows(dlrm_report: Report) -> None:
     buf = io.StringIO()
     text.render(online, buf, color=False, width=200)
     assert "μ utilization" in buf.getvalue() and "step time" not in buf.getvalue()
+
+
+def test_step_times_equal_within_one_percent_read_as_one_time_and_its_twin_lists_each_rank(dlrm_report: Report) -> None:
+    from perftracker.localizer.render.facts import step_times_text
+    same = dataclasses.replace(dlrm_report, iteration_ms={0: (16.5,), 1: (16.6,), 2: (16.52,)})  # 0.6% apart
+    assert step_times_text(same) == "16.5 ms on every rank (ranks that finish early wait for the others)"
+    apart = dataclasses.replace(dlrm_report, iteration_ms={0: (16.5,), 1: (16.8,), 2: (16.52,)})  # 1.8% apart
+    assert step_times_text(apart) == "0: 16.5 ms, 1: 16.8 ms, 2: 16.5 ms"
