@@ -97,6 +97,13 @@ def impact_text(f: Finding) -> str:
     return f"{100 * f.impact:.0f}% of the window ({seconds})"
 
 
+def session_text(report: Report) -> str:
+    """"s-12 (slowdown, complete)"; an offline report's session is its kind: "offline (complete)"."""
+    if report.session == report.kind:
+        return f"{report.session} ({report.status})"
+    return f"{report.session} ({report.kind}, {report.status})"
+
+
 _SAME_STEP = 0.01  # step medians this close (a fraction of the longest) read as one step time
 
 

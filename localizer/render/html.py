@@ -27,6 +27,7 @@ from perftracker.localizer.render.facts import (
     has_samples,
     impact_text,
     level_text,
+    session_text,
     step_times_text,
     trigger_text,
 )
@@ -122,7 +123,7 @@ def _header(report: Report) -> str:
     created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.created_ns / 1e9))
     rows = [
         ("job", escape(report.job)),
-        ("session", f"{escape(report.session)} ({escape(report.kind)}, {escape(report.status)})"),
+        ("session", escape(session_text(report))),
         ("created", created),
     ]
     if report.window_s > 0:

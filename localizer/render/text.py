@@ -22,6 +22,7 @@ from perftracker.localizer.render.facts import (
     has_samples,
     impact_text,
     level_text,
+    session_text,
     step_times_text,
     trigger_text,
 )
@@ -91,7 +92,7 @@ def _header(report: Report) -> Panel:
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_row("job", _t(report.job))
-    grid.add_row("session", _t(f"{report.session}  ({report.kind}, {report.status})"))
+    grid.add_row("session", _t(session_text(report)))
     grid.add_row("created", _fmt_time(report.created_ns))
     if report.window_s > 0:
         window = f"{report.window_s:.3g} s" if report.window_s >= 1 else f"{report.window_s * 1000:.3g} ms"

@@ -29,6 +29,7 @@ def test_offline_report_text_has_step_times_and_no_utilization_rows(dlrm_report:
     text.render(dlrm_report, buf, color=False, width=200)
     out = buf.getvalue()
     assert "step time" in out and "1: 19.9 ms" in out and "7: 12.5 ms" in out
+    assert "offline (complete)" in out and "(offline, " not in out  # the session is its kind: said once
     assert "μ utilization" not in out and "σ util" not in out
     assert "impact" in out and "utilization" not in dlrm_report.findings[0].sentence
 
