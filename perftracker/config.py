@@ -53,9 +53,10 @@ class Config:
     # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
     window_stack_period_us: int = 1000  # the stack sampler's period (thread or sampler process)
-    # who converts the profiler result into the raw file: "fork" (a forked child at nice 19; the
-    # training process converts it itself if the child fails) or "thread" (a throttled thread)
-    window_writer: str = "thread"
+    # who converts the profiler result into the raw file: "fork" (a forked child, SCHED_IDLE; the
+    # training process converts it itself if the child fails, and in a thread where RDMA memory is
+    # not fork-protected: perftracker/runtime/fork_safety.py) or "thread" (a throttled thread)
+    window_writer: str = "fork"
     # at exit, the longest wait to hand an open or unwritten window to the agent (window_exit.py)
     exit_delay_s: float = 7.0
     # end a window once its phases converged (>= 20 iterations and 5 s, each phase's share of the

@@ -43,6 +43,7 @@ from typing import Any
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.runtime.convergence import window_converged
+from perftracker.runtime.fork_safety import fork_unsafe
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window_exit import WindowExit, _register, shutdown_all
@@ -85,6 +86,7 @@ class ProfileWindow:
         self._lock = threading.Lock()
         self._state = _IDLE
         self._cur: _Active | None = None
+        self._fork_warned = False
         self.writer = WindowWriter(self.identity, self.out_dir, self.options, self._deliver, hand_over)
         self.instruments = WindowInstruments(self.options, self.writer)
         self.exit_path = WindowExit(self)
@@ -110,6 +112,12 @@ class ProfileWindow:
             cur = _Active(session, int(window_s * 1e9), on_done, self.clock.now_ns())
             self._cur = cur
             self._state = _ARMED
+        if self.options.writer == "fork" or self.options.exit_handoff:
+            cur.fork_unsafe = fork_unsafe()  # here, not in the training thread: reads /proc/self/maps
+            if cur.fork_unsafe and not self._fork_warned:
+                self._fork_warned = True
+                log.warning("perftracker: windows are written in a thread of this process, not a forked child: %s",
+                            cur.fork_unsafe)
         self._hook()
         self._profiling(True, window_s)
         if self.options.spawn_sampler:
@@ -248,7 +256,7 @@ class ProfileWindow:
         t1 = time.monotonic_ns()
         # with a conversion child, the result is kept until the child has written the file: if the
         # child fails, the writer thread converts it (window_writer.py, _wait_child)
-        child = self.writer.fork(cur, result, end_ns) if result is not None and self.writer.use_fork() else None
+        child = self.writer.fork(cur, result, end_ns) if result is not None and self.writer.use_fork(cur) else None
         blocking_ns = time.monotonic_ns() - t0
         log.info("perftracker: window %s stopped: %.3f s blocked (profiler stop %.3f s, fork %.3f s)",
                  cur.session, blocking_ns / 1e9, (t1 - t0) / 1e9, (blocking_ns - (t1 - t0)) / 1e9)

@@ -142,7 +142,7 @@ class WindowExit:
             writer.join(wait_s, "")
             return
         state = win.state
-        if win.options.exit_handoff and hasattr(os, "fork"):
+        if win.options.exit_handoff and hasattr(os, "fork") and not cur.fork_unsafe:
             writer.detach.set()  # the file is written by a child that outlives this process (window_handoff.py)
         if state == _ACTIVE:
             if not self._cut_at_exit(cur):

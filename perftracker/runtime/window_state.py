@@ -38,10 +38,12 @@ class WindowOptions:
     spawn_sampler: bool = False  # run `python -m perftracker.agent.samplers` for this window ourselves
     sampler_args: tuple[str, ...] = ()  # extra CLI args for it, e.g. ("--gpu-index", "0")
     sampler_ready_timeout_s: float = 15.0  # open the window without samples after this long
-    # "fork": a forked child process converts and writes the file (the training process keeps the
-    # profiler result until the child succeeds, and converts it in a throttled thread if the child
-    # fails, hangs or is killed); "thread": a throttled thread in the training process does it
-    writer: str = "thread"
+    # "fork" (default): a forked child process converts and writes the file (the training process
+    # keeps the profiler result until the child succeeds, and converts it in a throttled thread if
+    # the child fails, hangs or is killed; a process with RDMA memory that is not fork-protected
+    # uses the thread, perftracker/runtime/fork_safety.py); "thread": a throttled thread in the
+    # training process does it (torch's events() then holds the GIL for seconds in that thread)
+    writer: str = "fork"
     writer_duty: float = 0.25  # the writer thread's share of the GIL (see perftracker/runtime/throttle.py)
     writer_nice: int = 10  # the writer thread's OS nice value (19 starved it for minutes on a loaded node)
     child_nice: int = 19  # the conversion child's nice value ("fork"); it also runs SCHED_IDLE
@@ -105,5 +107,7 @@ class _Active:
     nvtx_window: Any = None
     nvtx_iter_open: bool = False
     thread_ident: int = 0  # the thread that started the profiler (the only one that can stop it)
+    # why this process must not fork a conversion child ("" when it may; fork_safety.py), set at arm
+    fork_unsafe: str = ""
     watchdog: threading.Timer | None = None
     overrun_done: threading.Event = field(default_factory=threading.Event)

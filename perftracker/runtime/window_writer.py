@@ -93,10 +93,11 @@ class WindowWriter:
         if fin.is_alive():
             log.warning("perftracker: window %s: writer still busy after %.1f s; leaving it", session, wait_s)
 
-    def use_fork(self) -> bool:
+    def use_fork(self, cur: _Active) -> bool:
         # The child only reads the profiler result's host memory and numpy; it never calls CUDA (as
-        # a DataLoader worker forked from a CUDA process). Not verified on GPU hardware.
-        return self.options.writer == "fork" and hasattr(os, "fork")
+        # a DataLoader worker forked from a CUDA process). Not where RDMA memory is registered
+        # without fork protection (fork_safety.py, checked at arm). Not verified on GPU hardware.
+        return self.options.writer == "fork" and hasattr(os, "fork") and not cur.fork_unsafe
 
     def fork(self, cur: _Active, result: Any, end_ns: int) -> int | None:
         """Build and save the RawWindow in a forked child: no GIL or CPU time taken from training

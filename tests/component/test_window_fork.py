@@ -139,3 +139,30 @@ def test_exit_cancels_a_busy_child(tmp_path: Path) -> None:
     _, res, _ = _run(tmp_path, gate=gate)
     assert res.error.startswith("discarded") and res.raw_path is None
     assert _gone(pids[0])
+
+
+def test_fork_is_the_default_writer() -> None:
+    from perftracker.config import Config
+
+    assert WindowOptions().writer == "fork" and Config.from_env({}).window_writer == "fork"
+
+
+@pytest.mark.timeout(120)
+def test_rdma_without_fork_protection_writes_in_a_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Where libibverbs says RDMA memory is not fork-protected (faked: no RDMA hardware here, not
+    verified on it), the window is written by the thread, no child is forked, and it says why once."""
+    from perftracker.runtime import window as window_mod
+
+    monkeypatch.setattr(window_mod, "fork_unsafe", lambda: "RDMA memory may be registered without fork protection")
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+        win, res, pids = _run(tmp_path)
+    _complete(res)
+    assert pids == [0]  # the writer thread converted: no child pid at any time
+    assert sum("not a forked child" in r.getMessage() for r in caplog.records) == 1
+    monkeypatch.setattr(window_mod, "fork_unsafe", lambda: "")
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+        done: list[WindowResult] = []
+        assert win.arm("g", 0.6, done.append)
+        drive(win, done)
+    assert done[0].error == ""
