@@ -17,7 +17,12 @@ download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
    "off" runs (each rank measures it; the worst rank counts).
 
 Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30] [--hooks-only] [--env K=V]
-Last stdout line: {"ratio": float, "samples_per_s_off": float, "samples_per_s_on": float,
+Besides the ratio (wall time, which the host's load moves), each run reports the CPU time spent
+inside ``trainer.train()`` by the training threads and by the whole rank processes (perftracker's
+threads included), summed over the ranks: ``cpu_ratio_*`` = median(on) / median(off) does not
+depend on how busy the host is.
+
+Last stdout line: {"ratio": float, "cpu_ratio_training_thread": float, "samples_per_s_off": float, "samples_per_s_on": float,
 "exit_delay_s": float, "report_headline": str, ...}
 """
 
@@ -86,8 +91,12 @@ def child(args: argparse.Namespace) -> None:
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.steps * 16 + 64),
                       callbacks=[Progress()])
     os.write(1, f"TRAIN_START {rank} {time.monotonic_ns()}\n".encode())
+    cpu0, proc0 = time.thread_time_ns(), time.process_time_ns()
     out = trainer.train()
+    cpu1, proc1 = time.thread_time_ns(), time.process_time_ns()
     os.write(1, f"TRAIN_END {rank} {time.monotonic_ns()}\n".encode())
+    # CPU time inside train(): the training thread's, and the whole process's (perftracker's threads too)
+    os.write(1, f"TRAIN_CPU {rank} {cpu1 - cpu0} {proc1 - proc0}\n".encode())
     if rank == "0":
         os.write(1, ("METRICS " + json.dumps(out.metrics) + "\n").encode())
 
@@ -125,14 +134,20 @@ def _parse(out: str) -> dict[str, object]:
     ends: dict[str, int] = {}
     exits: dict[str, int] = {}
     metrics: dict[str, object] = {}
+    cpu: dict[str, tuple[int, int]] = {}
     for line in out.splitlines():
         parts = line.split(maxsplit=2)
-        if parts and parts[0] == "METRICS":
+        if len(parts) == 3 and parts[0] == "TRAIN_CPU":
+            thread_ns, proc_ns = parts[2].split()
+            cpu[parts[1]] = (int(thread_ns), int(proc_ns))
+        elif parts and parts[0] == "METRICS":
             metrics = json.loads(line.split(" ", 1)[1])
         elif len(parts) == 3 and parts[0] in ("TRAIN_START", "TRAIN_END", "EXIT_END"):
             {"TRAIN_START": starts, "TRAIN_END": ends, "EXIT_END": exits}[parts[0]][parts[1]] = int(parts[2])
     exit_s = max(((exits[r] - ends[r]) / 1e9 for r in ends if r in exits), default=float("nan"))
-    return {"metrics": metrics, "start_ns": starts.get("0", 0), "end_ns": ends.get("0", 0), "exit_s": exit_s}
+    return {"metrics": metrics, "start_ns": starts.get("0", 0), "end_ns": ends.get("0", 0), "exit_s": exit_s,
+            "train_thread_cpu_s": sum(c[0] for c in cpu.values()) / 1e9 if cpu else float("nan"),
+            "train_process_cpu_s": sum(c[1] for c in cpu.values()) / 1e9 if cpu else float("nan")}
 
 
 def run_job(on: bool, steps: int, trigger_before_end_s: float | None = None,
@@ -254,7 +269,9 @@ def main() -> int:
         runs[on].append(res)
         windows = sum(" started" in ln for ln in res["window_log"])  # type: ignore[attr-defined]
         print(f"{'on ' if on else 'off'}: {m['train_samples_per_second']:.1f} samples/s "  # type: ignore[index]
-              f"({m['train_runtime']:.1f} s), exit after train {res['exit_s']:.2f} s"  # type: ignore[index]
+              f"({m['train_runtime']:.1f} s), CPU in train() {float(res['train_thread_cpu_s']):.2f} s training "  # type: ignore[index, arg-type]
+              f"threads / {float(res['train_process_cpu_s']):.2f} s processes, "  # type: ignore[arg-type]
+              f"exit after train {res['exit_s']:.2f} s"
               + (f", {windows // 2} detector window(s), lost to windows per rank (perftracker status): "
                  f"{res.get('windows_lost_s')}" if on else ""), flush=True)
     result: dict[str, object] = {}
@@ -263,10 +280,15 @@ def main() -> int:
         sps = {on: statistics.median(float(r["metrics"]["train_samples_per_second"]) for r in runs[on])  # type: ignore[index]
                for on in (False, True)}
         exit_off = statistics.median(float(r["exit_s"]) for r in runs[False])  # type: ignore[arg-type]
+        # CPU time inside train(), summed over the ranks: independent of how busy the host is
+        cpu = {(on, k): statistics.median(float(r[k]) for r in runs[on])  # type: ignore[arg-type]
+               for on in (False, True) for k in ("train_thread_cpu_s", "train_process_cpu_s")}
         result = {
             "ratio": round(sps[True] / sps[False], 4), "samples_per_s_off": round(sps[False], 2),
             "samples_per_s_on": round(sps[True], 2), "runs_per_side": args.rounds, "steps": args.steps,
             "hooks_only": args.hooks_only, "env": user_env,
+            "cpu_ratio_training_thread": round(cpu[True, "train_thread_cpu_s"] / cpu[False, "train_thread_cpu_s"], 4),
+            "cpu_ratio_process": round(cpu[True, "train_process_cpu_s"] / cpu[False, "train_process_cpu_s"], 4),
             "exit_after_train_off_s": round(exit_off, 3),
             "windows_lost_s_per_run": [r.get("windows_lost_s") for r in runs[True]],
         }
