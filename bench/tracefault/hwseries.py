@@ -1,6 +1,6 @@
 """The hardware series the agent would have recorded beside each rank's mutated trace.
 
-For each rank the mutator writes ``<trace name>.samples.npz`` (``perftracker.cli.analyze.samples_beside``),
+For each rank the mutator writes ``<trace name>.samples.npz`` (``perftracker.cli.analyze_rank.samples_beside``),
 a ``SampleSet`` in the agent's own format, on the trace's time base (ns = trace µs × 1000), one
 sample per ``PERIOD_NS`` over the rank's span:
 
@@ -151,7 +151,7 @@ def instance_factors(jg: JobGraph, faults: Iterable[GpuFault], ranks_per_host: i
 def write_samples(ranks: list[RankTrace], jg: JobGraph, faults: Iterable[GpuFault], out_dir: Path,
                   ranks_per_host: int, seed: int) -> list[Path]:
     """Write every rank's SampleSet beside its trace in ``out_dir``."""
-    from perftracker.cli.analyze import samples_beside
+    from perftracker.cli.analyze_rank import samples_beside
 
     faults = list(faults)
     factors = instance_factors(jg, faults, ranks_per_host)

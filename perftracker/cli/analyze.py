@@ -1,7 +1,8 @@
 """`perftracker analyze PATH`: summarize per-rank Kineto trace files offline, then localize.
 
-Each rank's file is summarized in its own process (``perftracker.agent.summarize.summarizer.summarize_window`` on
-``perftracker.agent.kineto.read_kineto_trace``); progress goes to stderr. A file that cannot be read or is no
+Each rank's file is read once and summarized in its own process (``perftracker.cli.analyze_rank``:
+``perftracker.agent.summarize.summarizer.summarize_window`` on ``perftracker.agent.kineto.window_from_trace``);
+progress goes to stderr. A file that cannot be read or is no
 Kineto trace is skipped with a one-line warning, and its rank (when its name says it) is listed in
 the report's ``ranks_missing``; ``--strict`` makes it an error. The PatternSets go through the same
 localizer as online sessions, and the report is rendered as text, JSON or HTML.
@@ -16,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from perftracker.cli import output
+from perftracker.cli.analyze_rank import FileSummary, summarize_file, summarize_kept
 from perftracker.errors import InputError, PerftrackerError
 from perftracker.model import PatternSet
 from perftracker.model.names import safe_text
@@ -30,7 +33,7 @@ from perftracker.model.names import safe_text
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from perftracker.agent.summarize.step_align import Cut, StepMarks
+    from perftracker.agent.summarize.step_align import Cut
     from perftracker.model import Report
 
 HELP = "summarize and localize per-rank Kineto trace files offline"
@@ -103,75 +106,6 @@ def trace_files(path: Path) -> list[Path]:
     return files
 
 
-def samples_beside(trace: Path) -> Path:
-    """Where a trace's hardware samples lie, when it has any: ``rank3.json.gz`` -> ``rank3.samples.npz``
-    (a ``SampleSet`` in the agent's own format, on the trace's time base)."""
-    name = trace.name
-    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return trace.with_name(name + ".samples.npz")
-
-
-class _Notes(logging.Handler):
-    """The reader's warnings about one file (bad bytes replaced, events without ``dur``), kept to be
-    shown by the parent: a worker process's log records are not."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def summarize_file(path: str, prefer_filename: bool, job: str, rank: int | None = None,
-                   ranks_per_host: int = 0, gloo_groups: dict[str, str] | None = None,
-                   cut: Cut | None = None) -> tuple[bytes, str, list[str], StepMarks]:
-    """One rank, in a worker process: the PatternSet's compact bytes, where its rank came from,
-    the reader's warnings about the file and its step marks (before any cut). Hardware samples
-    beside the trace (``samples_beside``) give μ/σ; a samples file that cannot be read is a warning,
-    and the rank keeps β only. ``gloo_groups``: the group of each gloo event name of this rank
-    (``_with_gloo_groups``); ``cut``: the part of the trace to summarize (``_aligned``)."""
-    from perftracker.agent import kineto
-    from perftracker.agent.summarize.step_align import cut_window, step_marks
-    from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
-    from perftracker.model.raw_window import SampleSet
-
-    notes = _Notes()
-    level, propagate = kineto.log.level, kineto.log.propagate
-    kineto.log.setLevel(min(kineto.log.getEffectiveLevel(), logging.WARNING))  # kept even when the CLI is quiet
-    kineto.log.propagate = False  # the parent prints them, once
-    kineto.log.addHandler(notes)
-    try:
-        doc = kineto.load_trace_json(path)
-        kept = len(notes.lines)
-        who = kineto.resolve_rank(doc, path, rank, prefer_filename)
-        del notes.lines[kept:]  # the rank's source is reported with the progress line
-        raw = kineto.window_from_trace(doc, Path(path), who, job=job, session="offline")
-        if gloo_groups:
-            from perftracker.cli.gloo_offline import with_gloo_groups
-
-            raw = with_gloo_groups(raw, gloo_groups)
-        marks = step_marks(raw)
-        if cut is not None:
-            raw = cut_window(raw, cut)
-    finally:
-        kineto.log.removeHandler(notes)
-        kineto.log.setLevel(level)
-        kineto.log.propagate = propagate
-    samples = None
-    beside = samples_beside(Path(path))
-    if beside.is_file():
-        try:
-            samples = SampleSet.load(beside)
-        except (PerftrackerError, OSError, ValueError, KeyError) as exc:
-            notes.lines.append(f"{beside.name}: samples not read, β only ({exc})")
-    opts = SummarizeOptions(local_world_size=ranks_per_host)
-    return summarize_window(raw, samples, opts).to_bytes(), who.source, notes.lines, marks
-
-
 @dataclass
 class Summaries:
     """What ``summarize_dir`` read: the ranks' PatternSets, sorted by rank, the files it skipped
@@ -198,25 +132,45 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
                   ranks_per_host: int = 0) -> Summaries:
     """All readable ranks' PatternSets, sorted by rank. An unreadable or unrelated file is skipped
     (one line through ``warn``; InputError with ``strict``); InputError on duplicate ranks or
-    when no file could be read."""
-    from perftracker.agent.kineto import rank_from_filename
-
+    when no file could be read. The first pass keeps each rank's window in a scratch directory
+    (``analyze_rank``) for the later passes, the step alignment's cut and the gloo groups; it is
+    removed on return. Without one (no writable temporary directory) they read their files again."""
     files = trace_files(directory)
+    try:
+        tmp = tempfile.TemporaryDirectory(prefix="perftracker-analyze-")
+    except OSError as exc:
+        log.info("no scratch directory (%s): a cut or gloo groups read their traces again", exc)
+        return _summarize_dir(directory, files, None, prefer_filename, jobs, progress, rank, strict, warn,
+                              ranks_per_host)
+    with tmp as scratch:
+        return _summarize_dir(directory, files, Path(scratch), prefer_filename, jobs, progress, rank, strict, warn,
+                              ranks_per_host)
+
+
+def _summarize_dir(directory: Path, files: list[Path], scratch: Path | None, prefer_filename: bool, jobs: int,
+                   progress: Callable[[str], None] | None, rank: int | None, strict: bool,
+                   warn: Callable[[str], None] | None, ranks_per_host: int) -> Summaries:
+    from perftracker.agent.kineto import rank_from_filename
+    from perftracker.cli.gloo_offline import enabled as gloo_enabled
+
     if rank is not None and len(files) > 1:
         raise InputError(f"--rank names the rank of one trace file; {directory} holds {len(files)}")
     job = (directory.parent if directory.is_file() else directory).resolve().name
     workers = max(1, min(len(files), jobs or (os.cpu_count() or 1)))
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     results: dict[Path, PatternSet] = {}
-    marks: dict[Path, StepMarks] = {}
+    firsts: dict[Path, FileSummary] = {}
     skipped: list[tuple[Path, str, int | None]] = []
+    several = len(files) > 1  # one rank has nothing to be aligned with, nor gloo peers
+    gloo = several and gloo_enabled()
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host): f
-                   for f in files}
+        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host,
+                               str(scratch / f"{i}.npz") if several and scratch is not None else "", gloo): f
+                   for i, f in enumerate(files)}
         for done, fut in enumerate(as_completed(futures), 1):
             f = futures[fut]
             try:
-                data, rank_source, notes, marks[f] = fut.result()
+                first = firsts[f] = fut.result()
             except Exception as exc:  # noqa: BLE001 - one bad file among many is a warning
                 reason = _reason(exc)
                 if strict:
@@ -227,13 +181,16 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
                     who = f"rank {named} missing" if named is not None else "no rank in its name"
                     warn(f"[{done}/{len(files)}] skipped {f} ({who}): {reason.removeprefix(str(f) + ': ')}")
                 continue
-            ps = PatternSet.from_bytes(data)
+            ps = PatternSet.from_bytes(first.data)
+            first.data = b""  # held in results
             results[f] = ps
-            for note in notes:
+            for why in first.dropped:
+                log.warning("%s: %s", f, why)
+            for note in first.notes:
                 if warn is not None:
                     warn(f"[{done}/{len(files)}] {f}: {note.removeprefix(str(f) + ': ')}")
             if progress is not None:
-                note = "" if rank_source == "distributedInfo" else f" (rank taken from the {rank_source})"
+                note = "" if first.rank_source == "distributedInfo" else f" (rank taken from the {first.rank_source})"
                 progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
     if not results:
         raise InputError(f"{directory}: none of the {len(files)} file(s) is a readable Kineto trace")
@@ -242,8 +199,8 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
         skipped.append((f, reason, None))
         if warn is not None:
             warn(f"{f}: {reason}")
-    cuts, aligned = _aligned(results, marks, prefer_filename, job, rank, ranks_per_host, warn, jobs)
-    _with_gloo_groups(results, prefer_filename, job, rank, ranks_per_host, warn, cuts)
+    cuts, aligned = _aligned(results, firsts, prefer_filename, job, rank, ranks_per_host, warn, jobs)
+    _with_gloo_groups(results, firsts, prefer_filename, job, rank, ranks_per_host, warn, cuts)
     seen = {ps.rank: f for f, ps in results.items()}
     named_ranks = [r for _, _, r in skipped if r is not None]
     world = max(len(results), max([*seen, *named_ranks]) + 1)
@@ -251,16 +208,17 @@ def summarize_dir(directory: Path, prefer_filename: bool = False, jobs: int = 0,
     return Summaries(sorted(sets, key=lambda p: p.rank), skipped, aligned)
 
 
-def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], prefer_filename: bool, job: str,
+def _aligned(results: dict[Path, PatternSet], firsts: dict[Path, FileSummary], prefer_filename: bool, job: str,
              rank: int | None, ranks_per_host: int, warn: Callable[[str], None] | None, jobs: int = 0
              ) -> tuple[dict[int, Cut], str]:
     """Every rank cut to the work all ranks recorded (``perftracker.agent.summarize.step_align``):
     the ranks that recorded more are summarized again over the common steps, in place; what was
-    cut, or why nothing could be, is one warning. A rank whose cut fails keeps its whole window
+    cut, or why nothing could be, is one warning. Each is summarized from the window its first pass
+    kept (``firsts``), not read again. A rank whose cut fails keeps its whole window
     (warned). The cuts applied, by rank, and the alignment's note."""
     from perftracker.agent.summarize.step_align import plan_cuts
 
-    plan = plan_cuts([marks[f] for f in results if f in marks])
+    plan = plan_cuts([firsts[f].marks for f in results if f in firsts])
     if plan.usual:  # nothing to check (most multi-host traces): said at -v, not on every report
         log.info("%s", plan.note)
         return {}, ""
@@ -273,12 +231,13 @@ def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], pref
     workers = max(1, min(len(todo), jobs or (os.cpu_count() or 1)))
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = {pool.submit(summarize_file, str(f), prefer_filename, job, rank, ranks_per_host, None, cut): f
+        futures = {pool.submit(summarize_kept, firsts[f].kept, str(f), prefer_filename, job, rank, ranks_per_host,
+                               None, cut): f
                    for f, cut in todo.items()}
         for fut in as_completed(futures):
             f = futures[fut]
             try:
-                data, _, _, _ = fut.result()
+                data = fut.result()
             except Exception as exc:  # noqa: BLE001 - the whole window stands
                 if warn is not None:
                     warn(f"{f}: not cut to the common steps, whole window kept ({_reason(exc)})")
@@ -288,12 +247,14 @@ def _aligned(results: dict[Path, PatternSet], marks: dict[Path, StepMarks], pref
     return applied, plan.note
 
 
-def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, job: str, rank: int | None,
+def _with_gloo_groups(results: dict[Path, PatternSet], firsts: dict[Path, FileSummary], prefer_filename: bool,
+                      job: str, rank: int | None,
                       ranks_per_host: int, warn: Callable[[str], None] | None,
                       cuts: dict[int, Cut] | None = None) -> None:
     """A CPU gloo job's traces list their groups but name none on a collective (torch 2.13): each
-    rank whose gloo calls get a group (``perftracker.cli.gloo_offline``) is summarized again with
-    them, in place; the calls left without one are said in one warning (issue 28). Off unless
+    rank whose gloo calls (read by its first pass, ``firsts``) get a group
+    (``perftracker.cli.gloo_offline``) is summarized again with them from the window that pass kept,
+    in place; the calls left without one are said in one warning (issue 28). Off unless
     PERFTRACKER_GLOO_GROUPS=1 (``gloo_offline.ENV``: on a host with fewer cores than ranks it turned
     CPU contention into per-group findings, docs/diagnosis.md)."""
     from perftracker.cli.gloo_offline import enabled
@@ -303,15 +264,16 @@ def _with_gloo_groups(results: dict[Path, PatternSet], prefer_filename: bool, jo
         return
     from perftracker.cli.gloo_offline import gloo_assignments
 
-    assigned, unassigned = gloo_assignments(todo)
+    calls = {r: firsts[f].gloo for r, f in todo.items() if f in firsts}
+    assigned, unassigned = gloo_assignments({r: c for r, c in calls.items() if c is not None})
     if unassigned and warn is not None:
         warn(f"gloo: {len(unassigned)} rank/call pairs have no process group ({unassigned[0]}"
              + (", ..." if len(unassigned) > 1 else "") + ")")
     for f, ps in list(results.items()):
         if ps.rank in assigned and todo.get(ps.rank) == f:
             try:
-                data, _, _, _ = summarize_file(str(f), prefer_filename, job, rank, ranks_per_host, assigned[ps.rank],
-                                               (cuts or {}).get(ps.rank))
+                data = summarize_kept(firsts[f].kept, str(f), prefer_filename, job, rank, ranks_per_host,
+                                      assigned[ps.rank], (cuts or {}).get(ps.rank))
             except Exception as exc:  # noqa: BLE001 - the first summary stands
                 if warn is not None:
                     warn(f"{f}: gloo groups not applied ({_reason(exc)})")

@@ -2,7 +2,7 @@
 
 A gloo trace under torch 2.13 lists its rank's process groups (``distributedInfo.pg_config``) but
 names no group on its ``gloo:*`` events, so the summarizer sees groups and no collective in any of
-them. ``gloo_assignments`` reads every rank's gloo calls and assigns each (rank, event name) a
+them. ``gloo_assignments`` takes every rank's gloo calls and assigns each (rank, event name) a
 group where the traces leave one answer (``perftracker.agent.gloo_groups``); ``with_gloo_groups``
 then gives a rank's window the ``WindowMeta.comm`` rows that an NCCL trace's ``Process Group Name``
 would have given: each gloo call spans its outermost enclosing communication frame on its thread
@@ -14,21 +14,18 @@ made by the live path's own ``comm_rows``. Calls left unassigned get no row (as 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 
-from perftracker.agent.gloo_groups import GLOO_PREFIX, Assignment, RankCalls, assign, gloo_calls
+from perftracker.agent.gloo_groups import GLOO_PREFIX, Assignment, RankCalls, assign
 from perftracker.model.raw_window import RawWindow
 from perftracker.runtime.comm_rows import _COMM_NAME, collective_kind, comm_rows
 from perftracker.runtime.dist_record import (
     Call,  # the live recorder's call record: one shape for comm_rows
 )
 
-log = logging.getLogger(__name__)
 ENV = "PERFTRACKER_GLOO_GROUPS"  # "1": `analyze` assigns gloo calls their groups (off by default)
 
 
@@ -40,20 +37,12 @@ def enabled() -> bool:
     return os.environ.get(ENV, "").strip() == "1"
 
 
-def gloo_assignments(files: Mapping[int, Path]) -> tuple[dict[int, dict[str, str]], list[str]]:
+def gloo_assignments(by_rank: Mapping[int, RankCalls]) -> tuple[dict[int, dict[str, str]], list[str]]:
     """(rank -> {gloo event name: group}, one line per rank and name left unassigned) for the
-    ranks' trace files. A file that cannot be read again is left out (its rank then refutes the
-    groups it belongs to, and their calls stay unassigned)."""
-    from perftracker.agent.kineto import load_trace_json
-
-    calls: list[RankCalls] = []
-    for rank, path in sorted(files.items()):
-        try:
-            rc = gloo_calls(load_trace_json(path), rank)
-        except Exception as exc:  # noqa: BLE001 - the first pass read it; a second failure loses only the groups
-            log.warning("%s: gloo calls not read (%s)", path, exc)
-            continue
-        calls.append(rc)
+    ranks' gloo calls (``gloo_calls``, read by `analyze`'s first pass over each file). A rank
+    without its calls (they could not be read) is left out: it then refutes the groups it belongs
+    to, and their calls stay unassigned."""
+    calls = [by_rank[rank] for rank in sorted(by_rank)]
     if not any(rc.calls for rc in calls):
         return {}, []
     a: Assignment = assign(calls)
