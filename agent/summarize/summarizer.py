@@ -15,6 +15,7 @@ writes ``PatternSet.to_bytes()`` (or JSON when PATTERNS_FILE ends in ``.json``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -25,7 +26,13 @@ from pathlib import Path
 import numpy as np
 from perftracker.agent.summarize import categories as cat
 from perftracker.agent.summarize.critical_path import critical_ns
-from perftracker.agent.summarize.groups import shared_names, split_shared, steps_ms, worker_groups
+from perftracker.agent.summarize.groups import (
+    shared_names,
+    split_shared,
+    step_bounds,
+    steps_ms,
+    worker_groups,
+)
 from perftracker.agent.summarize.hardware import (
     clock_patterns,
     ib_wait_pattern,
@@ -33,6 +40,7 @@ from perftracker.agent.summarize.hardware import (
     p2p_pattern,
 )
 from perftracker.agent.summarize.patterns import DEFAULT_MAX_ZERO_RUN, utilization
+from perftracker.agent.summarize.step_record import step_record
 from perftracker.agent.summarize.timeline import (
     Nesting,
     Segments,
@@ -380,11 +388,13 @@ def _with_groups(ps: PatternSet, raw: RawWindow, fr: Frames) -> PatternSet:
         np.zeros((0, 2), dtype=np.int64)
     compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
     steps, step_group = steps_ms(meta, groups, step_marks, fr.start_ns[compute], fr.end_ns[compute])
-    if not groups and not comm and not steps:
+    record = step_record(raw, step_bounds(meta, groups, step_marks)[0], fr.start_ns[compute], fr.end_ns[compute])
+    if not groups and not comm and not steps and record is None:
         return ps
     import dataclasses
 
-    return dataclasses.replace(ps, groups=groups, comm=comm, steps_ms=steps, step_group=step_group)
+    return dataclasses.replace(ps, groups=groups, comm=comm, steps_ms=steps, step_group=step_group,
+                               step_record=record)
 
 
 def link_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int) -> Pattern | None:
@@ -448,6 +458,11 @@ def _fit_budget(ps: PatternSet, max_bytes: int) -> PatternSet:
     """Drop the lowest-β patterns until the compact form fits (patterns are sorted by β)."""
     if len(ps.to_bytes()) <= max_bytes:
         return ps
+    if ps.step_record is not None:  # the patterns come first: the replay's record goes before any of them
+        log.info("rank %d: step record left out to fit %d bytes", ps.rank, max_bytes)
+        ps = dataclasses.replace(ps, step_record=None)
+        if len(ps.to_bytes()) <= max_bytes:
+            return ps
     lo, hi = 0, len(ps.patterns)  # lo fits, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2

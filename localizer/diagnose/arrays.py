@@ -16,6 +16,7 @@ import numpy as np
 from perftracker.errors import InputError
 from perftracker.model import Category, PatternSet
 from perftracker.model.patterns import ProcessGroup
+from perftracker.model.step_record import StepRecord
 from perftracker.model.window_cost import worst_of
 
 _RANGE_TOLERANCE = 1e-6  # the model accepts values a hair outside [0, 1]; they are clipped
@@ -74,6 +75,8 @@ class PatternArrays:
     stage: np.ndarray | None = None  # (N,) pipeline stage ("pp" coordinate) or -1; None: unknown
     job_groups: JobGroups = field(default_factory=JobGroups)  # process groups, when the patterns name them
     window_cost: Mapping[str, float] = field(default_factory=dict)  # the worst rank's (model.window_cost.worst_of)
+    # per worker column, its step record (the replay of what fixing a culprit saves); () : none has one
+    step_records: tuple[StepRecord | None, ...] = ()
 
     @property
     def n_workers(self) -> int:
@@ -147,7 +150,14 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         stage=_stages(sets, groups),
         job_groups=groups,
         window_cost=worst_of([s.window_cost for s in sets]),
+        step_records=step_records(sets),
     )
+
+
+def step_records(sets: Sequence[object]) -> tuple[StepRecord | None, ...]:
+    """Each worker's step record, () when none has one (an older worker's upload)."""
+    records = tuple(getattr(s, "step_record", None) for s in sets)
+    return records if any(r is not None for r in records) else ()
 
 
 def _stages(sets: Sequence[WorkerGroups], groups: JobGroups) -> np.ndarray | None:

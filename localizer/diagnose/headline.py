@@ -299,7 +299,7 @@ def _common_evidence(f: Finding, n_workers: int) -> tuple[str, ...]:
         seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
         lines.append(f"impact: {pct(f.impact)} of the window ({seconds}), its own excess plus the waits it causes")
     if f.saves_share > 0:
-        lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the step (an estimate)")
+        lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the step ({f.saves_basis or 'an estimate'})")
     return tuple(lines)
 
 

@@ -45,6 +45,7 @@ from perftracker.localizer.diagnose.rule import (
     minority_only,
     small_job_threshold,
 )
+from perftracker.localizer.diagnose.savings import replayed_savings
 from perftracker.localizer.diagnose.step_lanes import step_lanes
 
 from perftracker.model import PatternSet, Report
@@ -242,6 +243,7 @@ def _first_missing(present: np.ndarray, n: int) -> list[int]:
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
                  opts: LocalizeOptions) -> Report:
     findings, summary, top = build_findings(arr, verdicts, opts)
+    findings, summary = replayed_savings(arr, findings, summary)
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()
     if arr.world_size > 0:  # sized by the ranks received, never by the world size they claim

@@ -14,7 +14,13 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays, job_groups, stages
+from perftracker.localizer.diagnose.arrays import (
+    FunctionInfo,
+    PatternArrays,
+    job_groups,
+    stages,
+    step_records,
+)
 
 from perftracker.errors import InputError
 from perftracker.model import Category
@@ -187,7 +193,7 @@ def _arrays(job: str, session: str, workers: list[WorkerMeta], funcs: tuple[Func
         iteration_ms={w.rank: tuple(w.iteration_ms) for w in workers if w.iteration_ms},
         offline=all(w.source != "online" for w in workers),
         worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stages(workers, groups), job_groups=groups,
-        window_cost=worst_of([w.window_cost for w in workers]))
+        window_cost=worst_of([w.window_cost for w in workers]), step_records=step_records(workers))
 
 
 def columns_of(job: str, session: str, batches: Iterable[tuple[PatternBatch, set[int]]]) -> SessionColumns:

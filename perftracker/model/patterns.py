@@ -6,6 +6,7 @@ Import these from ``perftracker.model`` (the public path); this module holds the
 from __future__ import annotations
 
 import json
+import logging
 import math
 import zlib
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,12 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+from perftracker.model.step_record import RecordVersionError, StepRecord
 from perftracker.model.window_cost import window_cost_fields
+from perftracker.warnonce import WarnOnce
+
+log = logging.getLogger(__name__)
+_warn_once = WarnOnce(log)
 
 
 class Category(StrEnum):
@@ -170,6 +176,8 @@ class PatternSet:
     comm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # collective function key -> group names
     steps_ms: tuple[float, ...] = ()  # compute time per step (between the step group's collectives), ms
     step_group: str = ""  # the group whose collective instances cut the steps ("" : iteration marks)
+    # the collective instances of the last steps, for the replay of what fixing a culprit saves
+    step_record: StepRecord | None = None
     # what the window cost this worker and its budget (perftracker.model.window_cost; issue 30)
     window_cost: Mapping[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
@@ -213,7 +221,7 @@ class PatternSet:
         }
 
     def _groups_dict(self) -> dict[str, Any]:
-        return groups_fields_dict(self.groups, self.comm, self.steps_ms, self.step_group)
+        return groups_fields_dict(self.groups, self.comm, self.steps_ms, self.step_group, self.step_record)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PatternSet:
@@ -288,7 +296,8 @@ def _finite(v: Any, w: str) -> float:
 
 
 def groups_fields_dict(groups: Sequence[ProcessGroup], comm: Mapping[str, Sequence[str]],
-                       steps_ms: Sequence[float], step_group: str) -> dict[str, Any]:
+                       steps_ms: Sequence[float], step_group: str,
+                       step_record: StepRecord | None = None) -> dict[str, Any]:
     """The process-group fields of a PatternSet's dict or a wire worker's, only those there are
     (older readers never see them); ``parse_groups_fields`` reads them back."""
     out: dict[str, Any] = {}
@@ -299,6 +308,8 @@ def groups_fields_dict(groups: Sequence[ProcessGroup], comm: Mapping[str, Sequen
     if steps_ms:
         out["steps_ms"] = [round(float(x), 4) for x in steps_ms]
         out["step_group"] = step_group
+    if step_record is not None:
+        out["step_record"] = step_record.to_dict()
     return out
 
 
@@ -311,7 +322,20 @@ def parse_groups_fields(d: Mapping[str, Any], where: str) -> dict[str, Any]:
         "comm": _comm(optional(d, "comm", dict, where, {}), f"{where}.comm"),
         "steps_ms": tuple(_finite(x, f"{where}.steps_ms") for x in optional(d, "steps_ms", list, where, [])),
         "step_group": optional(d, "step_group", str, where, ""),
+        "step_record": _step_record(optional(d, "step_record", dict, where, {}), f"{where}.step_record"),
     }
+
+
+def _step_record(d: Mapping[str, Any], where: str) -> StepRecord | None:
+    """The step record, or None when there is none or it is of a version this perftracker does not
+    read (the worker's patterns still count; the replay falls back to the estimate)."""
+    if not d:
+        return None
+    try:
+        return StepRecord.from_dict(d, where)
+    except RecordVersionError as exc:
+        _warn_once(f"step-record-version:{d.get('v')!r:.20}", "%s; what fixing a culprit saves is estimated", exc)
+        return None
 
 
 def _comm(d: Mapping[str, Any], w: str) -> dict[str, tuple[str, ...]]:

@@ -85,6 +85,9 @@ class Finding:
     # (docs/diagnosis.md, "What fixing it would save"); 0 where none is made
     saves_share: float = 0.0
     saves_s: float = 0.0
+    # how the saving was found: "replayed over N steps", or "an estimate" (with why the replay was
+    # inconclusive, where it was tried); "" where none is made
+    saves_basis: str = ""
     # issue 32: a plain-words headline (at most 120 characters), one fact per evidence line, what to
     # check next, and the cause kind they were chosen by ("load_imbalance", "host_bound", ...)
     title: str = ""
@@ -118,7 +121,8 @@ class Finding:
             "impact_s": rounded(self.impact_s),
             "waits": [w.to_dict() for w in self.waits],
             "parts": [[label, rounded(b)] for label, b in self.parts],
-            **({"saves_share": rounded(self.saves_share), "saves_s": rounded(self.saves_s)} if self.saves_share else {}),
+            **({"saves_share": rounded(self.saves_share), "saves_s": rounded(self.saves_s),
+                "saves_basis": self.saves_basis} if self.saves_share else {}),
         }
 
     @classmethod
@@ -143,6 +147,7 @@ class Finding:
             parts=tuple(_part(p, f"{where}.parts[{i}]") for i, p in enumerate(optional(d, "parts", list, where, []))),
             saves_share=float(optional(d, "saves_share", float, where, 0.0)),
             saves_s=float(optional(d, "saves_s", float, where, 0.0)),
+            saves_basis=optional(d, "saves_basis", str, where, ""),
             title=optional(d, "title", str, where, ""),
             evidence=_strings(optional(d, "evidence", list, where, []), f"{where}.evidence"),
             next_steps=_strings(optional(d, "next_steps", list, where, []), f"{where}.next_steps"),

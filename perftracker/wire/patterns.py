@@ -55,6 +55,7 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+from perftracker.model.step_record import StepRecord
 from perftracker.model.window_cost import window_cost_fields
 
 COLUMNS_CONTENT_TYPE = "application/x-perftracker-columns"
@@ -96,6 +97,7 @@ class WorkerMeta:
     steps_ms: tuple[float, ...] = ()
     step_group: str = ""
     window_cost: Mapping[str, float] = field(default_factory=dict)  # PatternSet.window_cost (issue 30)
+    step_record: StepRecord | None = None  # PatternSet.step_record (issue 28), in the meta when there is one
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +165,7 @@ def batch_from_sets(sets: Sequence[PatternSet]) -> PatternBatch:
         workers.append(WorkerMeta(ps.rank, ps.world_size, ps.host, ps.window_start_ns, ps.window_end_ns,
                                   ps.local_rank, ps.pid, dict(ps.coords), ps.source, ps.gpu,
                                   tuple(rounded(x) for x in ps.iteration_ms), tuple(ps.groups), dict(ps.comm),
-                                  tuple(ps.steps_ms), ps.step_group, dict(ps.window_cost)))
+                                  tuple(ps.steps_ms), ps.step_group, dict(ps.window_cost), ps.step_record))
     return PatternBatch(job, session, tuple(workers), tuple(keys), tuple(labels), tuple(cats), tuple(res),
                         np.array(offsets, dtype=np.int64), np.array(fidx, dtype=np.int32),
                         np.array(vals, dtype=np.float64).reshape(-1, 3), np.array(ex, dtype=np.int64),
@@ -187,7 +189,7 @@ def batch_to_sets(batch: PatternBatch) -> list[PatternSet]:
                               host=w.host, window_start_ns=w.window_start_ns, window_end_ns=w.window_end_ns,
                               patterns=tuple(pats), local_rank=w.local_rank, pid=w.pid, coords=dict(w.coords),
                               source=w.source, gpu=w.gpu, iteration_ms=w.iteration_ms, groups=w.groups,
-                              comm=dict(w.comm), steps_ms=w.steps_ms, step_group=w.step_group,
+                              comm=dict(w.comm), steps_ms=w.steps_ms, step_group=w.step_group, step_record=w.step_record,
                               window_cost=dict(w.window_cost)))
     return out
 
@@ -211,7 +213,7 @@ def meta_dict(batch: PatternBatch) -> dict[str, Any]:
                         "pid": w.pid, "coords": dict(w.coords), "source": w.source, "gpu": w.gpu,
                         "window_start_ns": w.window_start_ns, "window_end_ns": w.window_end_ns,
                         "iteration_ms": list(w.iteration_ms),
-                        "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **groups_fields_dict(w.groups, w.comm, w.steps_ms, w.step_group),
+                        "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **groups_fields_dict(w.groups, w.comm, w.steps_ms, w.step_group, w.step_record),
                         **({"window_cost": dict(w.window_cost)} if w.window_cost else {})})
     return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "workers": workers}
 
@@ -401,7 +403,7 @@ def _workers(meta: Mapping[str, Any], where: str) -> tuple[list[WorkerMeta], lis
 
 def _groups_fields(d: Mapping[str, Any], w: str) -> dict[str, Any]:
     """The process-group fields of a worker dict, checked as ``PatternSet.from_dict`` checks them."""
-    if not any(k in d for k in ("groups", "comm", "steps_ms")):
+    if not any(k in d for k in ("groups", "comm", "steps_ms", "step_record")):
         return {}
     return parse_groups_fields(d, w)
 

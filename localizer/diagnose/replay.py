@@ -1,0 +1,302 @@
+"""What fixing a culprit would save, by replaying the recorded steps (issue 28). Pure numpy.
+
+Each worker's step record (``perftracker.model.step_record``) lists the collective instances and
+point-to-point transfers of its last steps: when it arrived, how long it was in each. Between two
+instances a worker does its own work; the *gap* before an instance is its arrival minus the end of
+the instance it follows (the latest one that had ended by then; a send and a recv launched together
+follow the same one). The replay is the dependency graph these make:
+
+    arrival = end of the instance it follows + its gap        (the record's start: 0 + gap)
+    end     = the members' latest arrival + the transfer      (every member; a recv waits for its
+                                                                 sender, and the sender for it)
+
+with the transfer the shortest member's time in the instance (the others waited). Replayed as
+recorded, it gives each step's length (the latest end of the step's instances, minus the previous
+step's); that must reproduce the recorded steps (within ``CONSISTENT``), else the instances do not
+line up and the replay says "inconclusive". Replayed again with the culprit ranks behaving like
+their median peer (each culprit gap replaced by the median of its like peers' gaps at the same
+position: the same pipeline stage, the same sequence of instances), the saving is
+``1 - replayed steps / recorded steps``, summed over the steps after the first (a pause every
+other step counts by what it costs over the steps, which a median over them would not see).
+
+Only the culprit's connected ranks are replayed, at most ``MAX_RANKS`` (the culprit's groups,
+then theirs, breadth first); members beyond them are left out of their instances (taken as on time).
+A standing wait (another rank that is late at the same instances) stays in the replay: fixing the
+culprit saves only down to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from perftracker.model.step_record import StepRecord
+
+MAX_RANKS = 256
+MAX_PEERS = 16
+CONSISTENT = 0.2  # the recorded replay's steps within this share of the recorded steps (median)
+MIN_STEPS = 1  # steps after the first the saving is a median over
+
+_Key = tuple[str, str, int, int, int]
+
+
+@dataclass(frozen=True)
+class Replay:
+    saves: float  # share of the step; 0 when inconclusive
+    steps: int  # how many steps were replayed
+    inconclusive: str = ""  # why the replay could not say, "" when it did
+    # whether some like peer's transfers are of other instances than the culprit's: where every
+    # peer is in every instance the culprit is in (one group of all ranks), a slow link of the
+    # culprit slows its peers' transfers alike and the replay cannot tell it from theirs
+    links: bool = False
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """One worker's record as arrays, rows in arrival order."""
+
+    keys: list[_Key]
+    kinds: tuple[str, ...]  # per row: what it is (the like-peer signature)
+    arrival: np.ndarray  # µs from the record's start
+    dur: np.ndarray
+    pred: np.ndarray  # row each follows, -1: the record's start
+    gap: np.ndarray
+    step: np.ndarray  # step of each row, counted from the last (-1 = the last step)
+    steps_us: np.ndarray
+    host_us: np.ndarray  # per step, the host's own time (empty: not known)
+
+
+def chain(rec: StepRecord) -> _Chain:
+    rows = np.array(rec.rows, dtype=np.int64).reshape(-1, 8)
+    order = np.argsort(rows[:, 5], kind="stable")
+    rows = rows[order]
+    arrival = rows[:, 5].astype(np.float64)
+    dur = rows[:, 6].astype(np.float64)
+    pred = predecessors(arrival, arrival + dur)
+    prev_end = np.where(pred >= 0, (arrival + dur)[np.maximum(pred, 0)], 0.0)
+    steps_us = np.array(rec.steps_us, dtype=np.float64)
+    step = np.searchsorted(np.cumsum(steps_us), arrival, side="right") - len(steps_us)
+    keys = [(rec.groups[g], rec.kinds[k] if src < 0 and dst < 0 else "", int(seq), int(src), int(dst))
+            for g, k, seq, src, dst in rows[:, :5].tolist()]
+    kinds = tuple(f"{rec.kinds[k]}{'>' if src >= 0 or dst >= 0 else ''}" for _, k, _, src, dst in rows[:, :5].tolist())
+    return _Chain(keys, kinds, arrival, dur, pred, arrival - prev_end, np.minimum(step, -1), steps_us,
+                  np.array(rec.host_us, dtype=np.float64))
+
+
+def predecessors(arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per row (arrival order): the earlier row with the latest end that had ended by its arrival,
+    -1 when none had."""
+    out = np.full(arrival.shape[0], -1, dtype=np.int64)
+    best, best_end = -1, -np.inf
+    pending: list[int] = []
+    for j in range(arrival.shape[0]):
+        keep = []
+        for i in pending:
+            if end[i] <= arrival[j]:
+                if end[i] >= best_end:
+                    best, best_end = i, float(end[i])
+            else:
+                keep.append(i)
+        pending = keep
+        out[j] = best
+        pending.append(j)
+    return out
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The replayed workers' instances: per instance its members (worker, row) and transfer time."""
+
+    chains: list[_Chain]
+    members: list[list[tuple[int, int]]]
+    inst: list[list[int]]  # per worker, per row: its instance
+    transfer: np.ndarray
+
+
+def job(chains: list[_Chain]) -> _Job:
+    members: dict[_Key, list[tuple[int, int]]] = {}
+    for w, c in enumerate(chains):
+        for j, k in enumerate(c.keys):
+            members.setdefault(k, []).append((w, j))
+    inst = [[0] * len(c.keys) for c in chains]
+    instances = list(members.values())
+    for i, ms in enumerate(instances):
+        for w, j in ms:
+            inst[w][j] = i
+    transfer = np.array([min(float(chains[w].dur[j]) for w, j in ms) for ms in instances])
+    return _Job(chains, instances, inst, transfer)
+
+
+def replay_steps(jb: _Job, gaps: Sequence[np.ndarray], transfer: np.ndarray) -> np.ndarray | None:
+    """The replayed length of each step (counted from the last; the first of the record has no
+    start and is left out), or None when the instances form no order (they do not line up)."""
+    chains, instances = jb.chains, jb.members
+    pending = [len(ms) for ms in instances]
+    follows: list[list[list[int]]] = [[[] for _ in c.keys] for c in chains]
+    ready: list[tuple[int, int]] = []
+    for w, c in enumerate(chains):
+        for j, p in enumerate(c.pred.tolist()):
+            (ready.append((w, j)) if p < 0 else follows[w][p].append(j))
+    end = np.full(len(instances), np.nan)
+    latest = np.full(len(instances), -np.inf)
+    while ready:
+        w, j = ready.pop()
+        p = int(chains[w].pred[j])
+        a = (0.0 if p < 0 else float(end[jb.inst[w][p]])) + float(gaps[w][j])
+        i = jb.inst[w][j]
+        latest[i] = max(latest[i], a)
+        pending[i] -= 1
+        if pending[i] == 0:
+            end[i] = latest[i] + transfer[i]
+            for w2, j2 in instances[i]:
+                ready.extend((w2, x) for x in follows[w2][j2])
+    if np.isnan(end).any():
+        return None
+    step = np.array([min(int(chains[w].step[j]) for w, j in ms) for ms in instances])
+    lo = int(step.min())
+    t = np.array([float(end[step == s].max()) if (step == s).any() else np.nan for s in range(lo, 0)])
+    d = np.diff(t)
+    return None if np.isnan(d).any() else d
+
+
+def host_floor(chains: Sequence[_Chain], k: int, replace: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    """Per step (the last k), the longest host's own time: no step is shorter than that (0 where
+    no worker's host is known)."""
+    rows = [(replace or {}).get(w, c.host_us) for w, c in enumerate(chains)]
+    rows = [r[-k:] for r in rows if r.size >= k]
+    return np.max(np.stack(rows), axis=0) if rows else np.zeros(k)
+
+
+def roles(c: _Chain) -> list[tuple[str, int]]:
+    """Each row's place in its worker's record: (what it is, how many of that came before it).
+    Like ranks (the same stage) have the same places: the k-th send to the next stage, the k-th
+    all-reduce of the data-parallel group."""
+    seen: dict[str, int] = {}
+    out = []
+    for kd in c.kinds:
+        out.append((kd, seen.get(kd, 0)))
+        seen[kd] = seen.get(kd, 0) + 1
+    return out
+
+
+def like_rows(chains: dict[int, _Chain], culprit: int, candidates: Sequence[int]) -> list[tuple[int, np.ndarray]]:
+    """The like peers (the same stage, the same number of recorded steps) with, per culprit row,
+    their row of the same place (``roles``; -1: none), those that share at least half of the
+    culprit's places, at most ``MAX_PEERS``."""
+    c = chains[culprit]
+    mine = roles(c)
+    out = []
+    for p in candidates:
+        pc = chains[p]
+        if pc.steps_us.size != c.steps_us.size:
+            continue
+        at = {r: j for j, r in enumerate(roles(pc))}
+        idx = np.array([at.get(r, -1) for r in mine], dtype=np.int64)
+        if 2 * int((idx >= 0).sum()) >= len(mine):
+            out.append((p, idx))
+            if len(out) >= MAX_PEERS:
+                break
+    return out
+
+
+def _median_at(values: list[np.ndarray], own: np.ndarray) -> np.ndarray:
+    """Per row, the median of the peers' values (NaN: the peer has no such row); ``own`` where none has."""
+    stack = np.stack(values)
+    have = ~np.isnan(stack).all(axis=0)
+    med = np.array(own, dtype=np.float64)
+    med[have] = np.nanmedian(stack[:, have], axis=0)
+    return med
+
+
+def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
+                  stage: np.ndarray | None) -> Replay | None:
+    """What the culprit columns behaving like their median like peer would save (module doc);
+    None when a culprit has no record (the caller estimates instead)."""
+    if not culprits or any(records[c] is None for c in culprits):
+        return None
+    have = [w for w, r in enumerate(records) if r is not None and r.rows]
+    if not set(culprits) <= set(have):
+        return None
+    chains = {w: chain(records[w]) for w in have}  # type: ignore[arg-type]
+    bad = set(culprits)
+    peers: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for c in culprits:
+        same = [w for w in have if w not in bad and (stage is None or stage[w] == stage[c])]
+        peers[c] = like_rows(chains, c, same)
+        if not peers[c]:
+            return Replay(0.0, 0, "no peer of the culprit's stage ran the same collective instances")
+    cols = _connected(chains, list(culprits))
+    jb = job([chains[w] for w in cols])
+    base = replay_steps(jb, [c.gap for c in jb.chains], jb.transfer)
+    if base is None or base.size < MIN_STEPS:
+        return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
+    k = base.size
+    base = np.maximum(base, host_floor(jb.chains, k))
+    recorded = np.median(np.stack([c.steps_us[-k:] for c in jb.chains if c.steps_us.size >= k]), axis=0)
+    off = off_recorded(base, recorded)
+    if not np.isfinite(off) or off > CONSISTENT:
+        return Replay(0.0, 0, f"the replayed steps are {off:.0%} off the recorded ones")
+    gaps = [c.gap for c in jb.chains]
+    transfer = jb.transfer.copy()
+    host: dict[int, np.ndarray] = {}
+    tmin: dict[_Key, float] = {}
+    links = False
+    for i, w in enumerate(cols):
+        if w not in bad:
+            continue
+        ch = chains[w]
+        gaps[i] = _median_at([np.where(idx >= 0, chains[p].gap[np.maximum(idx, 0)], np.nan)
+                              for p, idx in peers[w]], ch.gap)
+        # the culprit's transfers as its peers' (a slow link of its own), never longer than recorded
+        tmin = tmin if tmin else _transfers(chains)
+        theirs = _median_at([np.array([tmin[chains[p].keys[x]] if x >= 0 else np.nan for x in idx.tolist()])
+                             for p, idx in peers[w]], np.full(len(ch.keys), np.inf))
+        links = links or any(x >= 0 and chains[p].keys[x] != ch.keys[j] for p, idx in peers[w]
+                             for j, x in enumerate(idx.tolist()))
+        for j, t in enumerate(theirs.tolist()):
+            inst = jb.inst[i][j]
+            transfer[inst] = min(transfer[inst], t)
+        hs = [chains[p].host_us for p, _ in peers[w] if chains[p].host_us.size == ch.host_us.size]
+        if ch.host_us.size and hs:
+            host[i] = np.median(np.stack(hs), axis=0)
+    fixed = replay_steps(jb, gaps, transfer)
+    if fixed is None:
+        return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
+    fixed = np.maximum(fixed, host_floor(jb.chains, k, host))
+    saves = 1.0 - float(fixed.sum()) / max(float(base.sum()), 1e-9)
+    return Replay(min(1.0, max(0.0, saves)), k, links=links)
+
+
+def off_recorded(replayed: np.ndarray, recorded: np.ndarray) -> float:
+    """How far the replayed steps lie from the recorded ones: the median relative difference."""
+    return float(np.median(np.abs(replayed - recorded) / np.maximum(recorded, 1.0)))
+
+
+def _transfers(chains: dict[int, _Chain]) -> dict[_Key, float]:
+    """Every instance's transfer: its shortest member's time in it."""
+    out: dict[_Key, float] = {}
+    for c in chains.values():
+        for k, d in zip(c.keys, c.dur.tolist(), strict=True):
+            out[k] = min(out.get(k, np.inf), d)
+    return out
+
+
+def _connected(chains: dict[int, _Chain], start: list[int]) -> list[int]:
+    """The culprits, then the ranks that share instances with them, breadth first, at most MAX_RANKS."""
+    by_key: dict[_Key, list[int]] = {}
+    for w, c in chains.items():
+        for k in set(c.keys):
+            by_key.setdefault(k, []).append(w)
+    seen = list(dict.fromkeys(start))
+    taken = set(seen)
+    i = 0
+    while i < len(seen) and len(seen) < MAX_RANKS:
+        for k in set(chains[seen[i]].keys):
+            for w in by_key[k]:
+                if w not in taken and len(seen) < MAX_RANKS:
+                    taken.add(w)
+                    seen.append(w)
+        i += 1
+    return sorted(seen)

@@ -1,0 +1,153 @@
+"""What fixing a culprit would save, by replaying the recorded steps (issue 28; localizer/diagnose/replay.py).
+
+The records are written by a small job model below, not by the replay: a DP × PP2 job where, per
+step, a stage-0 rank computes ``a`` ms, sends to its stage-1 partner (1 ms), computes 5 ms and
+all-reduces with the other stage-0 ranks (2 ms); a stage-1 rank receives, computes 12 ms and
+all-reduces with the other stage-1 ranks (2 ms). Stage 0 sets the pace: a period of a + 8 ms, so
+rank 0 at a = 10 + x, every other stage-0 rank at 10, saves x / (18 + x) when fixed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from perftracker.localizer.diagnose.replay import (
+    CONSISTENT,
+    off_recorded,
+    predecessors,
+    replay_saving,
+)
+
+from perftracker.model.step_record import RecordVersionError, StepRecord
+
+MS = 1000  # the record's unit is µs
+
+
+def _job(a: dict[int, float], dp: int = 4, steps: int = 6, host_ms: dict[int, float] | None = None
+         ) -> list[StepRecord]:
+    """Records of a DP ``dp`` × PP2 job (rank = 2 d + stage) whose stage-0 ranks compute ``a[r]`` ms
+    (default 10) before their send, by a forward pass of the job's dependencies."""
+    n = 2 * dp
+    rows: list[list[tuple[int, int, int, int, int, int, int, int]]] = [[] for _ in range(n)]
+    free = np.zeros(n)  # when each rank's previous instance ended
+    bounds: list[list[float]] = [[0.0] for _ in range(n)]
+    for k in range(steps):
+        send_end = {}
+        for d in range(dp):
+            r0, r1 = 2 * d, 2 * d + 1
+            arrive0 = free[r0] + a.get(r0, 10.0)
+            arrive1 = free[r1]  # the recv is posted at once
+            end = max(arrive0, arrive1) + 1.0
+            rows[r0].append((1, 1, k, r0, r1, int(arrive0 * MS), int((end - arrive0) * MS), int(a.get(r0, 10.0) * MS)))
+            rows[r1].append((1, 1, k, r0, r1, int(arrive1 * MS), int((end - arrive1) * MS), 0))
+            send_end[d] = end
+        for stage, compute in ((0, 5.0), (1, 12.0)):
+            arrive = {2 * d + stage: send_end[d] + compute for d in range(dp)}
+            end = max(arrive.values()) + 2.0
+            for r, t in arrive.items():
+                rows[r].append((0, 0, k, -1, -1, int(t * MS), int((end - t) * MS), int(compute * MS)))
+                free[r] = end
+        for r in range(n):
+            bounds[r].append(free[r])
+    out = []
+    for r in range(n):
+        steps_us = tuple(int(x * MS) for x in np.diff(bounds[r]))
+        host = tuple(int(h * MS) for h in [host_ms[r]] * steps) if host_ms and r in host_ms else ()
+        if host_ms and not host:
+            host = tuple(int(h * MS) for h in [host_ms.get(-1, 0.0)] * steps)
+        rs = sorted(rows[r], key=lambda x: x[5])
+        out.append(StepRecord(steps_us, (f"dp{r % 2}", f"pp{r // 2}"), ("DATA_PARALLEL_GROUP:allreduce", "PIPE:send"),
+                              tuple(rs), host))
+    return out
+
+
+def _stage(dp: int = 4) -> np.ndarray:
+    return np.array([r % 2 for r in range(2 * dp)])
+
+
+@pytest.mark.parametrize("x", [2.0, 6.0, 20.0])
+def test_a_slowed_rank_saves_its_share_of_the_period(x: float) -> None:
+    r = replay_saving(_job({0: 10.0 + x}), [0], _stage())
+    assert r is not None and not r.inconclusive
+    assert r.saves == pytest.approx(x / (18.0 + x), abs=0.01)
+    assert r.steps >= 3
+
+
+def test_a_clean_job_saves_nothing_whoever_is_named() -> None:
+    recs = _job({})
+    for culprit in range(8):
+        r = replay_saving(recs, [culprit], _stage())
+        assert r is not None and not r.inconclusive
+        assert r.saves == pytest.approx(0.0, abs=0.005)
+
+
+def test_a_standing_late_rank_is_not_fixed_with_the_culprit() -> None:
+    """Rank 4 is 4 ms late in every step of its own accord, rank 0 6 ms: fixing rank 0 brings the
+    period from 24 to 22 ms (8%), not to 18 (25%): rank 4 still holds the all-reduce."""
+    r = replay_saving(_job({0: 16.0, 4: 14.0}), [0], _stage())
+    assert r is not None and not r.inconclusive
+    assert r.saves == pytest.approx(2.0 / 24.0, abs=0.01)
+    both = replay_saving(_job({0: 16.0, 4: 14.0}), [0, 4], _stage())
+    assert both is not None and both.saves == pytest.approx(6.0 / 24.0, abs=0.01)
+
+
+def test_a_stage_one_rank_is_compared_with_stage_one() -> None:
+    """Stage 1 has slack (its cycle is 15 ms of stage 0's 18): a stage-1 rank named as a culprit saves
+    nothing, even though its gaps differ from stage 0's."""
+    r = replay_saving(_job({}), [1], _stage())
+    assert r is not None and r.saves == pytest.approx(0.0, abs=0.005)
+
+
+def test_the_host_floor_bounds_the_saving() -> None:
+    """Every host needs 22 ms of its own per step: with rank 0 fixed the step cannot go below 22 ms
+    (the period 24 -> 22: 8%), whatever the GPU-side replay says (24 -> 18)."""
+    recs = _job({0: 16.0}, host_ms={-1: 22.0})
+    r = replay_saving(recs, [0], _stage())
+    assert r is not None and r.saves == pytest.approx(2.0 / 24.0, abs=0.01)
+    # the culprit's own host is its peers' once fixed: a culprit host of 23.5 ms does not hold it up
+    recs = _job({0: 16.0}, host_ms={0: 23.5, -1: 17.0})
+    r = replay_saving(recs, [0], _stage())
+    assert r is not None and r.saves == pytest.approx(6.0 / 24.0, abs=0.01)
+
+
+@pytest.mark.parametrize("scale, conclusive", [(1 + 0.9 * CONSISTENT, True), (1 + 1.1 * CONSISTENT, False),
+                                               (1 - 0.9 * CONSISTENT, True), (1 - 1.1 * CONSISTENT, False)])
+def test_the_replay_must_reproduce_the_recorded_steps(scale: float, conclusive: bool) -> None:
+    recorded = np.array([18000.0, 18000.0, 24000.0, 18000.0])
+    assert (off_recorded(recorded * scale, recorded) <= CONSISTENT) is conclusive
+
+
+def test_no_like_peer_is_inconclusive_and_no_record_is_none() -> None:
+    recs = _job({0: 16.0})
+    # every other stage-0 rank ran other instances (a different group description)
+    other = [StepRecord(r.steps_us, r.groups, ("OTHER:allreduce", "OTHER:send"), r.rows) if i % 2 == 0 and i else r
+             for i, r in enumerate(recs)]
+    r = replay_saving(other, [0], _stage())
+    assert r is not None and r.inconclusive.startswith("no peer")
+    missing: list[StepRecord | None] = [None, *recs[1:]]
+    assert replay_saving(missing, [0], _stage()) is None
+
+
+def test_instances_that_do_not_line_up_are_inconclusive() -> None:
+    """Rank 1's recv is numbered differently from its sender's send: each waits for the other."""
+    recs = _job({0: 16.0})
+    r1 = recs[1]
+    bad = tuple((g, k, seq + 1 if k == 1 else seq, s, d, a, du, c) for g, k, seq, s, d, a, du, c in r1.rows)
+    recs[1] = StepRecord(r1.steps_us, r1.groups, r1.kinds, bad, r1.host_us)
+    r = replay_saving(recs, [0], _stage())
+    assert r is not None and r.inconclusive != ""
+
+
+def test_predecessors_skip_instances_still_running() -> None:
+    """A send and a recv launched together follow the same instance, not each other."""
+    arrival = np.array([0.0, 10.0, 10.0, 30.0])
+    end = np.array([5.0, 20.0, 25.0, 31.0])
+    assert predecessors(arrival, end).tolist() == [-1, 0, 0, 2]
+
+
+def test_record_round_trips_and_refuses_another_version() -> None:
+    rec = _job({0: 16.0}, dp=2, steps=3, host_ms={-1: 5.0})[0]
+    assert StepRecord.from_dict(rec.to_dict()) == rec
+    d = rec.to_dict() | {"v": 99}
+    with pytest.raises(RecordVersionError):
+        StepRecord.from_dict(d)
