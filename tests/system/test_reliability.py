@@ -26,6 +26,10 @@ TRAIN = str(REPO / "perftracker" / "examples" / "train.py")
 # and a stalled neighbour must not turn the session into a hang (tested in the hang tests).
 QUIET_DETECTOR = {"PERFTRACKER_DETECTOR_MODE": "paper", "PERFTRACKER_SLOWDOWN_THRESHOLD": "100",
                   "PERFTRACKER_BLOCKED_MIN_S": "300"}
+# How long a session waits after its window for a rank that never uploads (the killed agent's, the
+# full disk's): short, since a rank whose agent is still profiling, summarizing or uploading keeps
+# the session open by its heartbeats (SessionOptions.busy_extend_s), however loaded the host.
+COLLECT_GRACE_S = "8"
 
 
 def _iteration(progress: Path, rank: int) -> int:
@@ -72,7 +76,7 @@ def test_agent_killed_mid_window(tmp_path: Path, free_port: int) -> None:
     dir_a, dir_b = short_run_dir("nodeA"), short_run_dir("nodeB")
     progress = tmp_path / "progress"
     progress.mkdir()
-    agent_a = AgentProc(dir_a, runs, "--collect-grace-s", "25", "--poll-timeout-s", "5")
+    agent_a = AgentProc(dir_a, runs, "--collect-grace-s", COLLECT_GRACE_S, "--poll-timeout-s", "5")
     agent_b = agent_b2 = None
     nodes: list[subprocess.Popen[bytes]] = []
     try:
@@ -163,7 +167,7 @@ def test_disk_full_run_dir_fails_the_window_not_training(tmp_path: Path) -> None
     progress = tmp_path / "progress"
     progress.mkdir()
     log = tmp_path / "train.log"
-    agent = AgentProc(mnt, tmp_path / "runs", "--collect-grace-s", "20", "--no-samplers")
+    agent = AgentProc(mnt, tmp_path / "runs", "--collect-grace-s", COLLECT_GRACE_S, "--no-samplers")
     train = None
     try:
         agent.wait_ready()
