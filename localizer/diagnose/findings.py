@@ -60,6 +60,7 @@ from perftracker.localizer.diagnose.host_bound import HOST_KEY, top_host_functio
 from perftracker.localizer.diagnose.host_link import apart, needs_range
 from perftracker.localizer.diagnose.imbalance import step_late
 from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.pipeline_schedule import schedule_waits
 from perftracker.localizer.diagnose.rule import Threshold
 from perftracker.localizer.diagnose.waits import (
     LateGroup,
@@ -264,6 +265,8 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     claimed = [False] * len(groups)
     if group_causes is not None:
         claimed = claim(arr, groups, roots, [verdicts[lg.f].info.label for lg in groups], *group_causes)
+    sched = schedule_waits(beta, families, arr.stage, sets, groups, opts)
+    claimed = [c or sched[roots[i]] for i, c in enumerate(claimed)]  # a pipeline's own bubble is no rank's
     culprits = [d for d in drafts if not d.folded and d.kind != "common" and d.observed.beta >= d.median.beta
                 and d.verdict.info.key not in HEALTH_KEYS
                 and not (_is_wait(d.verdict.info) and 2 * int(waiting[d.idx].sum()) >= d.idx.size)]
