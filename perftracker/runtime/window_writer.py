@@ -146,8 +146,9 @@ class WindowWriter:
                 self.options.writer_gate(self.hurried)
             try:
                 if self.cancelled.is_set():  # exiting, and out of time: do not start anything
-                    if child is not None:
+                    if child is not None:  # a discarded window leaves no file (the child may have written it)
                         _kill(child)
+                        raw_path.unlink(missing_ok=True)
                     raise Cancelled("cancelled before writing")
                 if self.detach.is_set():
                     raise Detached("handed to a child process")
@@ -219,6 +220,7 @@ class WindowWriter:
                     return False
                 if self.cancelled.is_set():
                     _kill(pid)
+                    raw_path.unlink(missing_ok=True)  # written meanwhile: a discarded window leaves no file
                     raise Cancelled("cancelled while the child converted")
                 if self.detach.is_set():  # exiting: leave the child to finish (window_handoff.py)
                     raise Detached("the conversion child outlives this process")
