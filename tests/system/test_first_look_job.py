@@ -78,8 +78,10 @@ def _run(tmp_path: Path, where: str, sessions: int) -> tuple[list[Report], Path]
     progress = tmp_path / "progress"
     progress.mkdir()
     env = env_for_tests(PERFTRACKER_JOB_ID="firstlook", OMP_NUM_THREADS="1", PERFTRACKER_FIRST_LOOK="1")
+    # --wait-s 0: every report the test reads is in before the job is stopped; sessions the detector
+    # opens later are not waited for at exit (``perftracker run`` waits for them by default)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "perftracker", "run", "--window-s", "3", "--nproc-per-node", "2", "--",
+        [sys.executable, "-m", "perftracker", "run", "--window-s", "3", "--nproc-per-node", "2", "--wait-s", "0", "--",
          str(job), where, str(progress)],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     runs = tmp_path / "perftracker-runs"
