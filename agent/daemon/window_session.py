@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from perftracker.agent.daemon import handed_window
 from perftracker.agent.daemon import helper_processes as processing
 from perftracker.agent.daemon.agent_metrics import Metrics
+from perftracker.agent.daemon.cpu_place import cpu_place
 from perftracker.agent.daemon.workers import Worker
 
 from perftracker.errors import PerftrackerError, SchemaError
@@ -266,6 +267,9 @@ class WindowRunner:
         cost = self._window_cost(done.get("cost"), w.rank)
         if cost:  # what the window cost and the budget, for the report's header (issue 30)
             ps = dataclasses.replace(ps, window_cost=cost)
+        place = cpu_place(w.pid, w.training_tid)
+        if place:  # which ranks share their cores (issue 31)
+            ps = dataclasses.replace(ps, cpu_place=place)
         self.metrics.summarized(time.monotonic() - t0)
         files = [p for p in (raw, out, samples) if p is not None]
         if run is not None:  # uploaded with the node's other ranks (upload_node)

@@ -77,6 +77,9 @@ class PatternArrays:
     window_cost: Mapping[str, float] = field(default_factory=dict)  # the worst rank's (model.window_cost.worst_of)
     # per worker column, its step record (the replay of what fixing a culprit saves); () : none has one
     step_records: tuple[StepRecord | None, ...] = ()
+    # per worker, "<host>|<cgroup>|<allowed CPUs>" (PatternSet.cpu_place with the host; "" unknown): two
+    # workers with the same non-empty value share their cores (issue 31)
+    cpu_places: tuple[str, ...] = ()
 
     @property
     def n_workers(self) -> int:
@@ -151,7 +154,14 @@ def pattern_sets_to_arrays(pattern_sets: Sequence[PatternSet]) -> PatternArrays:
         job_groups=groups,
         window_cost=worst_of([s.window_cost for s in sets]),
         step_records=step_records(sets),
+        cpu_places=cpu_places(sets),
     )
+
+
+def cpu_places(sets: Sequence[object]) -> tuple[str, ...]:
+    """Each worker's host and CPU place (``PatternSet.cpu_place``), "" where unknown; () when none is known."""
+    places = tuple(f"{getattr(s, 'host', '')}|{p}" if (p := getattr(s, "cpu_place", "")) else "" for s in sets)
+    return places if any(places) else ()
 
 
 def step_records(sets: Sequence[object]) -> tuple[StepRecord | None, ...]:

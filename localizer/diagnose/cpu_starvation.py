@@ -29,6 +29,18 @@ Why not the wait per unit of run time (schedstat's ``run_delay / run_time``): th
 thread's CPU utilization inside each function, and under contention it is measured over the waits
 too (aten::mm at μ 0.35 on a loaded host, a p2p wait at 0.17), so β·μ does not give the run time.
 
+**[decision] Shared cores are no rank's starvation.** A rank whose CPU place (its host, cgroup and
+allowed CPUs: ``PatternSet.cpu_place``, agent/daemon/cpu_place.py) is that of a peer it is compared
+with has no neighbour or quota of its own: what runs on those cores competes with both, and which of
+them waits longer in a window is the scheduler's placement. Its CPU wait beyond its peers' is then
+not CPU starvation (``shares_cores``): the finding folds, and the wait is no cause of lateness (a
+lateness inside the ranks' CPU wait is then the host's contention, contention.py). Measured on the
+2-core host: a clean 2-rank FSDP2 job (both ranks on CPUs 0-1, one cgroup) read "rank 0 spends 1.7×
+longer in CPU wait (42% vs 25%) — CPU starvation" at load 11; with each rank pinned to a core of its
+own and a busy loop pinned beside rank 1, rank 1 waited 0.62 against 0.42 (1.5×): the size of the
+wait does not separate the two, the places do. Where a place is unknown (an older worker, offline
+traces, a worker that exited before its window was summarized) nothing changes.
+
 Pure functions over the pattern arrays; ``findings`` applies the verdict.
 """
 
@@ -121,3 +133,13 @@ def like_peers(arr: PatternArrays, ranks: np.ndarray) -> np.ndarray:
         if same.size:
             return same
     return others
+
+
+def shares_cores(arr: PatternArrays, ranks: np.ndarray, peers: np.ndarray) -> bool:
+    """Every one of ``ranks`` (worker columns) has a known CPU place that one of ``peers`` has too: the
+    same host, cgroup and allowed CPUs (see the module doc)."""
+    places = arr.cpu_places
+    if not places or ranks.size == 0:
+        return False
+    theirs = {places[int(p)] for p in peers if places[int(p)]}
+    return all(places[int(r)] and places[int(r)] in theirs for r in ranks)

@@ -30,6 +30,7 @@ from perftracker.localizer.diagnose.cpu_starvation import (
     judge_cpu_wait,
     like_peers,
     own_functions,
+    shares_cores,
 )
 from perftracker.localizer.diagnose.distances import exact_median
 from perftracker.localizer.diagnose.explain import (
@@ -362,6 +363,8 @@ def _cpu_wait_to_own_work(drafts: list[_Draft], arr: PatternArrays, verdicts: Se
             continue
         verdict = judge_cpu_wait(beta, own_fs, d.idx, peers)
         if not verdict.work_grew or verdict.work is None:
+            if shares_cores(arr, d.idx, peers):  # the scheduler's placement on shared cores, no rank's
+                d.folded = True
             continue
         g = verdict.work
         work = next((w for w in drafts if w.f == g and not w.folded and np.isin(d.idx, w.idx).all()), None)
@@ -383,7 +386,8 @@ def _unless_own_work_wait(arr: PatternArrays, causes: list[int], late: np.ndarra
     if wait_f is None or wait_f not in causes or like.size == 0:
         return causes
     verdict = judge_cpu_wait(arr.values[:, 0, :], own_functions(arr.functions), late, like)
-    return [f for f in causes if f != wait_f] if verdict.work_grew else causes
+    shared = shares_cores(arr, late, like)  # a longer wait for a shared core is no cause of the rank's
+    return [f for f in causes if f != wait_f] if verdict.work_grew or shared else causes
 
 
 def _like(arr: PatternArrays, late: np.ndarray, waiting: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 from perftracker.localizer.diagnose.arrays import (
     FunctionInfo,
     PatternArrays,
+    cpu_places,
     job_groups,
     stages,
     step_records,
@@ -193,7 +194,8 @@ def _arrays(job: str, session: str, workers: list[WorkerMeta], funcs: tuple[Func
         iteration_ms={w.rank: tuple(w.iteration_ms) for w in workers if w.iteration_ms},
         offline=all(w.source != "online" for w in workers),
         worker_window_s=np.maximum(0.0, (ends - starts) / 1e9), stage=stages(workers, groups), job_groups=groups,
-        window_cost=worst_of([w.window_cost for w in workers]), step_records=step_records(workers))
+        window_cost=worst_of([w.window_cost for w in workers]), step_records=step_records(workers),
+        cpu_places=cpu_places(workers))
 
 
 def columns_of(job: str, session: str, batches: Iterable[tuple[PatternBatch, set[int]]]) -> SessionColumns:

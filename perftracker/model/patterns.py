@@ -180,6 +180,9 @@ class PatternSet:
     step_record: StepRecord | None = None
     # what the window cost this worker and its budget (perftracker.model.window_cost; issue 30)
     window_cost: Mapping[str, float] = field(default_factory=dict)
+    # where the training thread may run: its cgroup and allowed CPUs, "<cgroup>|<Cpus_allowed_list>"
+    # ("" unknown); ranks of one host with the same place share their cores (issue 31)
+    cpu_place: str = ""
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -218,6 +221,7 @@ class PatternSet:
             "patterns": rows,
             **self._groups_dict(),
             **({"window_cost": dict(self.window_cost)} if self.window_cost else {}),
+            **({"cpu_place": self.cpu_place} if self.cpu_place else {}),
         }
 
     def _groups_dict(self) -> dict[str, Any]:
@@ -269,6 +273,7 @@ class PatternSet:
             gpu=optional(d, "gpu", bool, where, False),
             iteration_ms=tuple(_finite(x, f"{where}.iteration_ms") for x in optional(d, "iteration_ms", list, where, [])),
             window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
+            cpu_place=optional(d, "cpu_place", str, where, ""),
             **parse_groups_fields(d, where),
         )
 

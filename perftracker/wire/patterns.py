@@ -98,6 +98,7 @@ class WorkerMeta:
     step_group: str = ""
     window_cost: Mapping[str, float] = field(default_factory=dict)  # PatternSet.window_cost (issue 30)
     step_record: StepRecord | None = None  # PatternSet.step_record (issue 28), in the meta when there is one
+    cpu_place: str = ""  # PatternSet.cpu_place (issue 31), in the meta when known
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,7 +166,8 @@ def batch_from_sets(sets: Sequence[PatternSet]) -> PatternBatch:
         workers.append(WorkerMeta(ps.rank, ps.world_size, ps.host, ps.window_start_ns, ps.window_end_ns,
                                   ps.local_rank, ps.pid, dict(ps.coords), ps.source, ps.gpu,
                                   tuple(rounded(x) for x in ps.iteration_ms), tuple(ps.groups), dict(ps.comm),
-                                  tuple(ps.steps_ms), ps.step_group, dict(ps.window_cost), ps.step_record))
+                                  tuple(ps.steps_ms), ps.step_group, dict(ps.window_cost), ps.step_record,
+                                  ps.cpu_place))
     return PatternBatch(job, session, tuple(workers), tuple(keys), tuple(labels), tuple(cats), tuple(res),
                         np.array(offsets, dtype=np.int64), np.array(fidx, dtype=np.int32),
                         np.array(vals, dtype=np.float64).reshape(-1, 3), np.array(ex, dtype=np.int64),
@@ -190,7 +192,7 @@ def batch_to_sets(batch: PatternBatch) -> list[PatternSet]:
                               patterns=tuple(pats), local_rank=w.local_rank, pid=w.pid, coords=dict(w.coords),
                               source=w.source, gpu=w.gpu, iteration_ms=w.iteration_ms, groups=w.groups,
                               comm=dict(w.comm), steps_ms=w.steps_ms, step_group=w.step_group, step_record=w.step_record,
-                              window_cost=dict(w.window_cost)))
+                              window_cost=dict(w.window_cost), cpu_place=w.cpu_place))
     return out
 
 
@@ -214,7 +216,8 @@ def meta_dict(batch: PatternBatch) -> dict[str, Any]:
                         "window_start_ns": w.window_start_ns, "window_end_ns": w.window_end_ns,
                         "iteration_ms": list(w.iteration_ms),
                         "rows": int(batch.offsets[i + 1] - batch.offsets[i]), **groups_fields_dict(w.groups, w.comm, w.steps_ms, w.step_group, w.step_record),
-                        **({"window_cost": dict(w.window_cost)} if w.window_cost else {})})
+                        **({"window_cost": dict(w.window_cost)} if w.window_cost else {}),
+                        **({"cpu_place": w.cpu_place} if w.cpu_place else {})})
     return {"schema_version": SCHEMA_VERSION, "job": batch.job, "session": batch.session, "workers": workers}
 
 
@@ -393,7 +396,8 @@ def _workers(meta: Mapping[str, Any], where: str) -> tuple[list[WorkerMeta], lis
             pid=optional(d, "pid", int, w, 0), coords={str(k): v for k, v in coords.items()},
             source=optional(d, "source", str, w, "online"), gpu=optional(d, "gpu", bool, w, False),
             iteration_ms=tuple(float(x) for x in iters), **_groups_fields(d, w),
-            window_cost=window_cost_fields(optional(d, "window_cost", dict, w, {}), f"{w}.window_cost")))
+            window_cost=window_cost_fields(optional(d, "window_cost", dict, w, {}), f"{w}.window_cost"),
+            cpu_place=optional(d, "cpu_place", str, w, "")))
         counts.append(n)
     ranks = [w.rank for w in workers]
     if len(set(ranks)) != len(ranks):
