@@ -81,20 +81,23 @@ def chain(rec: StepRecord) -> _Chain:
     keys = [(rec.groups[g], rec.kinds[k] if src < 0 and dst < 0 else "", int(seq), int(src), int(dst))
             for g, k, seq, src, dst in rows[:, :5].tolist()]
     kinds = tuple(f"{rec.kinds[k]}{'>' if src >= 0 or dst >= 0 else ''}" for _, k, _, src, dst in rows[:, :5].tolist())
-    return _Chain(keys, kinds, arrival, dur, pred, arrival - prev_end, np.minimum(step, -1), steps_us,
+    return _Chain(keys, kinds, arrival, dur, pred, np.maximum(arrival - prev_end, 0.0), np.minimum(step, -1), steps_us,
                   np.array(rec.host_us, dtype=np.float64))
 
 
-def predecessors(arrival: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per row (arrival order): the earlier row with the latest end that had ended by its arrival,
-    -1 when none had."""
+TOUCH_US = 2.0  # an instance that ends this close after an arrival ended by it (times are rounded to 1 µs)
+
+
+def predecessors(arrival: np.ndarray, end: np.ndarray, tol_us: float = TOUCH_US) -> np.ndarray:
+    """Per row (arrival order): the earlier row with the latest end that had ended by its arrival
+    (within ``tol_us``), -1 when none had."""
     out = np.full(arrival.shape[0], -1, dtype=np.int64)
     best, best_end = -1, -np.inf
     pending: list[int] = []
     for j in range(arrival.shape[0]):
         keep = []
         for i in pending:
-            if end[i] <= arrival[j]:
+            if end[i] <= arrival[j] + tol_us:
                 if end[i] >= best_end:
                     best, best_end = i, float(end[i])
             else:
@@ -211,9 +214,11 @@ def _median_at(values: list[np.ndarray], own: np.ndarray) -> np.ndarray:
 
 
 def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
-                  stage: np.ndarray | None) -> Replay | None:
+                  stage: np.ndarray | None, host: bool = True) -> Replay | None:
     """What the culprit columns behaving like their median like peer would save (module doc);
-    None when a culprit has no record (the caller estimates instead)."""
+    None when a culprit has no record (the caller estimates instead). ``host``: the cause is on the
+    culprit's host (its host's own time becomes its peers' too); a cause on its GPU or link leaves
+    its host as it is (a rank that does more host work than its peers keeps doing it)."""
     if not culprits or any(records[c] is None for c in culprits):
         return None
     have = [w for w, r in enumerate(records) if r is not None and r.rows]
@@ -240,7 +245,7 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
         return Replay(0.0, 0, f"the replayed steps are {off:.0%} off the recorded ones")
     gaps = [c.gap for c in jb.chains]
     transfer = jb.transfer.copy()
-    host: dict[int, np.ndarray] = {}
+    floors: dict[int, np.ndarray] = {}
     tmin: dict[_Key, float] = {}
     links = False
     for i, w in enumerate(cols):
@@ -259,12 +264,12 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
             inst = jb.inst[i][j]
             transfer[inst] = min(transfer[inst], t)
         hs = [chains[p].host_us for p, _ in peers[w] if chains[p].host_us.size == ch.host_us.size]
-        if ch.host_us.size and hs:
-            host[i] = np.median(np.stack(hs), axis=0)
+        if host and ch.host_us.size and hs:
+            floors[i] = np.median(np.stack(hs), axis=0)
     fixed = replay_steps(jb, gaps, transfer)
     if fixed is None:
         return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
-    fixed = np.maximum(fixed, host_floor(jb.chains, k, host))
+    fixed = np.maximum(fixed, host_floor(jb.chains, k, floors))
     saves = 1.0 - float(fixed.sum()) / max(float(base.sum()), 1e-9)
     return Replay(min(1.0, max(0.0, saves)), k, links=links)
 

@@ -3,9 +3,12 @@
 which of the two each finding carries (``Finding.saves_basis``). Pure.
 
 A finding on some ranks (not a common one, not a whole stage or the moving work: those keep their
-estimates) is replayed with those ranks behaving like their median like peer. Where the replay
-cannot say (the instances do not line up, no like peer, or a link finding whose peers are in every
-instance the culprit is in), the estimate stays, and its basis says why.
+estimates) is replayed with those ranks behaving like their median like peer in what the finding
+is about: their host's own time too for a host-side (Python) cause, only their GPU-side gaps and
+transfers for a cause on the GPU or a link. Where the replay
+cannot say (the instances do not line up, no like peer, a culprit whose window runs apart from the
+others', or a link finding whose peers are in every instance the culprit is in), the estimate stays,
+and its basis says why.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.explain import pct
 from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
-from perftracker.localizer.diagnose.replay import Replay, replay_saving
+from perftracker.localizer.diagnose.replay import CONSISTENT, Replay, replay_saving
 
 from perftracker.model import Category, Finding
 from perftracker.model.schema import rounded
@@ -42,7 +46,13 @@ def _with_basis(arr: PatternArrays, f: Finding) -> Finding:
         return dataclasses.replace(f, saves_basis=basis)
     column = {int(r): w for w, r in enumerate(arr.ranks.tolist())}
     cols = [column[r] for r in f.ranks if r in column]
-    r = replay_saving(arr.step_records, cols, arr.stage) if len(cols) == len(f.ranks) else None
+    off = window_apart(arr, cols)
+    if off > CONSISTENT:
+        r: Replay | None = Replay(0.0, 0, f"the culprit's window runs {off:.0%} apart from the others' (its work "
+                                        f"does not line up with its collectives)")
+    else:
+        r = replay_saving(arr.step_records, cols, arr.stage, host=f.category is Category.PYTHON) \
+            if len(cols) == len(f.ranks) else None
     if r is not None and not r.inconclusive and f.category is Category.COLLECTIVE and not r.links:
         r = Replay(0.0, 0, _LINK)
     if r is None:
@@ -55,6 +65,18 @@ def _with_basis(arr: PatternArrays, f: Finding) -> Finding:
     return dataclasses.replace(
         f, sentence=_say(f.sentence, f.saves_share, saves), saves_share=saves, saves_s=rounded(saves * window_s),
         saves_basis=f"replayed over {r.steps} step{'s' if r.steps != 1 else ''}" if saves > 0 else "")
+
+
+def window_apart(arr: PatternArrays, cols: Sequence[int]) -> float:
+    """How far the culprit columns' windows lie from the job's median window (relative, the largest):
+    the ranks of one synchronous job record the same steps in about the same time, and a culprit whose
+    trace runs on past the others' (its GPU work drifting away from its own collectives) has a
+    record that does not hold what it did."""
+    w = arr.worker_window_s
+    if w is None or not len(cols) or w.size < 2:
+        return 0.0
+    med = float(np.median(w))
+    return float(np.max(np.abs(w[list(cols)] - med))) / med if med > 0 else 0.0
 
 
 def _say(sentence: str, old: float, new: float) -> str:

@@ -108,6 +108,9 @@ def test_the_host_floor_bounds_the_saving() -> None:
     recs = _job({0: 16.0}, host_ms={0: 23.5, -1: 17.0})
     r = replay_saving(recs, [0], _stage())
     assert r is not None and r.saves == pytest.approx(6.0 / 24.0, abs=0.01)
+    # a cause on its GPU leaves its host as it is: its own 23.5 ms still bound the step
+    gpu = replay_saving(recs, [0], _stage(), host=False)
+    assert gpu is not None and gpu.saves == pytest.approx(0.5 / 24.0, abs=0.01)
 
 
 @pytest.mark.parametrize("scale, conclusive", [(1 + 0.9 * CONSISTENT, True), (1 + 1.1 * CONSISTENT, False),

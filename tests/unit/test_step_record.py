@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from perftracker.agent.kineto import RankInfo, window_from_trace
 from perftracker.agent.summarize.step_record import MAX_ROWS, MAX_STEPS
@@ -149,3 +150,23 @@ def test_the_report_says_the_replayed_saving_and_its_basis() -> None:
     assert f.saves_basis.startswith("replayed over ")
     assert f.sentence.endswith(f"fixing it would save about {round(100 * f.saves_share)}% of the step")
     assert all(r not in g.ranks for g in report.findings for r in (1, 2, 3) if g.kind != "common")
+
+
+@pytest.mark.parametrize("apart, replayed", [(0.9, True), (1.1, False)])
+def test_a_culprit_window_apart_from_the_others_keeps_the_estimate(apart: float, replayed: bool) -> None:
+    """A culprit whose window runs longer than the others' by more than the replay's consistency bar
+    (its GPU work drifting away from its own collectives) is not replayed: the estimate stays, and
+    says why. Probed at 0.9x and 1.1x the bar."""
+    import dataclasses
+
+    from perftracker.localizer.diagnose.localize import localize_arrays
+    from perftracker.localizer.diagnose.replay import CONSISTENT
+
+    arr = _job_arrays({0: 300.0})
+    w = arr.worker_window_s.copy()
+    w[0] = float(np.median(w)) * (1.0 + apart * CONSISTENT)
+    report = localize_arrays(dataclasses.replace(arr, worker_window_s=w))
+    f = next(f for f in report.findings if f.ranks == (0,))
+    assert f.saves_basis.startswith("replayed") is replayed
+    if not replayed:
+        assert "window runs" in f.saves_basis and f.saves_basis.startswith("an estimate")
