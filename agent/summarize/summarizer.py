@@ -388,7 +388,12 @@ def _with_groups(ps: PatternSet, raw: RawWindow, fr: Frames) -> PatternSet:
         np.zeros((0, 2), dtype=np.int64)
     compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
     steps, step_group = steps_ms(meta, groups, step_marks, fr.start_ns[compute], fr.end_ns[compute])
-    record = step_record(raw, step_bounds(meta, groups, step_marks)[0], fr.start_ns[compute], fr.end_ns[compute])
+    try:  # optional: a record that cannot be made loses the replay (the estimate stays), never the window
+        record = step_record(raw, step_bounds(meta, groups, step_marks)[0], fr.start_ns[compute], fr.end_ns[compute])
+    except (ValueError, IndexError, KeyError) as exc:
+        log.warning("rank %d: no step record (%s: %s); what fixing a culprit saves will be estimated",
+                    meta.rank, type(exc).__name__, exc)
+        record = None
     if not groups and not comm and not steps and record is None:
         return ps
     import dataclasses

@@ -170,3 +170,18 @@ def test_a_culprit_window_apart_from_the_others_keeps_the_estimate(apart: float,
     assert f.saves_basis.startswith("replayed") is replayed
     if not replayed:
         assert "window runs" in f.saves_basis and f.saves_basis.startswith("an estimate")
+
+
+def test_a_record_that_cannot_be_made_loses_only_the_record(monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    import perftracker.agent.summarize.summarizer as summarizer
+
+    def broken(*_: object) -> None:
+        raise IndexError("a malformed window")
+
+    monkeypatch.setattr(summarizer, "step_record", broken)
+    raw = window_from_trace(_doc(0, [100.0] * 6), Path("r0.json"), RankInfo(0, 4, "distributedInfo"))
+    with caplog.at_level(logging.WARNING):
+        ps = summarize_window(raw)
+    assert ps.step_record is None and ps.patterns and ps.steps_ms
+    assert "no step record" in caplog.text
