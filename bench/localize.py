@@ -49,6 +49,7 @@ from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import (
     GAUSSIAN_3_4,  # statsmodels' constant, documented in rule.py
 )
+from perftracker.localizer.diagnose.savings import replayed_savings
 from statsmodels.robust.scale import mad as statsmodels_mad
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package
@@ -160,6 +161,7 @@ def main() -> int:
     t, c = time.perf_counter(), time.process_time()
     ref_verdicts = reference_verdicts(arr, opts)
     ref_findings, ref_summary, _ = build_findings(arr, ref_verdicts, opts)
+    ref_findings, ref_summary = replayed_savings(arr, ref_findings, ref_summary)  # as build_report does
     reference_s = time.perf_counter() - t
     reference_cpu_s = time.process_time() - c
     log(f"reference: {reference_s:.2f} s")
