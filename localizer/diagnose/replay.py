@@ -224,7 +224,7 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
     have = [w for w, r in enumerate(records) if r is not None and r.rows]
     if not set(culprits) <= set(have):
         return None
-    chains = {w: chain(records[w]) for w in have}  # type: ignore[arg-type]
+    chains = _Chains(records)
     bad = set(culprits)
     peers: dict[int, list[tuple[int, np.ndarray]]] = {}
     for c in culprits:
@@ -232,7 +232,7 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
         peers[c] = like_rows(chains, c, same)
         if not peers[c]:
             return Replay(0.0, 0, "no peer of the culprit's stage ran the same collective instances")
-    cols = _connected(chains, list(culprits))
+    cols = _connected(records, list(culprits))
     jb = job([chains[w] for w in cols])
     base = replay_steps(jb, [c.gap for c in jb.chains], jb.transfer)
     if base is None or base.size < MIN_STEPS:
@@ -255,7 +255,7 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
         gaps[i] = _median_at([np.where(idx >= 0, chains[p].gap[np.maximum(idx, 0)], np.nan)
                               for p, idx in peers[w]], ch.gap)
         # the culprit's transfers as its peers' (a slow link of its own), never longer than recorded
-        tmin = tmin if tmin else _transfers(chains)
+        tmin = tmin if tmin else _transfers(chains.built())
         theirs = _median_at([np.array([tmin[chains[p].keys[x]] if x >= 0 else np.nan for x in idx.tolist()])
                              for p, idx in peers[w]], np.full(len(ch.keys), np.inf))
         links = links or any(x >= 0 and chains[p].keys[x] != ch.keys[j] for p, idx in peers[w]
@@ -288,18 +288,39 @@ def _transfers(chains: dict[int, _Chain]) -> dict[_Key, float]:
     return out
 
 
-def _connected(chains: dict[int, _Chain], start: list[int]) -> list[int]:
-    """The culprits, then the ranks that share instances with them, breadth first, at most MAX_RANKS."""
-    by_key: dict[_Key, list[int]] = {}
-    for w, c in chains.items():
-        for k in set(c.keys):
-            by_key.setdefault(k, []).append(w)
+class _Chains(dict[int, _Chain]):
+    """The workers' chains, each built when first asked for (a large job's other ranks never are)."""
+
+    def __init__(self, records: Sequence[StepRecord | None]) -> None:
+        super().__init__()
+        self._records = records
+
+    def __missing__(self, w: int) -> _Chain:
+        rec = self._records[w]
+        assert rec is not None
+        c = self[w] = chain(rec)
+        return c
+
+    def built(self) -> dict[int, _Chain]:
+        return dict(self)
+
+
+def _connected(records: Sequence[StepRecord | None], start: list[int]) -> list[int]:
+    """The culprits, then the ranks that share a process group with them (their records name it),
+    breadth first, at most MAX_RANKS. Workers whose trace names no group share the group "": the
+    whole job."""
+    by_group: dict[str, list[int]] = {}
+    for w, r in enumerate(records):
+        if r is not None and r.rows:
+            for g in r.groups:
+                by_group.setdefault(g, []).append(w)
     seen = list(dict.fromkeys(start))
     taken = set(seen)
     i = 0
     while i < len(seen) and len(seen) < MAX_RANKS:
-        for k in set(chains[seen[i]].keys):
-            for w in by_key[k]:
+        rec = records[seen[i]]
+        for g in rec.groups if rec is not None else ():
+            for w in by_group.get(g, ()):
                 if w not in taken and len(seen) < MAX_RANKS:
                     taken.add(w)
                     seen.append(w)

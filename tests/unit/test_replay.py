@@ -154,3 +154,18 @@ def test_record_round_trips_and_refuses_another_version() -> None:
     d = rec.to_dict() | {"v": 99}
     with pytest.raises(RecordVersionError):
         StepRecord.from_dict(d)
+
+
+def test_a_large_job_replays_a_bounded_part_of_it() -> None:
+    """DP600 x PP2: the culprit's data-parallel group has 600 members; at most MAX_RANKS are
+    replayed (the rest taken as on time, which they are here), and only their chains are built."""
+    import time
+
+    from perftracker.localizer.diagnose.replay import MAX_RANKS, _connected
+
+    recs = _job({0: 16.0}, dp=600, steps=4)
+    assert len(_connected(recs, [0])) == MAX_RANKS
+    t0 = time.process_time()
+    r = replay_saving(recs, [0], _stage(600))
+    assert time.process_time() - t0 < 10.0
+    assert r is not None and r.saves == pytest.approx(6.0 / 24.0, abs=0.01)
