@@ -12,10 +12,12 @@ follow the same one). The replay is the dependency graph these make:
 
 with the transfer the shortest member's time in the instance (the others waited). Replayed as
 recorded, it gives each step's length (the latest end of the step's instances, minus the previous
-step's); that must reproduce the recorded steps (within ``CONSISTENT``), else the instances do not
-line up and the replay says "inconclusive". Replayed again with the culprit ranks behaving like
-their median peer (each culprit gap replaced by the median of its like peers' gaps at the same
-position: the same pipeline stage, the same sequence of instances), the saving is
+step's), and no step is shorter than the longest host's own time in it (``host_floor``, where the
+records know the hosts); that must reproduce the recorded steps (within ``CONSISTENT``), else the
+instances do not line up and the replay says "inconclusive". Replayed again with the culprit ranks
+behaving like their median peer (each culprit gap, and the transfer of each instance it is in,
+replaced by the median of its like peers' at the same place: the same pipeline stage, the same
+sequence of instances; its host's own time too for a cause on its host), the saving is
 ``1 - replayed steps / recorded steps``, summed over the steps after the first (a pause every
 other step counts by what it costs over the steps, which a median over them would not see).
 
@@ -37,7 +39,7 @@ from perftracker.model.step_record import StepRecord
 MAX_RANKS = 256
 MAX_PEERS = 16
 CONSISTENT = 0.2  # the recorded replay's steps within this share of the recorded steps (median)
-MIN_STEPS = 1  # steps after the first the saving is a median over
+MIN_STEPS = 1  # steps after the first the saving is summed over
 
 _Key = tuple[str, str, int, int, int]
 
