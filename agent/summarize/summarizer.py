@@ -468,6 +468,9 @@ def _fit_budget(ps: PatternSet, max_bytes: int) -> PatternSet:
         ps = dataclasses.replace(ps, step_record=None)
         if len(ps.to_bytes()) <= max_bytes:
             return ps
+    ps = _fit_iterations(ps, max_bytes)
+    if len(ps.to_bytes()) <= max_bytes:
+        return ps
     lo, hi = 0, len(ps.patterns)  # lo fits, hi does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -475,9 +478,35 @@ def _fit_budget(ps: PatternSet, max_bytes: int) -> PatternSet:
             lo = mid
         else:
             hi = mid
-    log.info("pattern set of rank %d trimmed from %d to %d functions to fit %d bytes",
-             ps.rank, len(ps.patterns), lo, max_bytes)
+    log.warning("pattern set of rank %d trimmed from %d to %d functions to fit %d bytes",
+                ps.rank, len(ps.patterns), lo, max_bytes)
     return _replace(ps, ps.patterns[:lo])
+
+
+MIN_ITERATIONS_KEPT = 32  # the iteration times a pattern set keeps before any of its patterns goes
+
+
+def _fit_iterations(ps: PatternSet, max_bytes: int) -> PatternSet:
+    """Keep the window's last iteration times only, as many as fit beside every pattern (at least
+    MIN_ITERATIONS_KEPT): a long offline window (thousands of steps) would otherwise push out the
+    patterns themselves, the diagnosis, for times that only draw the step chart."""
+    n = len(ps.iteration_ms)
+    if n <= MIN_ITERATIONS_KEPT:
+        return ps
+
+    def keep(k: int) -> PatternSet:
+        return dataclasses.replace(ps, iteration_ms=ps.iteration_ms[n - k:])
+
+    lo, hi = MIN_ITERATIONS_KEPT, n  # keep(hi) does not fit (the caller's set); keep(lo) is the floor
+    if len(keep(lo).to_bytes()) <= max_bytes:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if len(keep(mid).to_bytes()) <= max_bytes:
+                lo = mid
+            else:
+                hi = mid
+    log.info("rank %d: the last %d of %d iteration times kept to fit %d bytes", ps.rank, lo, n, max_bytes)
+    return keep(lo)
 
 
 def _replace(ps: PatternSet, patterns: tuple[Pattern, ...]) -> PatternSet:
