@@ -149,10 +149,10 @@ def busy_between(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -
     return np.diff(b)
 
 
-def steps_ms(meta: WindowMeta, groups: tuple[ProcessGroup, ...], step_marks: np.ndarray,
-             compute_start: np.ndarray, compute_end: np.ndarray) -> tuple[tuple[float, ...], str]:
-    """(compute per step in ms, the group that cut the steps); () when the window shows too few."""
-    bounds, group = step_bounds(meta, groups, step_marks)
+def steps_ms(bounds: np.ndarray, group: str, compute_start: np.ndarray, compute_end: np.ndarray
+             ) -> tuple[tuple[float, ...], str]:
+    """(compute per step in ms, the group that cut the steps) between ``step_bounds``' boundaries;
+    () when the window shows too few."""
     if len(bounds) < MIN_STEPS + 1:
         return (), ""
     busy = busy_between(compute_start, compute_end, bounds)[-MAX_STEPS:]

@@ -387,17 +387,16 @@ def _with_groups(ps: PatternSet, raw: RawWindow, fr: Frames) -> PatternSet:
     step_marks = np.stack([raw.col("start_ns")[marks], raw.col("end_ns")[marks]], axis=1) if marks else \
         np.zeros((0, 2), dtype=np.int64)
     compute = (fr.role == cat.COMPUTE) & ~fr.is_wait
-    steps, step_group = steps_ms(meta, groups, step_marks, fr.start_ns[compute], fr.end_ns[compute])
+    bounds, cut_by = step_bounds(meta, groups, step_marks)
+    steps, step_group = steps_ms(bounds, cut_by, fr.start_ns[compute], fr.end_ns[compute])
     try:  # optional: a record that cannot be made loses the replay (the estimate stays), never the window
-        record = step_record(raw, step_bounds(meta, groups, step_marks)[0], fr.start_ns[compute], fr.end_ns[compute])
+        record = step_record(raw, bounds, fr.start_ns[compute], fr.end_ns[compute])
     except (ValueError, IndexError, KeyError) as exc:
         log.warning("rank %d: no step record (%s: %s); what fixing a culprit saves will be estimated",
                     meta.rank, type(exc).__name__, exc)
         record = None
     if not groups and not comm and not steps and record is None:
         return ps
-    import dataclasses
-
     return dataclasses.replace(ps, groups=groups, comm=comm, steps_ms=steps, step_group=step_group,
                                step_record=record)
 
@@ -510,8 +509,6 @@ def _fit_iterations(ps: PatternSet, max_bytes: int) -> PatternSet:
 
 
 def _replace(ps: PatternSet, patterns: tuple[Pattern, ...]) -> PatternSet:
-    import dataclasses
-
     return dataclasses.replace(ps, patterns=patterns)
 
 

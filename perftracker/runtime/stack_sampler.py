@@ -107,13 +107,10 @@ class StackSampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _frames(self) -> Sample:
-        """The stack by walking the thread's frame objects (not on CPython 3.11, see the class doc)."""
-        return self._frames_keyed()[0]
-
     def _frames_keyed(self) -> tuple[Sample, tuple[int, ...]]:
-        """``_frames`` and the stack's key: frame and code ids (code objects compare by content, so
-        two functions alike in all but their file would share a stack keyed by the codes)."""
+        """The stack by walking the thread's frame objects (not on CPython 3.11, see the class doc),
+        and its key: frame and code ids (code objects compare by content, so two functions alike in
+        all but their file would share a stack keyed by the codes)."""
         frame = sys._current_frames().get(self.thread_ident)
         stack = []
         ids: list[int] = []
