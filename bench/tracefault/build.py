@@ -9,6 +9,10 @@ The dependencies, per rank:
 - **stream waits**: after a ``cudaStreamWaitEvent`` the next GPU event the process launches
   starts no earlier than the end of the work launched before it on the device's other streams,
   where the input does not contradict it (that work ended before the event started);
+- **recorded stream order**, only on a rank whose trace has no launches (converted traces): a GPU
+  event starts no earlier than the end of the last event of each other stream of its device that
+  had ended before it started (a send waits for the compute that made its data, compute for the
+  receive that brought its input); work that overlapped in the input stays free to overlap;
 - **host**: the process's CPU time points (starts and ends of its ops, runtime calls and
   annotations, all threads merged in time order: Python runs one thread at a time and the
   main thread blocks in ``backward()`` while autograd runs) follow one another with their recorded
@@ -337,6 +341,9 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
             prev = (t, node)
     if host and not launched:
         notes.append(f"rank {events[lo].rank}: no launch correlation between host and GPU events")
+    if not launched:
+        n_order = _recorded_stream_order(events, lanes, edges)
+        log.debug("rank %s: no launches, %d cross-stream order edges", events[lo].rank, n_order)
     # --- NCCL kernels with their groups (record_param_comms on the launching thread, by time)
     rpcs: dict[Any, list[tuple[float, float, int]]] = defaultdict(list)
     for i in host:
@@ -367,6 +374,55 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
     log.debug("rank %s: %d launches (min lag %.1f us), %d stream waits, %d syncs", events[lo].rank if hi > lo else "?",
               len(launched), min_lag, n_wait, len(sync_wait))
     return out
+
+
+def _recorded_stream_order(events: list[Event], lanes: dict[tuple[Any, Any], list[int]],
+                           edges: EdgeList) -> int:
+    """A rank whose trace has no launches (converted traces: GPU events only) keeps its device's
+    cross-stream order as recorded: a GPU event starts no earlier than the end of the last event of
+    each other stream of its device that had ended (within 1 µs) before it started. Without launches
+    and stream waits nothing else says that a send on the communication stream waits for the compute
+    that produced its data, or that compute waits for the receive that brought its input; the
+    streams would run apart, a slowed compute stream past the rank's last collective with no one
+    waiting for it. Work that overlapped in the input (started before the other stream's event
+    ended) gets no edge and stays free to overlap. An edge the previous event of the same stream
+    already implies is left out. Returns the number of edges added."""
+    by_dev: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
+    for lane in lanes:
+        by_dev[lane[0]].append(lane)
+    ends: dict[tuple[Any, Any], tuple[list[float], list[int]]] = {}
+    for lane, lst in lanes.items():
+        srt = sorted(lst, key=lambda i: events[i].end_us)
+        ends[lane] = ([events[i].end_us for i in srt], srt)
+    n = 0
+    for dev_lanes in by_dev.values():
+        if len(dev_lanes) < 2:
+            continue
+        for lane in dev_lanes:
+            last_dep: dict[tuple[Any, Any], int] = {}
+            for v in lanes[lane]:
+                for other in dev_lanes:
+                    if other == lane:
+                        continue
+                    e_us, idx = ends[other]
+                    k = bisect.bisect_right(e_us, events[v].start_us + 1.0)
+                    while k and _order_key(events, idx[k - 1]) >= _order_key(events, v):
+                        k -= 1  # two events within 1 µs of each other: only the earlier waits for nothing
+                    if not k:
+                        continue
+                    u = idx[k - 1]
+                    if last_dep.get(other) == u:
+                        continue  # the same stream's previous event already waits for it
+                    last_dep[other] = u
+                    edges.add(2 * u + 1, 2 * v, 0.0, WAIT)
+                    n += 1
+    return n
+
+
+def _order_key(events: list[Event], i: int) -> tuple[float, float, int]:
+    """A total order of one rank's events by time: cross-stream order edges only go forward in it,
+    so they can close no cycle among themselves."""
+    return events[i].start_us, events[i].end_us, i
 
 
 def _is_p2p(name: str) -> bool:

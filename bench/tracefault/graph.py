@@ -34,7 +34,7 @@ class TimingCycleError(PerftrackerError):
 DURATION = 0  # a GPU event's start -> its end
 STREAM = 1  # previous event on a CUDA stream -> next
 LAUNCH = 2  # runtime launch call start -> the GPU event it launched
-WAIT = 3  # cudaStreamWaitEvent: work on another stream -> the next launched GPU event
+WAIT = 3  # cudaStreamWaitEvent, or a launch-less rank's recorded cross-stream order: work on another stream -> a GPU event
 CHAIN = 4  # previous CPU time point of the process -> next (the host's own work)
 SYNC = 5  # GPU work -> end of the synchronizing runtime call that waits for it
 TRANSFER = 6  # every member's start -> each member's end of one collective instance
