@@ -17,6 +17,7 @@ download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
    "off" runs (each rank measures it; the worst rank counts).
 
 Usage: python bench/hf_job.py [--rounds 3] [--steps 600] [--trigger-before-end-s 30] [--hooks-only] [--env K=V]
+[--keep-rundir]
 Besides the ratio (wall time, which the host's load moves), each run reports the CPU time spent
 inside ``trainer.train()`` by the training threads and by the whole rank processes (perftracker's
 threads included), summed over the ranks: ``cpu_ratio_*`` = median(on) / median(off) does not
@@ -151,7 +152,7 @@ def _parse(out: str) -> dict[str, object]:
 
 
 def run_job(on: bool, steps: int, trigger_before_end_s: float | None = None,
-            env_extra: dict[str, str] | None = None) -> dict[str, object]:
+            env_extra: dict[str, str] | None = None, keep: bool = False) -> dict[str, object]:
     """One job; with ``trigger_before_end_s``, `perftracker trigger` once rank 0's remaining steps at
     its recent speed (the last 100 steps) take no longer than that."""
     import threading
@@ -217,7 +218,10 @@ def run_job(on: bool, steps: int, trigger_before_end_s: float | None = None,
         res["windows_lost_s"] = {str(g.get("ledger")): [w.get("lost_s") for w in g.get("windows", [])] for g in ledgers}
         res["budget"] = {str(g.get("ledger")): g.get("budget") for g in ledgers}
         _stop_agent(run_dir)
-    shutil.rmtree(work, ignore_errors=True)
+    if keep:  # the run dir (agent log, ledgers, reports) for reading why a window opened
+        print(f"kept {work}", flush=True)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return res
 
 
@@ -247,6 +251,8 @@ def main() -> int:
                         "always-on cost (hooks, channel, agent) without any profile window")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="a PERFTRACKER_* variable for the 'on' runs, e.g. PERFTRACKER_AUTOSTART_AGENT=0 (repeatable)")
+    p.add_argument("--keep-rundir", action="store_true",
+                   help="keep each run's work directory (run dir, agent log, ledgers, reports) and print its path")
     p.add_argument("--skip-throughput", type=float, default=0.0, metavar="S_PER_STEP",
                    help="skip the off/on runs; use this many seconds per step for the trigger run")
     args = p.parse_args()
@@ -261,7 +267,7 @@ def main() -> int:
     user_env = dict(kv.split("=", 1) for kv in args.env)
     on_env = {**(no_triggers if args.hooks_only else {}), **user_env}
     for on in ([] if args.skip_throughput else order[: 2 * args.rounds]):
-        res = run_job(on, args.steps, env_extra=on_env if on else None)
+        res = run_job(on, args.steps, env_extra=on_env if on else None, keep=args.keep_rundir)
         if res["rc"] != 0:
             print(f"run failed (on={on}):\n{res['tail']}", file=sys.stderr)
             return 1
@@ -300,7 +306,8 @@ def main() -> int:
         # machine a noise trigger's 20 s window may still be written when the CLI trigger comes, and
         # the worker then refuses the second window; this run is about the window at exit
         extra = {} if args.auto_triggers else no_triggers
-        res = run_job(True, steps, trigger_before_end_s=args.trigger_before_end_s, env_extra=extra)
+        res = run_job(True, steps, trigger_before_end_s=args.trigger_before_end_s, env_extra=extra,
+                      keep=args.keep_rundir)
         if res["rc"] != 0:
             print(f"trigger run failed:\n{res['tail']}", file=sys.stderr)
             return 1

@@ -67,6 +67,9 @@ class Config:
     # the detector's windows spend at most this fraction of training time over any hour (measured
     # loss, window_cost.py); manual triggers are counted, never refused
     window_budget: float = 0.02
+    # ... and an advance on that 2 % for a job's first window, paid back by the training after it:
+    # the allowance is max(this, window_budget x training time in the trailing hour) (window_budget.py)
+    window_budget_initial_s: float = 10.0
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here
@@ -84,6 +87,9 @@ class Config:
             raise ConfigError(f"PERFTRACKER_WINDOW_WRITER={self.window_writer!r}: expected one of {', '.join(WINDOW_WRITERS)}")
         if not 0.0 <= self.window_budget <= 1.0:
             raise ConfigError(f"PERFTRACKER_WINDOW_BUDGET={self.window_budget}: expected a fraction in [0, 1]")
+        if not 0.0 <= self.window_budget_initial_s <= 3600.0:
+            raise ConfigError(f"PERFTRACKER_WINDOW_BUDGET_INITIAL_S={self.window_budget_initial_s}: "
+                              "expected 0 to 3600 seconds")
         if not 0.0 < self.window_tolerance <= 1.0:
             raise ConfigError(f"PERFTRACKER_WINDOW_TOLERANCE={self.window_tolerance}: expected a fraction in (0, 1]")
         if not 100 <= self.window_stack_period_us <= 100_000:

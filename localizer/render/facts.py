@@ -49,7 +49,8 @@ def level_text(report: Report) -> str:
 
 
 def cost_text(report: Report) -> str:
-    """"ran 7.3 s, blocked training 0.4 s; budget 72 s/h: 12.4 s spent before it, 59.6 s left":
+    """"ran 7.3 s, blocked training 0.4 s; budget 72.0 s over the last hour: 12.4 s spent before it,
+    59.6 s left":
     what the window cost and the budget left, from the fields the workers sent ("" if none)."""
     c = report.window_cost
     if not c:
@@ -60,8 +61,12 @@ def cost_text(report: Report) -> str:
     if "blocked_s" in c:
         parts.append(f"blocked training {c['blocked_s']:.2f} s")
     text = ", ".join(parts)
+    if "cost_s" in c:
+        text += f"{'; ' if text else ''}cost {c['cost_s']:.1f} s of training"
+        if c.get("cost_partial"):
+            text += " (to the exit: partial)"
     if "budget_s" in c:
-        budget = f"budget {c['budget_s']:.0f} s/h"
+        budget = f"budget {c['budget_s']:.1f} s over the last hour"
         if "spent_s" in c:
             budget += f": {c['spent_s']:.1f} s spent in the hour before it"
         if "left_s" in c:

@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         # and if noise fired before the fault anyway, fire again soon
         env.setdefault("PERFTRACKER_SLOWDOWN_THRESHOLD", "0.25")
         env.setdefault("PERFTRACKER_TRIGGER_COOLDOWN_S", "15")
+        # a minute-long job whose second window (after a noise one) must not wait for 2 % of its
+        # training to pay for the first: the whole hour's 72 s from the start (docs/window-cost.md)
+        env.setdefault("PERFTRACKER_WINDOW_BUDGET_INITIAL_S", "72")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.workers),
                "--master_port", str(free_port()), str(script), "--iters", "1000000", "--quiet",
                "--progress-dir", str(progress), "--fault", f"compute:where=forward,frac={args.slowdown:g}",

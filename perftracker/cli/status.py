@@ -14,10 +14,12 @@ from perftracker.model.names import safe_text
 HELP = "show what profile windows cost each rank on this node, and the budget left"
 DESCRIPTION = """Per training process on this node (each rank keeps its own ledger under the run dir's
 budget/): the windows of the last hour (how many were manual), the training time the last one
-cost, measured online from iteration times before, during and after it, what the windows spent
-of the budget over the sliding hour (PERFTRACKER_WINDOW_BUDGET, 2 % of an hour by default), what is
-left, and how many of the detector's triggers the budget refused. Manual `perftracker trigger`
-windows are never refused; they are counted.
+cost, measured online from iteration times before, during and after it ("partial" when the
+process ended first: measured to its exit), what the windows spent over the trailing hour against
+what they may spend (PERFTRACKER_WINDOW_BUDGET, 2 % of the training time in that hour, or
+PERFTRACKER_WINDOW_BUDGET_INITIAL_S, 10 s, while that is more), what is left, and how many of the
+detector's triggers the budget refused. Manual `perftracker trigger` windows are never refused;
+they are counted.
 
 examples:
   perftracker status
@@ -48,12 +50,20 @@ def load_ledgers(run_dir: Path) -> list[dict[str, Any]]:
 def _line(row: dict[str, Any]) -> str:
     b = row["budget"]
     last = b.get("last_window_lost_s")
+    windows = row.get("windows")
+    partial = bool(windows and isinstance(windows[-1], dict) and windows[-1].get("partial"))
     age_s = time.time() - float(row.get("written_unix_s") or 0.0)
+    allowed = float(b.get("allowance_s", b.get("limit_s", 0)))  # older ledgers: the hour's limit
+    trained = b.get("trained_s")
+    basis = ""
+    if isinstance(trained, (int, float)):
+        initial = f", initial {float(b.get('initial_s', 0)):g} s" if "initial_s" in b else ""
+        basis = f" ({100 * float(b.get('fraction', 0)):g} % of {float(trained):.0f} s trained{initial})"
     return (f"{safe_text(row['ledger'])}: {b.get('windows', 0)} window(s) in the last hour "
             f"({b.get('manual_windows', 0)} manual), last cost "
-            f"{'-' if last is None else f'{float(last):.2f} s'}"
+            f"{'-' if last is None else f'{float(last):.2f} s'}{' partial (to the exit)' if partial else ''}"
             f"{' (' + safe_text(str(b.get('last_window_session')))[:40] + ')' if b.get('last_window_session') else ''}, "
-            f"spent {float(b.get('spent_s', 0)):.2f} s of {float(b.get('limit_s', 0)):.0f} s, "
+            f"spent {float(b.get('spent_s', 0)):.2f} s of {allowed:.2f} s allowed{basis}, "
             f"left {float(b.get('left_s', 0)):.2f} s, refused {b.get('refused', 0)} "
             f"(as of {age_s:.0f} s ago)")
 

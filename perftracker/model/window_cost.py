@@ -14,10 +14,12 @@ from perftracker.model.schema import float_items
 WINDOW_COST_KEYS = (
     "window_s",  # how long the window recorded (the longest rank's)
     "blocked_s",  # the training thread's blocking stop (the worst rank's)
-    "budget_s",  # the budget: its share of the sliding hour, in seconds
+    "budget_s",  # what windows could spend over the trailing hour when this one opened (s; window_budget.py)
     "spent_s",  # measured training time lost to windows in the hour before this one (the worst rank's)
     "left_s",  # what was left of the budget when this window opened (the least of any rank)
     "last_cost_s",  # the last measured window's cost before this one (the worst rank's)
+    "cost_s",  # this window's own cost, when its process ended first: measured at the exit (the worst rank's)
+    "cost_partial",  # 1: cost_s was measured to the exit (no after-phase), 0: after the window
 )
 
 

@@ -172,6 +172,8 @@ class AgentChannel:
         (``crash_flush_s`` after a crash); never raises.
         """
         try:
+            if self._cost is not None:  # a window whose after-phase the exit cut short: its cost now
+                self._cost.finish_at_exit()
             if self._stop.is_set() or self._thread is None:
                 return
             from perftracker.runtime import exit_capture as crash
@@ -405,7 +407,8 @@ class AgentChannel:
         if self._cost is None:
             ident = self.runtime.identity
             self._cost = WindowCostMeter(self.runtime, ledger_path(self.config.run_dir, str(ident.job), int(ident.rank)),
-                                         CostBudget(fraction=self.config.window_budget))
+                                         CostBudget(fraction=self.config.window_budget,
+                                                    initial_s=self.config.window_budget_initial_s))
         return self._cost
 
     def _start_window(self, session: str, window_s: float, reason: str = "") -> None:
@@ -423,11 +426,16 @@ class AgentChannel:
 
         def done(result: FinishedWindow) -> None:
             self._quiet_until = max(self._quiet_until, time.monotonic() + grace_s)
+            measured = None
             if meter is not None:
-                meter.delivered(session)
+                if int(getattr(result, "writer_pid", 0) or 0) > 0:
+                    # handed to a child at exit: no after-phase to wait for; measured now, partial
+                    measured = meter.measure(session, partial=True)
+                else:
+                    meter.delivered(session)
             try:
                 cost = report_fields(budget, (int(result.end_ns or 0) - int(result.start_ns or 0)) / 1e9,
-                                     int(getattr(result, "blocking_ns", 0) or 0) / 1e9)
+                                     int(getattr(result, "blocking_ns", 0) or 0) / 1e9, measured)
                 self._enqueue(window_done_message(result, session, cost))
             except Exception as exc:  # noqa: BLE001 - runs in the training thread
                 self._warn_once("done", "perftracker: could not report a finished window: %s", exc)

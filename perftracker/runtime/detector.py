@@ -104,6 +104,7 @@ class Detector:
         self.last_kind = -1
         self.last_t_ns = -1
         self.last_boundary_ns = -1
+        self.first_t_ns = -1  # the first hook event: when training began (the window budget accrues from it)
         self._w = max(o.slowdown_window_iters, 1)
         self.durations_ns: deque[int] = deque(maxlen=self._w)
         self._durations_sum = 0
@@ -410,6 +411,8 @@ class Detector:
     # learning
     # ----------------------------------------------------------------------------------------
     def _learn(self, kind: int, t_ns: int) -> bool:
+        if self.first_t_ns < 0:
+            self.first_t_ns = t_ns
         cur = self._cur
         if kind == DATALOADER:
             self._saw_dataloader = True

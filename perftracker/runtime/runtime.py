@@ -144,6 +144,17 @@ class Runtime:
             return None
         return KIND_NAMES[kind], t_ns
 
+    def training_started_s(self) -> float | None:
+        """When the first hook event came (monotonic s, the clock's); None before any. Any thread."""
+        t_ns = self.detector.first_t_ns
+        return t_ns / 1e9 if t_ns >= 0 else None
+
+    def last_boundary_s(self) -> float | None:
+        """When the latest iteration boundary came (monotonic s); None before any. Any thread."""
+        self._sync()
+        t_ns = self.detector.last_boundary_ns
+        return t_ns / 1e9 if t_ns >= 0 else None
+
     def recent_iteration_ms(self) -> list[float]:
         """Durations of the last W completed iterations, oldest first."""
         self._sync()

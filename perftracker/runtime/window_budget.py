@@ -1,15 +1,23 @@
 """A cost budget for profile windows, in training time lost (issue 30, Deliver 3): pure arithmetic.
 
-Windows spend from a budget of measured training time lost: by default at most 2 % of an hour
-(72 s) over any sliding hour. A window's cost is estimated online from iteration times
-(``lost_s``): from the window's first iteration boundary to the end of its after-phase, the wall
-time minus what the iterations done in it would have taken at the median iteration time before
-the window. The detector's automatic windows are refused when the cost expected of the next one
-does not fit in what is left; manual windows (``perftracker trigger``) are never refused, and are
-counted.
+Windows spend from a budget of measured training time lost. The budget **accrues with training
+time**: over the trailing hour (``horizon_s``) the windows may spend ``fraction`` (2 %) of the
+training time in that hour, so a job that has trained T s (T <= an hour) has 0.02·T s, and any
+later hour 72 s. A job's first seconds would allow no window at all, so an explicit
+``initial_s`` (``PERFTRACKER_WINDOW_BUDGET_INITIAL_S``) is an advance on the accrual: the
+allowance is ``max(initial_s, fraction · trained_s)``, and what the first window spent is paid
+back by the training that follows (the next automatic window waits until 2 % of the training
+time covers what was spent plus the next window's expected cost). Over the job's first hour the
+windows spend at most ``max(initial_s, 0.02·T)``; over any later hour at most 2 %.
+
+A window's cost is estimated online from iteration times (``lost_s``): from the window's first
+iteration boundary to the end of its after-phase, the wall time minus what the iterations done in
+it would have taken at the median iteration time before the window. The detector's automatic
+windows are refused when the cost expected of the next one does not fit in what is left; manual
+windows (``perftracker trigger``) are never refused, and are counted (their cost is spent too).
 
 The expected cost of the next window is the largest cost measured over the sliding hour, or
-``first_guess_s`` when there is none: a job's first window is allowed when that guess fits.
+``first_guess_s`` when there is none.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from dataclasses import dataclass, field
 FRACTION = 0.02
 HORIZON_S = 3600.0
 FIRST_GUESS_S = 5.0
+INITIAL_S = 10.0  # the advance for a job's first window(s): docs/window-cost.md, "The cost budget"
 
 
 def lost_s(elapsed_s: float, iterations: int, baseline_iteration_s: float) -> float:
@@ -51,12 +60,27 @@ class CostBudget:
     fraction: float = FRACTION
     horizon_s: float = HORIZON_S
     first_guess_s: float = FIRST_GUESS_S
+    initial_s: float = INITIAL_S
+    started_s: float | None = None  # when training began (monotonic s); None: not known yet
     spends: list[Spend] = field(default_factory=list)
     refused: int = 0
 
     @property
     def limit_s(self) -> float:
+        """The most any hour may spend once the job has trained a whole hour."""
         return self.fraction * self.horizon_s
+
+    def trained_s(self, now_s: float) -> float:
+        """Training time in the trailing horizon: since training began, at most the horizon (0 while
+        the start is unknown)."""
+        if self.started_s is None:
+            return 0.0
+        return min(max(0.0, now_s - self.started_s), self.horizon_s)
+
+    def allowance_s(self, now_s: float) -> float:
+        """What windows may have spent over the trailing horizon by ``now_s``: ``fraction`` of the
+        training time in it, or the initial advance while that is more."""
+        return max(self.initial_s, self.fraction * self.trained_s(now_s))
 
     def _recent(self, now_s: float) -> list[Spend]:
         return [s for s in self.spends if now_s - self.horizon_s < s.t_s <= now_s]
@@ -66,7 +90,7 @@ class CostBudget:
         return sum(s.lost_s for s in self._recent(now_s))
 
     def left_s(self, now_s: float) -> float:
-        return max(0.0, self.limit_s - self.spent_s(now_s))
+        return max(0.0, self.allowance_s(now_s) - self.spent_s(now_s))
 
     def expected_s(self, now_s: float) -> float:
         """The cost expected of the next window: the largest measured over the horizon."""
@@ -95,6 +119,8 @@ class CostBudget:
         recent = self._recent(now_s)
         return {
             "fraction": self.fraction, "horizon_s": self.horizon_s, "limit_s": round(self.limit_s, 3),
+            "initial_s": round(self.initial_s, 3), "trained_s": round(self.trained_s(now_s), 3),
+            "allowance_s": round(self.allowance_s(now_s), 3),
             "spent_s": round(self.spent_s(now_s), 3), "left_s": round(self.left_s(now_s), 3),
             "expected_next_s": round(self.expected_s(now_s), 3),
             "windows": len(recent), "manual_windows": sum(s.manual for s in recent), "refused": self.refused,

@@ -6,9 +6,15 @@ before (``Runtime.recent_iteration_ms``), the time and the iteration count; ``af
 window was delivered (written, or handed over) it takes them again. The cost is the wall time in
 between minus what those iterations would have taken at the median before
 (``window_budget.lost_s``): the slowdown while Kineto records, the profiler's stop, the writing and
-the settling after it. It spends from a ``CostBudget`` (2 % of an hour by default) and writes
-the ledger to ``<run_dir>/budget/<job>-rank<r>.json`` (``perftracker status`` reads it). The
+the settling after it. It spends from a ``CostBudget`` (2 % of the training time in the trailing
+hour, with an initial advance; window_budget.py), which accrues from the runtime's first hook
+event (``Runtime.training_started_s``), and writes the ledger to ``<run_dir>/budget/<job>-rank<r>.json`` (``perftracker status`` reads it). The
 detector's automatic triggers ask the budget first; manual windows are never refused, and counted.
+
+A process that ends before a window's after-phase is over (the job finished) has its window
+measured at exit (``finish_at_exit``): from its arm to the last iteration boundary, against the
+iterations that exist, labelled ``partial`` (no settling after it is counted; the exit's own delay
+is not training time).
 
 Never raises into the training loop; runs in the channel thread and a timer thread only.
 """
@@ -40,6 +46,19 @@ class _Counting(Protocol):
     def recent_iteration_ms(self) -> list[float]: ...
 
 
+def _started_s(runtime: object) -> float | None:
+    """When training began, if the runtime can tell (``Runtime.training_started_s``)."""
+    fn = getattr(runtime, "training_started_s", None)
+    t = fn() if callable(fn) else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
+def _last_boundary_s(runtime: object) -> float | None:
+    fn = getattr(runtime, "last_boundary_s", None)
+    t = fn() if callable(fn) else None
+    return float(t) if isinstance(t, (int, float)) else None
+
+
 class WindowCostMeter:
     def __init__(self, runtime: _Counting, ledger: Path | None, budget: CostBudget | None = None,
                  after_s: float = AFTER_S, clock: Callable[[], float] = time.monotonic) -> None:
@@ -52,10 +71,16 @@ class WindowCostMeter:
         self._open: dict[str, dict[str, Any]] = {}
         self.costs: list[dict[str, Any]] = []  # one per measured window, newest last
 
+    def _know_start(self) -> None:
+        """The budget accrues from when training began: learn it from the runtime once."""
+        if self.budget.started_s is None:
+            self.budget.started_s = _started_s(self.runtime)
+
     # ---------------------------------------------------------------- the gate
     def allows_trigger(self, reason: str) -> bool:
         """An automatic trigger (the detector's) may send only when the budget can pay for the next
         window; others always may."""
+        self._know_start()
         with self._lock:
             ok = self.budget.ask(self.clock(), manual=reason not in DETECTOR_REASONS)
         if not ok:
@@ -65,6 +90,7 @@ class WindowCostMeter:
     # ---------------------------------------------------------------- one window
     def armed(self, session: str, reason: str) -> None:
         try:
+            self._know_start()
             base_s = median(self.runtime.recent_iteration_ms()) / 1e3
             with self._lock:
                 self._open[session] = {"t0": self.clock(), "it0": int(self.runtime.iteration), "base_s": base_s,
@@ -79,7 +105,10 @@ class WindowCostMeter:
         t.daemon = True
         t.start()
 
-    def measure(self, session: str) -> dict[str, Any] | None:
+    def measure(self, session: str, partial: bool = False) -> dict[str, Any] | None:
+        """The window's cost now (its after-phase is over), spent from the budget and written to the
+        ledger; once per window. ``partial``: the process is ending before that: measured from the
+        arm to the last iteration boundary, with the iterations that exist."""
         try:
             with self._lock:
                 w = self._open.pop(session, None)
@@ -87,20 +116,37 @@ class WindowCostMeter:
                     return None
                 now = self.clock()
                 iterations = int(self.runtime.iteration) - w["it0"]
-                lost = lost_s(now - w["t0"], iterations, w["base_s"])
+                end = now
+                if partial:
+                    last = _last_boundary_s(self.runtime)
+                    end = min(now, max(last, w["t0"])) if last is not None else now
+                lost = lost_s(end - w["t0"], iterations, w["base_s"])
                 self.budget.spend(now, lost, w["manual"], session)
                 cost = {"session": session, "reason": w["reason"], "manual": w["manual"], "lost_s": round(lost, 3),
-                        "measured_s": round(now - w["t0"], 3), "iterations": iterations,
-                        "baseline_iteration_ms": round(w["base_s"] * 1e3, 3)}
+                        "measured_s": round(end - w["t0"], 3), "iterations": iterations,
+                        "baseline_iteration_ms": round(w["base_s"] * 1e3, 3), "partial": partial}
                 self.costs = [*self.costs[-19:], cost]
                 left = self.budget.left_s(now)
-            log.info("perftracker: window %s cost %.2f s of training over %.1f s (budget left %.1f s of %.0f s)",
-                     session, lost, cost["measured_s"], left, self.budget.limit_s)
+                allowed = self.budget.allowance_s(now)
+            log.info("perftracker: window %s cost %.2f s of training over %.1f s%s (budget left %.1f s of %.1f s)",
+                     session, lost, cost["measured_s"], " (partial: the process ended)" if partial else "",
+                     left, allowed)
             self._write()
             return cost
         except Exception:  # noqa: BLE001
             log.debug("perftracker: window cost: measure failed", exc_info=True)
             return None
+
+    def finish_at_exit(self) -> list[dict[str, Any]]:
+        """The process is ending: measure every window not measured yet (partial), so that its cost
+        is in the ledger. Never raises."""
+        try:
+            with self._lock:
+                open_sessions = list(self._open)
+            return [c for c in (self.measure(s, partial=True) for s in open_sessions) if c is not None]
+        except Exception:  # noqa: BLE001 - at exit
+            log.debug("perftracker: window cost: exit measure failed", exc_info=True)
+            return []
 
     # ---------------------------------------------------------------- the ledger
     def to_dict(self) -> dict[str, Any]:
@@ -120,18 +166,25 @@ class WindowCostMeter:
             log.debug("perftracker: window cost ledger not written: %s", exc)
 
 
-def report_fields(budget: Mapping[str, Any] | None, window_s: float, blocking_s: float) -> dict[str, float]:
+def report_fields(budget: Mapping[str, Any] | None, window_s: float, blocking_s: float,
+                  cost: Mapping[str, Any] | None = None) -> dict[str, float]:
     """What a window's WINDOW_DONE tells the report about its cost (``Report.window_cost``): how long
     it recorded, how long its stop blocked training, and the budget as it stood when the window
-    opened (``CostBudget.to_dict`` then). The window's own measured cost comes 5 s after it was
-    delivered, after the report: ``perftracker status`` shows it."""
+    opened (``CostBudget.to_dict`` then). The window's own measured cost normally comes 5 s after it
+    was delivered, after the report (``perftracker status`` shows it); a window delivered as its
+    process ends is measured then (``cost``, partial: ``cost_s`` and ``cost_partial`` 1)."""
     out = {"window_s": round(max(0.0, float(window_s)), 3), "blocked_s": round(max(0.0, float(blocking_s)), 3)}
     if budget:
-        for key, src in (("budget_s", "limit_s"), ("spent_s", "spent_s"), ("left_s", "left_s"),
+        for key, src in (("budget_s", "allowance_s"), ("spent_s", "spent_s"), ("left_s", "left_s"),
                          ("last_cost_s", "last_window_lost_s")):
-            v = budget.get(src)
+            v = budget.get(src, budget.get("limit_s") if src == "allowance_s" else None)
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 out[key] = round(float(v), 3)
+    if cost:
+        v = cost.get("lost_s")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out["cost_s"] = round(max(0.0, float(v)), 3)
+            out["cost_partial"] = 1.0 if cost.get("partial") else 0.0
     return out
 
 

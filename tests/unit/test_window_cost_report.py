@@ -24,7 +24,7 @@ from perftracker.wire import patterns as wire_patterns
 
 
 def _budget_before(spent_s: list[float]) -> dict[str, object]:
-    b = CostBudget()
+    b = CostBudget(started_s=200.0 - 3600.0)  # trained a whole hour: the full 72 s
     for i, s in enumerate(spent_s):
         b.spend(100.0 + i, s, manual=False, session=f"s{i}")
     return b.to_dict(200.0)
@@ -37,6 +37,23 @@ def test_report_fields_say_the_window_and_the_budget_before_it() -> None:
     first = report_fields(_budget_before([]), 20.0, 2.0)  # no window measured yet: no last cost
     assert "last_cost_s" not in first and first["spent_s"] == 0.0 and first["left_s"] == 72.0
     assert report_fields(None, 3.0, 0.1) == {"window_s": 3.0, "blocked_s": 0.1}
+    young = CostBudget(started_s=0.0)  # 15 s into training: the 10 s advance is the budget
+    assert report_fields(young.to_dict(15.0), 1.0, 0.1)["budget_s"] == 10.0
+    # a window measured at its process's exit carries its own cost, labelled partial
+    cut = report_fields(_budget_before([]), 4.0, 0.3, {"lost_s": 2.345, "partial": True})
+    assert cut["cost_s"] == 2.345 and cut["cost_partial"] == 1.0
+    assert "cost_s" not in report_fields(_budget_before([]), 4.0, 0.3, {"lost_s": float("nan")})
+
+
+def test_the_header_says_a_cost_measured_to_the_exit() -> None:
+    rep = Report("j", "s3", "slowdown", 0, "slowdown", 4.0, (0, 1),
+                 window_cost={"window_s": 4.0, "blocked_s": 0.3, "cost_s": 2.3, "cost_partial": 1.0, "budget_s": 10.0,
+                              "spent_s": 0.0, "left_s": 10.0})
+    jsonschema.Draft202012Validator(json_render.load_schema()).validate(rep.to_dict())
+    assert cost_text(rep) == ("ran 4.0 s, blocked training 0.30 s; cost 2.3 s of training (to the exit: partial); "
+                              "budget 10.0 s over the last hour: 0.0 s spent in the hour before it, 10.0 s left")
+    whole = Report("j", "s4", "slowdown", 0, "slowdown", 4.0, (0, 1), window_cost={"cost_s": 2.3, "cost_partial": 0.0})
+    assert cost_text(whole) == "cost 2.3 s of training"
 
 
 def test_worst_of_takes_the_largest_cost_and_the_least_left() -> None:
@@ -81,7 +98,8 @@ def test_the_report_carries_level_and_cost_and_the_header_shows_them() -> None:
     text_render.render(rep, buf, color=False, width=160)
     out = buf.getvalue()
     line = cost_text(rep)
-    assert line == "ran 7.0 s, blocked training 1.20 s; budget 72 s/h: 7.5 s spent in the hour before it, 64.5 s left"
+    assert line == ("ran 7.0 s, blocked training 1.20 s; budget 72.0 s over the last hour: 7.5 s spent in the hour "
+                    "before it, 64.5 s left")
     assert line in out and "profile window" in out
     page = io.StringIO()
     html_render.render(rep, page)
