@@ -6,7 +6,8 @@ in), as a job whose trigger comes near its end does. Each rank cuts its window a
 the profiler's result to a child that outlives it; the agent waits for the child's file and
 summarizes it after the rank has gone. The report must name both ranks. Each rank measures its
 exit (end of training to its last atexit hook, registered before perftracker's): printed, not
-asserted (timed tests do not assert performance); the hand-over itself is checked in the log.
+asserted (timed tests do not assert performance); the hand-over itself is checked in the log, and
+the window's cost, measured at each rank's exit (partial), in the log and the report.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ def test_a_window_cut_by_the_end_of_training_ends_in_a_report_with_both_ranks(tm
     cost = report["window_cost"]
     assert report["level"] == "window" and {"window_s", "blocked_s", "budget_s", "left_s"} <= set(cost), cost
     assert 0 < cost["window_s"] <= 20.5 and cost["budget_s"] == 72.0 and cost["left_s"] <= 72.0, cost
+    # the process ended before the window's after-phase: its cost was measured at the exit, partial
+    assert cost.get("cost_partial") == 1.0 and cost.get("cost_s", -1.0) >= 0.0, cost
+    measured = re.findall(rf"window {session} cost (-?[0-9.]+) s of training over [0-9.]+ s "
+                          r"\(partial: the process ended\)", out)
+    assert len(measured) == 2, (out + err)[-5000:]
     exits = {int(r): float(s) for r, s in re.findall(r"EXIT (\d) ([0-9.]+)", out)}
     assert sorted(exits) == [0, 1], out[-3000:]
     print(f"exit after training, per rank (s): {exits}; window cost in the report: {cost}")
