@@ -43,9 +43,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
@@ -58,7 +59,7 @@ from bench.faultkit.scoring import Flag, Score, _matches, score  # noqa: E402
 from bench.tracefault.mutate import MutationResult, mutate_dir  # noqa: E402
 from bench.tracefault.scenario import GpuScenario, load_gpu_scenario  # noqa: E402
 from perftracker.cli.analyze import localize_summaries, summarize_dir  # noqa: E402
-from perftracker.model import Report  # noqa: E402
+from perftracker.model import Finding, Report  # noqa: E402
 
 log = logging.getLogger("bench.gpu_faults")
 SAVES_FLOOR = 0.10  # saves_error: a saving below this share of the step is judged by its absolute error
@@ -123,16 +124,25 @@ class Outcome:
 
     @property
     def saves_predicted(self) -> float | None:
-        """The report's ``saves_share`` for the injected fault: that of the first finding that names
-        a true culprit (as scored); 0 when no finding names one (the report predicts no saving for a
-        fault it does not see); None without a report."""
+        """The report's saving for removing every injected fault: that of the first finding that
+        names a true culprit (as scored), or, where several findings name true culprits and the
+        report replayed them together (``Report.saves_together``, which then names no rank that is
+        neither a true culprit nor allowed by the scenario's [[allow]]), that joint saving: the truth removes every fault at once, and culprits that hold one another
+        up do not add. 0 when no finding names one (the report predicts no saving for a fault it does
+        not see); None without a report."""
         if self.report is None:
             return None
-        for f in self.report.findings:
-            if any(_matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}"))
-                   for m in self.scenario.truth.expect for r in f.ranks):
-                return float(f.saves_share)
-        return 0.0
+        def matching(tables: Sequence[Any]) -> list[Finding]:
+            return [f for f in self.report.findings if any(
+                _matches(m, Flag(r, f.category.value, f.kind, f"{f.key} {f.label}")) for m in tables for r in f.ranks)]
+
+        named = matching(self.scenario.truth.expect)
+        joint = self.report.saves_together
+        culprits = {r for f in named for r in f.ranks}
+        fair = culprits | {r for f in matching(self.scenario.truth.allow) for r in f.ranks}
+        if len(named) > 1 and joint is not None and culprits <= set(joint.ranks) <= fair:
+            return float(joint.saves_share)
+        return float(named[0].saves_share) if named else 0.0
 
     @property
     def saves_abs_error(self) -> float | None:

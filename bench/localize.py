@@ -35,7 +35,7 @@ import time
 import numpy as np
 from perftracker.localizer.diagnose.arrays import PatternArrays
 from perftracker.localizer.diagnose.expect import OPEN_BOX
-from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings
+from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings, report_summary
 from perftracker.localizer.diagnose.headline import dress_report
 from perftracker.localizer.diagnose.localize import (
     analyze_function,
@@ -49,7 +49,7 @@ from perftracker.localizer.diagnose.options import LocalizeOptions
 from perftracker.localizer.diagnose.rule import (
     GAUSSIAN_3_4,  # statsmodels' constant, documented in rule.py
 )
-from perftracker.localizer.diagnose.savings import replayed_savings
+from perftracker.localizer.diagnose.savings import replayed_savings, said
 from statsmodels.robust.scale import mad as statsmodels_mad
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package
@@ -160,8 +160,9 @@ def main() -> int:
 
     t, c = time.perf_counter(), time.process_time()
     ref_verdicts = reference_verdicts(arr, opts)
-    ref_findings, ref_summary, _ = build_findings(arr, ref_verdicts, opts)
-    ref_findings, ref_summary = replayed_savings(arr, ref_findings, ref_summary)  # as build_report does
+    ref_findings, ref_top = build_findings(arr, ref_verdicts, opts)
+    ref_findings = said(arr, replayed_savings(arr, ref_findings))  # as build_report does
+    ref_summary = report_summary(arr, ref_findings, ref_top)
     reference_s = time.perf_counter() - t
     reference_cpu_s = time.process_time() - c
     log(f"reference: {reference_s:.2f} s")

@@ -39,7 +39,6 @@ from perftracker.localizer.diagnose.explain import (
     describe_finding,
     describe_ranks,
     describe_report,
-    pct,
 )
 from perftracker.localizer.diagnose.group_findings import (
     HOP,
@@ -120,8 +119,10 @@ class _Draft:
 
 
 def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts: LocalizeOptions
-                   ) -> tuple[list[Finding], str, list[TopFunction]]:
-    """(findings sorted by impact, the report summary, the top critical-path functions)."""
+                   ) -> tuple[list[Finding], list[TopFunction]]:
+    """(findings sorted by impact, the top critical-path functions). The sentences do not yet say
+    what fixing each cause would save: the savings are replayed after (``savings.py``), and
+    ``savings.said`` words them; ``report_summary`` then reads the first."""
     n = arr.n_workers
     common_fraction = opts.common_fraction
     drafts: list[_Draft] = []
@@ -172,12 +173,16 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     tiers = [0] * len(causes) + [_tier(d, material) for d in kept]
     order = sorted(range(len(tiers)), key=lambda i: (tiers[i], -(causes + findings)[i].impact))
     findings = [(causes + findings)[i] for i in order]
-    top = top_functions(arr, verdicts, opts.top_functions, medians)
+    return findings, top_functions(arr, verdicts, opts.top_functions, medians)
+
+
+def report_summary(arr: PatternArrays, findings: Sequence[Finding], top: Sequence[TopFunction]) -> str:
+    """The report's one line: the first finding's sentence (and how many more), or what holds the
+    critical path when nothing is abnormal; the process groups' source where there are several ranks."""
+    n = arr.n_workers
     summary = describe_report(len(findings), findings[0].sentence if findings else "", n,
                               [(t.label, t.median.beta) for t in top], int(arr.ranks[0]) if n == 1 else None)
-    if n > 1:
-        summary += f" [{groups_note(arr)}]"
-    return findings, summary, top
+    return summary + (f" [{groups_note(arr)}]" if n > 1 else "")
 
 
 def _one_rank_per_stage(arr: PatternArrays) -> bool:
@@ -254,7 +259,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     sets = member_sets(arr, families)
     groups = late_groups(beta, families, arr.stage, opts, sets)
     groups += _step_late_groups(arr, families, sets, groups, opts)
-    groups += _flagged_early_exits(drafts, beta, families, groups, opts)
+    groups += _flagged_early_exits(drafts, beta, families, groups, opts, sets)
     suspects = _suspects(drafts)
     groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts, sets)
     groups.sort(key=lambda g: -g.wait_share)
@@ -320,9 +325,15 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 _add_wait(links[0], Wait(v.verdict.info.label, ranks, excess))
             v.folded = True
             continue
+        family = family_of.get(v.f, [v.f])
+        if _explained_by_waits(v, beta[family].sum(axis=0), arr.stage, family[0], groups, opts.wait_min):
+            c = max(culprits, key=lambda d: np.intersect1d(d.idx, v.idx).size, default=None)
+            if c is not None and np.intersect1d(c.idx, v.idx).size:
+                c.consequences.append(Consequence(v.verdict.info.label, v.observed.beta / v.median.beta))
+            v.folded = True
+            continue
         # judged on the whole wait family: a waiter may hold one part of a split wait longer than
         # the late rank and the whole wait no longer than its fellow waiters
-        family = family_of.get(v.f, [v.f])
         whole = beta[family].sum(axis=0)
         median_g, held = float(np.median(whole)), float(np.median(whole[v.idx]))
         for c in [o for w, o in owners if 2 * np.intersect1d(w, v.idx).size >= v.idx.size] + \
@@ -451,15 +462,20 @@ def _suspects(drafts: Sequence[_Draft]) -> list[tuple[np.ndarray, float]]:
 
 
 def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: list[list[int]],
-                         known: Sequence[LateGroup], opts: WaitOptions) -> list[LateGroup]:
+                         known: Sequence[LateGroup], opts: WaitOptions, sets: MemberSets | None = None
+                         ) -> list[LateGroup]:
     """Late groups from collective findings whose ranks hold the collective materially *less* than
     the others (the differential test singled them out: they arrive last), where the wait evidence
     itself was not clear enough (a noisy group). Judged, like the wait evidence, on the whole wait
-    family (a rank that holds one part of the DDP reducer's wait less may hold the other part more).
-    The others' excess must be a material wait. Such a finding may already be folded into its ranks'
-    own finding as a consequence; its waits still count."""
+    family (a rank that holds one part of the DDP reducer's wait less may hold the other part more),
+    and within each process group the family runs in where the traces name them (one finding may
+    hold the late ranks of several groups: each group's members wait only for their own), keeping
+    only the last to arrive there (``last_arrivers``). The others' excess must be a material wait.
+    Such a finding may already be folded into its ranks' own finding as a consequence; its waits
+    still count."""
     family_of = {f: fam for fam in families for f in fam}
     covered = {(g.f, int(r)) for g in known for r in g.late}
+    waits_there = {(g.f, g.group, int(r)) for g in known for r in g.waiting}
     out = []
     for v in drafts:
         info = v.verdict.info
@@ -470,14 +486,49 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
         if all((head, int(r)) in covered for r in v.idx):
             continue
         b = beta[family].sum(axis=0)
-        others = np.setdiff1d(np.flatnonzero(b > 0), v.idx)
-        if others.size == 0:
-            continue
-        share = float(np.median(b[others]) - np.median(b[v.idx]))
-        if material_wait(share, float(np.median(b[others])), opts):
-            out.append(LateGroup(head, np.sort(v.idx), others, share))
-            covered.update((head, int(r)) for r in v.idx)
+        runs = np.flatnonzero(b > 0)
+        by_group = (sets or {}).get(head) or [(-1, runs)]
+        for g, named in by_group:
+            members = np.intersect1d(named, runs)
+            late = np.intersect1d(v.idx, members)
+            others = np.setdiff1d(members, late)
+            if late.size == 0 or others.size == 0:
+                continue
+            if g >= 0:  # within a named group: only the last to arrive are waited for (members at 0 too)
+                late = late[b[late] <= float(b[named].min()) + opts.wait_min]
+                others = np.setdiff1d(members, late)
+                if late.size == 0 or all((head, int(r)) in covered or (head, g, int(r)) in waits_there
+                                         for r in late):
+                    continue
+            share = float(np.median(b[others]) - np.median(b[late]))
+            if material_wait(share, float(np.median(b[others])), opts):
+                out.append(LateGroup(head, np.sort(late), others, share, g))
+                covered.update((head, int(r)) for r in late)
     return out
+
+
+def _explained_by_waits(v: _Draft, b: np.ndarray, stage: np.ndarray | None, head: int,
+                        groups: Sequence[LateGroup], wait_min: float) -> bool:
+    """A collective finding says nothing of its own when the wait evidence of its family (``b``: the
+    family's β per worker) accounts for every one of its ranks: each is late in a late group (whose
+    wait went to that group's owner or cause) or waits in one, and none holds the collective a
+    material wait (``wait_min``) longer than its stage's median worker (such a wait is judged with
+    the culprits, below). A rank that holds it *less* arrives late: it is a late group's, or it
+    arrives after its fellow waiters but before the late ones and no one waits for it. On a DP32 x
+    PP2 job with ranks 4 and 6 slowed, one finding held the stage-0 all-reduce's late ranks (4, 6),
+    the stage-1 all-reduce's (5, 7, late one hop further: they waited for 4 and 6 at the pipeline)
+    and rank 0, which idles on its own and still waited for 4 and 6."""
+    mine = [g for g in groups if g.f == head]
+    if not mine or v.median.beta <= 0:
+        return False
+    like = stage if stage is not None else np.zeros(b.size, dtype=np.int64)
+    for r in v.idx.tolist():
+        if not any(r in g.late or r in g.waiting for g in mine):
+            return False
+        peers = b[(like == like[r]) & (b > 0)]
+        if peers.size and float(b[r]) >= float(np.median(peers)) + wait_min:
+            return False
+    return True
 
 
 def _drop_split_early_exits(drafts: Sequence[_Draft], families: list[list[int]], groups: Sequence[LateGroup]) -> None:
@@ -624,16 +675,11 @@ def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
                                                  o.observed, o.median, arr.gpu)
     impact = rounded(_impact(d))
     saves = _saves(d, arr, waits)
-    if saves >= _SAY_SAVES and arr.job_groups.read:
-        sentence += f"; fixing it would save about {pct(saves)} of the step"
     return Finding(
         key=info.key, label=label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,
         tests=d.tests, observed=d.observed, median=d.median, expected=d.verdict.box, sentence=sentence,
         points=_points(arr, d.f, d.idx, max_points), impact=impact, impact_s=rounded(impact * float(arr.window_s)),
         waits=waits, parts=d.parts, saves_share=rounded(saves), saves_s=rounded(saves * float(arr.window_s)))
-
-
-_SAY_SAVES = 0.01  # the sentence says what fixing a cause would save from this share of the window
 
 
 def _saves(d: _Draft, arr: PatternArrays, waits: tuple[Wait, ...]) -> float:

@@ -158,7 +158,6 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
             saves = stage_saves(jg.steps, arr.stage, s.heavy) / 1000.0 / float(arr.window_s)
         else:  # balanced, the heavy stage would compute halfway to the lightest: half of what it costs
             saves = s.cost / 2.0
-        sentence += _saves_text(saves)
         return _finding(STAGE_KEY, f"pipeline stage {s.heavy}", ranks, "specific", sentence, heavy, light,
                         impact, arr, waits, saves)
     if cause.moving is not None:
@@ -177,14 +176,9 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
         saves = m.cost
         if jg.steps is not None and jg.step_group is not None:
             saves = moving_saves(jg.steps, jg.step_group, m.groups) / 1000.0 / float(arr.window_s)
-        sentence += _saves_text(saves)
         return _finding(MOVING_KEY, "slowest rank moves from step to step", ranks, "random", sentence, b, b,
                         impact, arr, waits, saves)
     return None
-
-
-def _saves_text(saves: float) -> str:
-    return f"; fixing it would save about {pct(saves)} of the step" if saves >= 0.01 else ""
 
 
 def _finding(key: str, label: str, ranks: tuple[int, ...], kind: str, sentence: str, observed: float,

@@ -33,7 +33,7 @@ from perftracker.localizer.diagnose.distances import (
     sample_workers,
 )
 from perftracker.localizer.diagnose.expect import OPEN_BOX, Expectations, load_expectations
-from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings
+from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings, report_summary
 from perftracker.localizer.diagnose.floors import Floors, floors_for
 from perftracker.localizer.diagnose.headline import dress_report
 from perftracker.localizer.diagnose.host_bound import with_host_total, with_idle_share
@@ -45,10 +45,11 @@ from perftracker.localizer.diagnose.rule import (
     minority_only,
     small_job_threshold,
 )
-from perftracker.localizer.diagnose.savings import replayed_savings
+from perftracker.localizer.diagnose.savings import replayed_savings, said, together
 from perftracker.localizer.diagnose.step_lanes import step_lanes
 
-from perftracker.model import PatternSet, Report
+from perftracker.model import JointSaving, PatternSet, Report
+from perftracker.model.schema import rounded
 
 log = logging.getLogger(__name__)
 
@@ -242,8 +243,11 @@ def _first_missing(present: np.ndarray, n: int) -> list[int]:
 
 def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expectations: Expectations,
                  opts: LocalizeOptions) -> Report:
-    findings, summary, top = build_findings(arr, verdicts, opts)
-    findings, summary = replayed_savings(arr, findings, summary)
+    findings, top = build_findings(arr, verdicts, opts)
+    findings = replayed_savings(arr, findings)
+    joint = together(arr, findings)
+    findings = said(arr, findings)
+    summary = report_summary(arr, findings, top)
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()
     if arr.world_size > 0:  # sized by the ranks received, never by the world size they claim
@@ -265,6 +269,8 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
         findings=tuple(findings), top_functions=tuple(top), summary=summary, profile=expectations.name,
         iteration_ms={r: tuple(arr.iteration_ms[r]) for r in sorted(keep_iter) if r in arr.iteration_ms},
         status="partial" if missing else "complete", window_cost=dict(arr.window_cost),
+        saves_together=None if joint is None else JointSaving(
+            joint.ranks, joint.saves_share, rounded(joint.saves_share * float(arr.window_s)), joint.basis),
     )
     report = dress_report(report, arr.n_workers, samples=not arr.offline)
     return dataclasses.replace(report, step_lanes=step_lanes(arr, report.findings))

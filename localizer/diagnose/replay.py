@@ -18,8 +18,11 @@ instances do not line up and the replay says "inconclusive". Replayed again with
 behaving like their median peer (each culprit gap, and the transfer of each instance it is in,
 replaced by the median of its like peers' at the same place: the same pipeline stage, the same
 sequence of instances; its host's own time too for a cause on its host), the saving is
-``1 - replayed steps / recorded steps``, summed over the steps after the first (a pause every
-other step counts by what it costs over the steps, which a median over them would not see).
+what the replayed steps lose against the replayed steps as recorded, summed over every step of
+the record (a pause every other step counts by what it costs over the steps, which a median over
+them would not see). The first step has no replayed start: fixed, it is taken to be as long as
+the median fixed step, and as recorded that plus how much earlier a worker's last instance of it
+ends fixed (the most over the workers).
 
 Only the culprit's connected ranks are replayed, at most ``MAX_RANKS`` (the culprit's groups,
 then theirs, breadth first); members beyond them are left out of their instances (taken as on time).
@@ -29,7 +32,7 @@ culprit saves only down to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,9 +137,11 @@ def job(chains: list[_Chain]) -> _Job:
     return _Job(chains, instances, inst, transfer)
 
 
-def replay_steps(jb: _Job, gaps: Sequence[np.ndarray], transfer: np.ndarray) -> np.ndarray | None:
-    """The replayed length of each step (counted from the last; the first of the record has no
-    start and is left out), or None when the instances form no order (they do not line up)."""
+def replay_ends(jb: _Job, gaps: Sequence[np.ndarray], transfer: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(per step of the record, the first first, when its latest instance ends; per instance, when
+    it ends), µs from the record's start, or None when the instances form no order (they do not
+    line up). A step's length is the time between two such ends; the first step's end, from the
+    record's start, holds its own work but not the tail of the step before it."""
     chains, instances = jb.chains, jb.members
     pending = [len(ms) for ms in instances]
     follows: list[list[list[int]]] = [[[] for _ in c.keys] for c in chains]
@@ -162,8 +167,7 @@ def replay_steps(jb: _Job, gaps: Sequence[np.ndarray], transfer: np.ndarray) -> 
     step = np.array([min(int(chains[w].step[j]) for w, j in ms) for ms in instances])
     lo = int(step.min())
     t = np.array([float(end[step == s].max()) if (step == s).any() else np.nan for s in range(lo, 0)])
-    d = np.diff(t)
-    return None if np.isnan(d).any() else d
+    return None if np.isnan(t).any() else (t, end)
 
 
 def host_floor(chains: Sequence[_Chain], k: int, replace: dict[int, np.ndarray] | None = None) -> np.ndarray:
@@ -216,11 +220,18 @@ def _median_at(values: list[np.ndarray], own: np.ndarray) -> np.ndarray:
 
 
 def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
-                  stage: np.ndarray | None, host: bool = True) -> Replay | None:
+                  stage: np.ndarray | None, host: bool | Collection[int] = True,
+                  link_scale: Mapping[int, float] | None = None) -> Replay | None:
     """What the culprit columns behaving like their median like peer would save (module doc);
     None when a culprit has no record (the caller estimates instead). ``host``: the cause is on the
-    culprit's host (its host's own time becomes its peers' too); a cause on its GPU or link leaves
-    its host as it is (a rank that does more host work than its peers keeps doing it)."""
+    culprit's host (its host's own time becomes its peers' too), for every culprit (True) or for
+    those columns; a cause on its GPU or link leaves its host as it is (a rank that does more host
+    work than its peers keeps doing it). ``link_scale``: culprit column -> the share of its
+    instances' transfer time a healthy link would take (``savings.link_scale``, from its port's
+    stall share): its transfers become that, not its peers' (which, in one group of all ranks, are
+    the same slowed instances)."""
+    host_cols = set(culprits) if host is True else set() if host is False else set(host)
+    scale = dict(link_scale or {})
     if not culprits or any(records[c] is None for c in culprits):
         return None
     have = [w for w, r in enumerate(records) if r is not None and r.rows]
@@ -236,8 +247,9 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
             return Replay(0.0, 0, "no peer of the culprit's stage ran the same collective instances")
     cols = _connected(records, list(culprits))
     jb = job([chains[w] for w in cols])
-    base = replay_steps(jb, [c.gap for c in jb.chains], jb.transfer)
-    if base is None or base.size < MIN_STEPS:
+    base_run = replay_ends(jb, [c.gap for c in jb.chains], jb.transfer)
+    base = np.diff(base_run[0]) if base_run is not None else None
+    if base_run is None or base is None or base.size < MIN_STEPS:
         return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
     k = base.size
     base = np.maximum(base, host_floor(jb.chains, k))
@@ -264,16 +276,39 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
                              for j, x in enumerate(idx.tolist()))
         for j, t in enumerate(theirs.tolist()):
             inst = jb.inst[i][j]
-            transfer[inst] = min(transfer[inst], t)
+            transfer[inst] = min(transfer[inst], jb.transfer[inst] * scale[w] if w in scale else t)
         hs = [chains[p].host_us for p, _ in peers[w] if chains[p].host_us.size == ch.host_us.size]
-        if host and ch.host_us.size and hs:
+        if w in host_cols and ch.host_us.size and hs:
             floors[i] = np.median(np.stack(hs), axis=0)
-    fixed = replay_steps(jb, gaps, transfer)
-    if fixed is None:
+    fixed_run = replay_ends(jb, gaps, transfer)
+    if fixed_run is None:
         return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
-    fixed = np.maximum(fixed, host_floor(jb.chains, k, floors))
-    saves = 1.0 - float(fixed.sum()) / max(float(base.sum()), 1e-9)
-    return Replay(min(1.0, max(0.0, saves)), k, links=links)
+    fixed_gpu = np.diff(fixed_run[0])
+    fixed = np.maximum(fixed_gpu, host_floor(jb.chains, k, floors))
+    # the first step has no replayed start (its latest end, from the record's start, lacks the tail
+    # of the step before it, and each stage's record starts at its own step boundary): fixed, it is
+    # taken to be as long as the median fixed step, and as recorded that plus how much earlier a
+    # worker's last instance of it ends once fixed (the most, over the workers: the culprit's cycle),
+    # within the same host floors
+    like = float(np.median(fixed_gpu))
+    first_base = max(like + first_moved(jb, base_run[1], fixed_run[1]), float(host_floor(jb.chains, k + 1)[0]))
+    first_fixed = max(like, float(host_floor(jb.chains, k + 1, floors)[0]))
+    saved = max(0.0, first_base - first_fixed) + float((base - fixed).sum())
+    saves = saved / max(first_base + float(base.sum()), 1e-9)
+    return Replay(min(1.0, max(0.0, saves)), k + 1, links=links)
+
+
+def first_moved(jb: _Job, base_end: np.ndarray, fixed_end: np.ndarray) -> float:
+    """How much earlier, the most over the workers, a worker's last instance of the record's first
+    step ends in the fixed replay than in the replay as recorded (µs, at least 0)."""
+    first = min(int(c.step.min()) for c in jb.chains if c.step.size)
+    moved = 0.0
+    for w, c in enumerate(jb.chains):
+        rows = np.flatnonzero(c.step == first)
+        if rows.size:
+            i = jb.inst[w][int(rows[-1])]
+            moved = max(moved, float(base_end[i] - fixed_end[i]))
+    return moved
 
 
 def off_recorded(replayed: np.ndarray, recorded: np.ndarray) -> float:

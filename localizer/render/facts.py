@@ -77,6 +77,16 @@ def cost_text(report: Report) -> str:
     return text
 
 
+def together_text(report: Report) -> str:
+    """"ranks 1,6 together: about 23% of the step (replayed over 3 steps)": what fixing every
+    replayed cause at once would save, where the report has several ("" otherwise)."""
+    t = report.saves_together
+    if t is None:
+        return ""
+    return (f"{'rank' if len(t.ranks) == 1 else 'ranks'} {compress_ranks(t.ranks)} together: about "
+            f"{100 * t.saves_share:.0f}% of the step ({t.basis})")
+
+
 def brief_lines(report: Report) -> list[str]:
     """``perftracker report --brief``: the headline, then each finding's title and its cost."""
     lines = [report.top_line or "(no headline)"]

@@ -29,6 +29,7 @@ from perftracker.localizer.render.facts import (
     level_text,
     session_text,
     step_times_text,
+    together_text,
     trigger_text,
 )
 
@@ -132,6 +133,9 @@ def _header(report: Report) -> str:
     cost = cost_text(report)
     if cost:
         rows.append(("window cost", escape(cost)))
+    together = together_text(report)
+    if together:
+        rows.append(("fixing all", escape(together)))
     rows.append(("trigger", escape(trigger_text(report.trigger_reason))))
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))

@@ -24,6 +24,7 @@ from perftracker.localizer.render.facts import (
     level_text,
     session_text,
     step_times_text,
+    together_text,
     trigger_text,
 )
 from rich import box
@@ -101,6 +102,9 @@ def _header(report: Report) -> Panel:
     cost = cost_text(report)
     if cost:
         grid.add_row("window cost", _t(cost))
+    together = together_text(report)
+    if together:
+        grid.add_row("fixing all", _t(together))
     grid.add_row("trigger", _t(trigger_text(report.trigger_reason)))
     grid.add_row("ranks reported", _t(_ranks_text(report.ranks_reported)))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")

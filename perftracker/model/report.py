@@ -182,6 +182,28 @@ class Lane:
                    step_ms=float(require(d, "step_ms", float, where)), parts=tuple(parts))
 
 
+@dataclass(frozen=True)
+class JointSaving:
+    """What fixing every cause the report replayed at once would save: several culprits hold one
+    another up (a step waits for the latest), so their findings' savings do not add (issue 28)."""
+
+    ranks: tuple[int, ...]
+    saves_share: float  # of the step
+    saves_s: float  # of the window
+    basis: str  # "replayed over N steps"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": list(self.ranks), "saves_share": rounded(self.saves_share),
+                "saves_s": rounded(self.saves_s), "basis": self.basis}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JointSaving:
+        where = "JointSaving"
+        return cls(ranks=int_items(require(d, "ranks", list, where), f"{where}.ranks"),
+                   saves_share=float(require(d, "saves_share", float, where)),
+                   saves_s=float(require(d, "saves_s", float, where)), basis=require(d, "basis", str, where))
+
+
 # the parts of a step, in the order a lane draws them
 LANE_PARTS = ("host", "compute", "waiting", "communication", "other")
 
@@ -275,6 +297,7 @@ class Report:
     # what the window cost the training job and the budget it spends from (issue 30; the workers'
     # WINDOW_COST_KEYS, the worst rank's): empty when no worker sent it
     window_cost: Mapping[str, float] = field(default_factory=dict)
+    saves_together: JointSaving | None = None  # fixing every replayed cause at once, where there are several
 
     @property
     def diagnosis_level(self) -> str:
@@ -307,6 +330,7 @@ class Report:
             "step_lanes": [lane.to_dict() for lane in self.step_lanes],
             "level": self.diagnosis_level,
             "window_cost": {k: rounded(v) for k, v in self.window_cost.items()},
+            **({"saves_together": self.saves_together.to_dict()} if self.saves_together is not None else {}),
         }
 
     @classmethod
@@ -333,6 +357,7 @@ class Report:
             iteration_ms=_series(optional(d, "iteration_ms", dict, where, {}), f"{where}.iteration_ms"),
             level=_stored_level(optional(d, "level", str, where, ""), require(d, "kind", str, where)),
             window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
+            saves_together=_joint(optional(d, "saves_together", dict, where, {})),
         )
 
 
@@ -342,6 +367,10 @@ _LEVELS = {"slowdown": "window", "hang": "snapshot", "crash": "exit", "offline":
 def _stored_level(level: str, kind: str) -> str:
     """The level field as read: "" when it is the one ``kind`` implies (a report reads back equal)."""
     return "" if level == _LEVELS.get(kind, "window") else level
+
+def _joint(d: Mapping[str, Any]) -> JointSaving | None:
+    return JointSaving.from_dict(d) if d else None
+
 
 def _strings(values: Sequence[Any], where: str) -> tuple[str, ...]:
     for i, v in enumerate(values):

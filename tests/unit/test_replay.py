@@ -23,11 +23,15 @@ from perftracker.model.step_record import RecordVersionError, StepRecord
 MS = 1000  # the record's unit is µs
 
 
-def _job(a: dict[int, float], dp: int = 4, steps: int = 6, host_ms: dict[int, float] | None = None
+def _job(a: dict[int, float], dp: int = 4, steps: int = 6, host_ms: dict[int, float] | None = None,
+         pause: dict[int, dict[int, float]] | None = None, link: dict[int, float] | None = None
          ) -> list[StepRecord]:
     """Records of a DP ``dp`` × PP2 job (rank = 2 d + stage) whose stage-0 ranks compute ``a[r]`` ms
-    (default 10) before their send, by a forward pass of the job's dependencies."""
+    (default 10) before their send, by a forward pass of the job's dependencies. ``pause``: rank ->
+    {step: ms more before its send in that step}; ``link``: rank -> how many times as long the
+    transfers of every instance it is in take (a slow link: its partner's and its group's too)."""
     n = 2 * dp
+    slow = link or {}
     rows: list[list[tuple[int, int, int, int, int, int, int, int]]] = [[] for _ in range(n)]
     free = np.zeros(n)  # when each rank's previous instance ended
     bounds: list[list[float]] = [[0.0] for _ in range(n)]
@@ -35,15 +39,16 @@ def _job(a: dict[int, float], dp: int = 4, steps: int = 6, host_ms: dict[int, fl
         send_end = {}
         for d in range(dp):
             r0, r1 = 2 * d, 2 * d + 1
-            arrive0 = free[r0] + a.get(r0, 10.0)
+            work = a.get(r0, 10.0) + (pause or {}).get(r0, {}).get(k, 0.0)
+            arrive0 = free[r0] + work
             arrive1 = free[r1]  # the recv is posted at once
-            end = max(arrive0, arrive1) + 1.0
-            rows[r0].append((1, 1, k, r0, r1, int(arrive0 * MS), int((end - arrive0) * MS), int(a.get(r0, 10.0) * MS)))
+            end = max(arrive0, arrive1) + 1.0 * max(slow.get(r0, 1.0), slow.get(r1, 1.0))
+            rows[r0].append((1, 1, k, r0, r1, int(arrive0 * MS), int((end - arrive0) * MS), int(work * MS)))
             rows[r1].append((1, 1, k, r0, r1, int(arrive1 * MS), int((end - arrive1) * MS), 0))
             send_end[d] = end
         for stage, compute in ((0, 5.0), (1, 12.0)):
             arrive = {2 * d + stage: send_end[d] + compute for d in range(dp)}
-            end = max(arrive.values()) + 2.0
+            end = max(arrive.values()) + 2.0 * max(slow.get(r, 1.0) for r in arrive)
             for r, t in arrive.items():
                 rows[r].append((0, 0, k, -1, -1, int(t * MS), int((end - t) * MS), int(compute * MS)))
                 free[r] = end
@@ -169,3 +174,35 @@ def test_a_large_job_replays_a_bounded_part_of_it() -> None:
     r = replay_saving(recs, [0], _stage(600))
     assert time.process_time() - t0 < 10.0
     assert r is not None and r.saves == pytest.approx(6.0 / 24.0, abs=0.01)
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_pause_every_other_step_counts_in_every_step_of_the_record(first: int) -> None:
+    """Rank 0 pauses 12 ms in every other step (from step ``first``) of 6: three pauses, 36 ms over
+    6 x 18 + 36 ms, a saving of 25% whichever steps hold them. Left out, the record's first step
+    would read 2 pauses in 5 steps (21%) or 3 in 5 (29%)."""
+    recs = _job({}, pause={0: {k: 12.0 for k in range(first, 6, 2)}})
+    r = replay_saving(recs, [0], _stage())
+    assert r is not None and not r.inconclusive and r.steps == 6
+    assert r.saves == pytest.approx(36.0 / 144.0, abs=0.01)
+    clean = replay_saving(_job({}), [0], _stage())
+    assert clean is not None and clean.saves == pytest.approx(0.0, abs=0.005)
+
+
+@pytest.mark.parametrize("factor", [1.5, 3.0])
+def test_a_slow_link_in_instances_its_peers_share_needs_its_port_to_say_the_saving(factor: float) -> None:
+    """Rank 0's link makes every instance it is in ``factor`` times as long: its send (1 ms) and its
+    stage's all-reduce (2 ms), which its like peers (ranks 2, 4, 6) are in too. The period grows by
+    3 (factor - 1) ms. Its peers' transfers of the same all-reduce are as slow as its own, so the
+    like-peer replay sees only the send; with the port's healthy share (1 / factor of the time)
+    the replay gives the whole excess, and with a port stalled like its peers' (a share of 1)
+    nothing."""
+    recs = _job({}, link={0: factor})
+    excess = 3.0 * (factor - 1.0)
+    want = excess / (18.0 + excess)
+    peers = replay_saving(recs, [0], _stage(), host=False)
+    assert peers is not None and peers.saves == pytest.approx((factor - 1.0) / (18.0 + excess), abs=0.01)
+    port = replay_saving(recs, [0], _stage(), host=False, link_scale={0: 1.0 / factor})
+    assert port is not None and not port.inconclusive and port.saves == pytest.approx(want, abs=0.01)
+    same = replay_saving(recs, [0], _stage(), host=False, link_scale={0: 1.0})
+    assert same is not None and same.saves == pytest.approx(0.0, abs=0.005)
