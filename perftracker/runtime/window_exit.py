@@ -152,6 +152,8 @@ class WindowExit:
             self.shutdown("process exiting", wait_s)
             return
         writer.hurry()
+        log.info("perftracker: window %s at exit: %s, writer hurried after %.2f s", cur.session, state,
+                 time.monotonic() - t0)
         fin = writer.thread
         if fin is not None and fin.is_alive() and fin is not threading.current_thread():
             fin.join(max(0.0, wait_s - (time.monotonic() - t0)))
@@ -248,6 +250,6 @@ def _at_exit() -> None:
 
         slept_s = settle_after_stop()  # torch aborts a process that exits right after a stop
         if slept_s > 0:
-            log.debug("perftracker: exit waited %.2f s after the last profiler stop", slept_s)
+            log.info("perftracker: exit waited %.2f s after the last profiler stop", slept_s)
     except BaseException:  # noqa: BLE001
         pass

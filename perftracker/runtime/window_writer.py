@@ -163,8 +163,12 @@ class WindowWriter:
                     rows = len(raw)
                     del raw
             except Detached:  # the process is exiting: a detached child writes the file (window_handoff.py)
+                t0 = time.monotonic()
                 res = self.handoff(self, cur, result, end_ns, blocking_ns, child)
+                t1 = time.monotonic()
                 del result
+                log.info("perftracker: window %s: hand-over %.2f s, profiler result freed in %.2f s", cur.session,
+                         t1 - t0, time.monotonic() - t1)
                 self._deliver(cur, res)
                 return
             if cur.sampler is not None:
