@@ -332,3 +332,47 @@ def test_an_agent_notice_is_one_line_once_on_local_rank_0(run_dir: Path, local_r
     finally:
         ch.stop()
         agent.kill()
+
+
+class HandedWindow(Window):
+    """Stand-in for a window handed to the writer child at exit: its result names the child."""
+
+    def arm(self, session: str, window_s: float, on_done: Any) -> bool:
+        self.armed.append((session, window_s))
+        res = SimpleNamespace(raw_path=f"/x/{session}.npz", start_ns=1, end_ns=2, session=session, error="",
+                              samples_path=None, writer_pid=4242)
+        threading.Timer(0.05, on_done, args=(res,)).start()
+        return True
+
+
+@pytest.mark.parametrize("handed", [False, True])
+def test_a_window_whose_process_ends_first_has_its_cost_in_the_ledger(run_dir: Path, handed: bool) -> None:
+    """Issue 30 (c): a window's cost is measured 5 s after delivery, by a timer that never fires in a
+    process that has gone. Delivered normally, the channel's exit hook measures it (partial); handed
+    to the writer child at exit, it is measured at once and WINDOW_DONE carries the cost."""
+    import json
+    import shutil
+
+    from perftracker.runtime.window_cost import ledger_path
+
+    agent = Agent(wire.socket_path(run_dir))
+    rt = Runtime()
+    ch = _channel(run_dir, rt, HandedWindow() if handed else Window())
+    ledger = ledger_path(run_dir, "jobX", 2)
+    try:
+        assert ch.wait_connected(3)
+        agent.send_all(wire.make_message(MessageType.START_WINDOW, session="s-1", window_s=0.5))
+        done = agent.wait_for("window_done")[0]
+        rt.iteration += 5  # the job trained on a little, then ended before the 5 s after-phase
+        if handed:
+            assert done["cost"]["cost_partial"] == 1.0 and done["cost"]["cost_s"] >= 0.0, done
+        else:
+            assert "cost_s" not in done.get("cost", {}) and not ledger.exists()
+        ch.at_exit()
+        windows = json.loads(ledger.read_text())["windows"]
+        assert [(w["session"], w["partial"]) for w in windows] == [("s-1", True)]
+        assert windows[0]["iterations"] == (0 if handed else 5)
+    finally:
+        ch.stop()
+        agent.kill()
+        shutil.rmtree(run_dir / "budget", ignore_errors=True)
