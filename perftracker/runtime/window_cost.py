@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 
 AFTER_S = 5.0  # the after-phase: iterations this long after delivery still count (the job settling)
 DETECTOR_REASONS = ("slowdown",)  # the reasons of automatic triggers; anything else is manual
+# a session a detector's trigger opened reaches the worker (START_WINDOW) with the agent's description
+# of that trigger, "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)" (localizer_link.describe_trigger)
+_DETECTOR_SESSION = re.compile(r"rank \d+: (?:" + "|".join(map(re.escape, DETECTOR_REASONS)) + r")\b")
+
+
+def is_manual(reason: str) -> bool:
+    """A window (or trigger) not opened by the detector: ``perftracker trigger``, a test, the demo's."""
+    return reason not in DETECTOR_REASONS and _DETECTOR_SESSION.match(reason) is None
 
 
 class _Counting(Protocol):
@@ -82,7 +91,7 @@ class WindowCostMeter:
         window; others always may."""
         self._know_start()
         with self._lock:
-            ok = self.budget.ask(self.clock(), manual=reason not in DETECTOR_REASONS)
+            ok = self.budget.ask(self.clock(), manual=is_manual(reason))
         if not ok:
             self._write()
         return ok
@@ -94,7 +103,7 @@ class WindowCostMeter:
             base_s = median(self.runtime.recent_iteration_ms()) / 1e3
             with self._lock:
                 self._open[session] = {"t0": self.clock(), "it0": int(self.runtime.iteration), "base_s": base_s,
-                                       "manual": reason not in DETECTOR_REASONS, "reason": reason}
+                                       "manual": is_manual(reason), "reason": reason}
         except Exception:  # noqa: BLE001 - never into training
             log.debug("perftracker: window cost: arm failed", exc_info=True)
 

@@ -144,3 +144,22 @@ def test_status_labels_a_cost_measured_at_exit(tmp_path: Path, capsys: pytest.Ca
     assert status.run(argparse.Namespace(run_dir=str(tmp_path), format="text")) == 0
     out = capsys.readouterr().out
     assert "last cost 5.00 s partial (to the exit) (sess-x)" in out and "(1 manual)" in out
+
+
+def test_a_session_the_detector_opened_counts_as_automatic_a_manual_one_as_manual(tmp_path: Path) -> None:
+    # the agent's START_WINDOW carries its description of the trigger that opened the session
+    from perftracker.agent.daemon.localizer_link import describe_trigger
+
+    from perftracker.runtime.window_cost import is_manual
+
+    detector = describe_trigger(0, "slowdown", {"iteration": 472, "ratio": 1.47, "baseline_ms": 31.8})
+    assert detector == "rank 0: slowdown at iteration 472 (+47% over 31.8 ms)"
+    assert not is_manual(detector) and not is_manual("slowdown") and not is_manual(describe_trigger(3, "slowdown", {}))
+    for manual in ("on-demand (perftracker trigger)", "test", "demo: on demand", "slowdown test by hand", ""):
+        assert is_manual(manual), manual
+    m, rt, clock, ledger = _meter(tmp_path)
+    m.armed("s1", detector)
+    clock.t += 30.0
+    rt.iteration += 300
+    m.measure("s1")
+    assert json.loads(ledger.read_text())["budget"]["manual_windows"] == 0
