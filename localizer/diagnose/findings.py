@@ -262,6 +262,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
     groups += _flagged_early_exits(drafts, beta, families, groups, opts, sets)
     suspects = _suspects(drafts)
     groups += suspect_late_groups(beta, families, arr.stage, suspects, groups, opts, sets)
+    groups = _one_late_set_per_group(groups)
     groups.sort(key=lambda g: -g.wait_share)
     _drop_split_early_exits(drafts, families, groups)
     waiting = np.zeros(arr.n_workers, dtype=bool)
@@ -469,13 +470,14 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
     itself was not clear enough (a noisy group). Judged, like the wait evidence, on the whole wait
     family (a rank that holds one part of the DDP reducer's wait less may hold the other part more),
     and within each process group the family runs in where the traces name them (one finding may
-    hold the late ranks of several groups: each group's members wait only for their own), keeping
-    only the last to arrive there (``last_arrivers``). The others' excess must be a material wait.
+    hold the late ranks of several groups: each group's members wait only for their own; on a DP32 x
+    PP2 job one finding held ranks 4 and 6, late in stage 0's data-parallel group, and 5 and 7, late
+    in stage 1's, and judged across both made a late group of the job that no cause owned). The
+    others' excess must be a material wait.
     Such a finding may already be folded into its ranks' own finding as a consequence; its waits
     still count."""
     family_of = {f: fam for fam in families for f in fam}
     covered = {(g.f, int(r)) for g in known for r in g.late}
-    waits_there = {(g.f, g.group, int(r)) for g in known for r in g.waiting}
     out = []
     for v in drafts:
         info = v.verdict.info
@@ -488,18 +490,14 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
         b = beta[family].sum(axis=0)
         runs = np.flatnonzero(b > 0)
         by_group = (sets or {}).get(head) or [(-1, runs)]
-        for g, named in by_group:
-            members = np.intersect1d(named, runs)
+        for g, members in by_group:
+            members = np.intersect1d(members, runs)
             late = np.intersect1d(v.idx, members)
             others = np.setdiff1d(members, late)
             if late.size == 0 or others.size == 0:
                 continue
-            if g >= 0:  # within a named group: only the last to arrive are waited for (members at 0 too)
-                late = late[b[late] <= float(b[named].min()) + opts.wait_min]
-                others = np.setdiff1d(members, late)
-                if late.size == 0 or all((head, int(r)) in covered or (head, g, int(r)) in waits_there
-                                         for r in late):
-                    continue
+            if g >= 0 and all((head, int(r)) in covered for r in late):
+                continue
             share = float(np.median(b[others]) - np.median(b[late]))
             if material_wait(share, float(np.median(b[others])), opts):
                 out.append(LateGroup(head, np.sort(late), others, share, g))
@@ -529,6 +527,33 @@ def _explained_by_waits(v: _Draft, b: np.ndarray, stage: np.ndarray | None, head
         if peers.size and float(b[r]) >= float(np.median(peers)) + wait_min:
             return False
     return True
+
+
+def _one_late_set_per_group(groups: Sequence[LateGroup]) -> list[LateGroup]:
+    """One late set per collective family and named process group: the late groups the several
+    kinds of evidence (the collective shares, the per-step compute, a flagged early exit, a suspect)
+    found in the same process group are one, late ranks put together (its waiters are the members
+    that are late in none; its wait the largest). Its owner is then chosen once for the set, as for
+    a cluster of late ranks the shares found together. DP32 x PP2 with rank 10 slowed: the per-step
+    compute found rank 10 late in stage 0's data-parallel group, and rank 0's early exit from the
+    same all-reduce (it idles 2 ms a step on its own, and still waits for rank 10) made a second late
+    group there, and a finding on rank 0 whose replayed saving was 0. Groups of a stage or of the
+    whole job (no process group read) are left as they are."""
+    merged: dict[tuple[int, int], LateGroup] = {}
+    out: list[LateGroup] = []
+    for lg in groups:
+        key = (lg.f, lg.group)
+        old = merged.get(key) if lg.group >= 0 else None
+        if old is None:
+            if lg.group >= 0:
+                merged[key] = lg
+            out.append(lg)
+            continue
+        late = np.union1d(old.late, lg.late)
+        waiting = np.setdiff1d(np.union1d(old.waiting, lg.waiting), late)
+        merged[key] = LateGroup(lg.f, late, waiting, max(old.wait_share, lg.wait_share), lg.group)
+        out[next(i for i, g in enumerate(out) if g is old)] = merged[key]
+    return out
 
 
 def _drop_split_early_exits(drafts: Sequence[_Draft], families: list[list[int]], groups: Sequence[LateGroup]) -> None:

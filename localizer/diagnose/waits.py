@@ -189,6 +189,10 @@ def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.
 _EXPLAINS = 0.5  # a wait elsewhere explains a lateness here when it is at least this share of it
 
 
+def _ranks_of(late: np.ndarray, waiting: np.ndarray) -> frozenset[int]:
+    return frozenset(late.tolist()) | frozenset(waiting.tolist())
+
+
 def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]:
     """The late groups with their roots: (the groups, each late set trimmed to the workers that are
     late on their own where only some of them wait elsewhere; for each, the index of the group at
@@ -215,14 +219,21 @@ def wait_roots(groups: Sequence[LateGroup]) -> tuple[list[LateGroup], list[int]]
     Only waits in a *different* process group (both read from the traces) are followed: within one
     group the collectives run one after the other, and a rank late at one of them while it waits
     at the next is two phases of the same step, not a chain (on dlrm, rank 7 arrives last at the
-    first all-to-all and waits for ranks 4-5 at the all-reduces)."""
+    first all-to-all and waits for ranks 4-5 at the all-reduces). Two groups of the same ranks are
+    one group for this: on a two-stage pipeline a replica's send/recv and its embedding all-reduce
+    join the same pair, and a stage-0 rank slowed 2x was late at the send/recv while it waited at the
+    all-reduce for its partner, which waited for it at the send/recv: a cycle that handed the slowed
+    rank's pipeline wait, and its partner's one hop further in the data-parallel group, to the heavy
+    stage (DP32 x PP2, ranks 4 and 6 slowed)."""
 
     def waits_in(late: np.ndarray, waiting: np.ndarray, here: int, share: float) -> list[int]:
         """Per late worker, the first other group's late group it waits in at least half as long as
         it is late here, beyond what ``waiting`` wait at that collective (-1: none)."""
         out = []
+        ranks = _ranks_of(late, waiting)
         for r in late.tolist():
             out.append(next((j for j, h in enumerate(groups) if here >= 0 and h.group >= 0 and h.group != here
+                             and _ranks_of(h.late, h.waiting) != ranks
                              and r in h.waiting and not np.isin(h.late, late).any()
                              and h.wait_share - peers_wait(h.f, waiting, here) >= _EXPLAINS * share), -1))
         return out
