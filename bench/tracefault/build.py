@@ -2,7 +2,9 @@
 
 The dependencies, per rank:
 
-- **stream order**: events on one CUDA stream (device, stream) run one after another;
+- **stream order**: events on one CUDA stream (device, stream) run one after another, except
+  those that ran together in the input (the two kernels a converted trace writes for one batched
+  send/recv): each waits for the latest event that had ended by its start;
 - **duration**: a GPU event that is not a collective ends its (possibly scaled) duration after it starts;
 - **launch**: a kernel or memcpy starts no earlier than its runtime launch call (ac2g flow /
   correlation id) plus the rank's shortest observed launch latency;
@@ -233,8 +235,10 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
             edges.add(2 * i, 2 * i + 1, events[i].end_us - events[i].start_us, DURATION)
     for lst in lanes.values():
         lst.sort(key=lambda i: (events[i].start_us, events[i].end_us))
-        for a, b in zip(lst, lst[1:], strict=False):
-            edges.add(2 * a + 1, 2 * b, 0.0, STREAM)
+        for k in range(1, len(lst)):
+            a = _stream_predecessor(events, lst, k)
+            if a is not None:
+                edges.add(2 * a + 1, 2 * lst[k], 0.0, STREAM)
     # --- launches (correlation ids)
     runtime_by_corr: dict[int, int] = {}
     for i in host:
@@ -374,6 +378,24 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
     log.debug("rank %s: %d launches (min lag %.1f us), %d stream waits, %d syncs", events[lo].rank if hi > lo else "?",
               len(launched), min_lag, n_wait, len(sync_wait))
     return out
+
+
+def _stream_predecessor(events: list[Event], lst: list[int], k: int) -> int | None:
+    """The event the k-th of a stream (start order) waits for: the one before it, unless the two ran
+    together in the input (it started more than 1 µs before the previous one ended: the two halves
+    of a batched send/recv, which a converted trace writes as two kernels of one stream with the
+    same start); then the latest earlier event that had ended by its start, or none. Chained one
+    after the other, a batched recv waited for its send's peer: on the sa_se traces, rank 10 slowed,
+    its partner's recv started only when its send ended, 0.6 ms later."""
+    b = lst[k]
+    start = events[b].start_us + 1.0
+    if events[lst[k - 1]].end_us <= start:
+        return lst[k - 1]
+    best: int | None = None
+    for a in lst[max(0, k - 8):k]:  # overlaps are short runs of batched kernels
+        if events[a].end_us <= start and (best is None or events[a].end_us >= events[best].end_us):
+            best = a
+    return best
 
 
 def _recorded_stream_order(events: list[Event], lanes: dict[tuple[Any, Any], list[int]],

@@ -105,3 +105,46 @@ def test_two_instant_events_on_two_streams_order_one_way_only() -> None:
                   _kernel("gemm2", 0, 5, COMPUTE)])
     t = _times([r], 2.0)
     assert t[(0, "gemm2")] == (0, 10)
+
+
+# --- a batched send/recv: two kernels of one stream that ran together ---------------------------------
+
+def _pp(ts: float, dur: float, src: int, dst: int) -> dict[str, Any]:
+    return _kernel(SR, ts, dur, COMM, **{"Process Group Name": f"pp{min(src, dst)}{max(src, dst)}",
+                                         "Process Group Ranks": str(sorted((src, dst))),
+                                         "Src Rank": src, "Dst Rank": dst, "Seq": 0})
+
+
+def _rank3(rank: int, events: list[dict[str, Any]]) -> RankTrace:
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 3},
+           "traceEvents": events}
+    return RankTrace(rank, Path(f"rank{rank}.json"), doc, [0] * len(events))
+
+
+def _batched(recv_at_us: float) -> list[RankTrace]:
+    """Rank 0 sends to rank 1 at 100 and receives from rank 2 at ``recv_at_us`` on one stream (at 100:
+    one batched send/recv, written as two kernels). Rank 1 computes until 100, then receives; rank 2
+    sends from 100 until rank 0's recv ends."""
+    recv_end = recv_at_us + 8
+    r0 = _rank3(0, [_pp(100, 8, 0, 1), _pp(recv_at_us, 8, 2, 0)])
+    r1 = _rank3(1, [_kernel("gemm", 0, 100, COMPUTE), _pp(100, 8, 0, 1)])
+    r2 = _rank3(2, [_pp(100, recv_end - 100, 2, 0)])
+    return [r0, r1, r2]
+
+
+def _by_rank_dst(ranks: list[RankTrace], factor: float) -> dict[tuple[int, int], tuple[float, float]]:
+    jg, t = retime(ranks, [GpuFault("slow_gpu", (1,), {"factor": factor})])
+    return {(e.rank, int(e.ref["args"]["Dst Rank"])): (t[2 * i] + jg.origin_us, t[2 * i + 1] + jg.origin_us)
+            for i, e in enumerate(jg.events) if e.name == SR}
+
+
+def test_the_halves_of_a_batched_send_recv_do_not_wait_for_each_other() -> None:
+    t = _by_rank_dst(_batched(100.0), 2.0)  # rank 1 reaches its recv at 200
+    assert t[(0, 1)] == (100, 208)  # rank 0's send waits for rank 1
+    assert t[(0, 0)] == (100, 108)  # its recv from rank 2, launched with it, does not
+
+
+def test_a_recv_queued_behind_the_send_still_waits_for_it() -> None:
+    t = _by_rank_dst(_batched(108.0), 2.0)  # the twin: the recv started when the send ended
+    assert t[(0, 1)] == (100, 208)
+    assert t[(0, 0)] == (208, 216)
