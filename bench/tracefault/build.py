@@ -422,7 +422,10 @@ def _recorded_stream_order(events: list[Event], lanes: dict[tuple[Any, Any], lis
             continue
         for lane in dev_lanes:
             last_dep: dict[tuple[Any, Any], int] = {}
-            for v in lanes[lane]:
+            lst = lanes[lane]
+            for k, v in enumerate(lst):
+                if k and _stream_predecessor(events, lst, k) != lst[k - 1]:
+                    last_dep = {}  # it ran with the previous event (a batched send/recv): not implied by it
                 for other in dev_lanes:
                     if other == lane:
                         continue

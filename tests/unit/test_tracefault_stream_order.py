@@ -148,3 +148,14 @@ def test_a_recv_queued_behind_the_send_still_waits_for_it() -> None:
     t = _by_rank_dst(_batched(108.0), 2.0)  # the twin: the recv started when the send ended
     assert t[(0, 1)] == (100, 208)
     assert t[(0, 0)] == (208, 216)
+
+
+def test_both_halves_of_a_batched_send_recv_wait_for_the_compute_before_them() -> None:
+    # rank 0 computes until 100, then sends to 1 and receives from 2 in one batch; its peers wait
+    ranks = [_rank3(0, [_kernel("gemm", 0, 100, COMPUTE), _pp(100, 8, 0, 1), _pp(100, 8, 2, 0)]),
+             _rank3(1, [_pp(0, 108, 0, 1)]), _rank3(2, [_pp(0, 108, 2, 0)])]
+    jg, t = retime(ranks, [GpuFault("slow_gpu", (0,), {"factor": 2.0})])
+    got = {(e.rank, int(e.ref["args"]["Src Rank"])): (t[2 * i] + jg.origin_us, t[2 * i + 1] + jg.origin_us)
+           for i, e in enumerate(jg.events) if e.name == SR}
+    assert got[(0, 0)] == (200, 208) and got[(0, 2)] == (200, 208)  # neither half starts before the compute ends
+    assert got[(1, 0)][1] == 208 and got[(2, 2)][1] == 208
