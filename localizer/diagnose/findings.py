@@ -510,8 +510,8 @@ def _explained_by_waits(v: _Draft, b: np.ndarray, stage: np.ndarray | None, head
     """A collective finding says nothing of its own when the wait evidence of its family (``b``: the
     family's β per worker) accounts for every one of its ranks: each is late in a late group (whose
     wait went to that group's owner or cause) or waits in one, and none holds the collective a
-    material wait (``wait_min``) longer than its stage's median worker (such a wait is judged with
-    the culprits, below). A rank that holds it *less* arrives late: it is a late group's, or it
+    material wait (``wait_min``) longer than its stage's median worker beyond what it waits in those
+    groups (such a wait is judged with the culprits, below). A rank that holds it *less* arrives late: it is a late group's, or it
     arrives after its fellow waiters but before the late ones and no one waits for it. On a DP32 x
     PP2 job with ranks 4 and 6 slowed, one finding held the stage-0 all-reduce's late ranks (4, 6),
     the stage-1 all-reduce's (5, 7, late one hop further: they waited for 4 and 6 at the pipeline)
@@ -523,8 +523,9 @@ def _explained_by_waits(v: _Draft, b: np.ndarray, stage: np.ndarray | None, head
     for r in v.idx.tolist():
         if not any(r in g.late or r in g.waiting for g in mine):
             return False
+        waited = max((g.wait_share for g in mine if r in g.waiting), default=0.0)  # its wait there is the group's
         peers = b[(like == like[r]) & (b > 0)]
-        if peers.size and float(b[r]) >= float(np.median(peers)) + wait_min:
+        if peers.size and float(b[r]) >= float(np.median(peers)) + wait_min + waited:
             return False
     return True
 
@@ -628,9 +629,11 @@ def _add_wait(d: _Draft, w: Wait) -> None:
     if d.waits is None:
         d.waits = {}
     old = d.waits.get(w.function)
-    if old is None or w.share > old.share:
-        d.waits[w.function] = w if old is None else Wait(w.function, tuple(sorted(set(old.ranks) | set(w.ranks))),
-                                                         w.share)
+    # the ranks of every wait at the same collective, at the largest share (a wait no larger than
+    # the one already said lost its ranks: two slowed ranks' partners, each 0.2 at its own send/recv,
+    # read as one)
+    d.waits[w.function] = w if old is None else Wait(w.function, tuple(sorted(set(old.ranks) | set(w.ranks))),
+                                                     max(old.share, w.share))
 
 
 def _tier(d: _Draft, material: float) -> int:

@@ -167,9 +167,37 @@ def late_groups(values_beta: np.ndarray, families: list[list[int]], stage: np.nd
         if cols.size < 2:
             continue
         late, share = late_workers(b, opts)
+        if not late.any() and cols.size == 2 and g >= 0 and stage is not None:
+            late, share = pair_across_stages(values_beta, families, stage, f, cols, b, opts)
         if late.any():
             out.append(LateGroup(f, np.sort(cols[late]), np.sort(cols[~late]), share, g))
     return out
+
+
+def pair_across_stages(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray, f: int,
+                       cols: np.ndarray, b: np.ndarray, opts: WaitOptions) -> tuple[np.ndarray, float]:
+    """(late mask, the wait) of a point-to-point pair whose two ranks are of different pipeline
+    stages, judged against each rank's own stage: each stage waits at its send/recv as a matter of
+    course (the light stage for the heavy one), so a pair's plain shares can tie while one rank is
+    late. The rank that holds the transfer less than its stage's median worker, while its partner
+    holds it more than its own stage's median by a material wait (``material_wait``), is late; the
+    wait is the partner's excess. Asked only where the plain shares found no late rank. DP32 x PP2,
+    rank 30's GPU 1.5x: it held its send/recv 0.138 against its stage's 0.265, its partner 0.089
+    against 0.034; 0.049 apart, they were no late pair, and the pair's send/recv was named."""
+    none = np.zeros(2, dtype=bool), 0.0
+    st = stage[cols]
+    if st[0] == st[1] or (st < 0).any():
+        return none
+    family = next((fam for fam in families if fam[0] == f), [f])
+    whole = values_beta[family].sum(axis=0)
+    norm = np.array([float(np.median(whole[(stage == s) & (whole > 0)])) for s in st.tolist()])
+    rel = b - norm
+    lo, hi = int(np.argmin(rel)), int(np.argmax(rel))
+    if lo == hi or rel[lo] >= 0.0 or not material_wait(float(rel[hi]), float(b[hi]), opts):
+        return none
+    late = np.zeros(2, dtype=bool)
+    late[lo] = True
+    return late, float(rel[hi])
 
 
 def family_shares(values_beta: np.ndarray, families: list[list[int]], stage: np.ndarray | None,

@@ -134,3 +134,37 @@ def test_other_groups_functions_and_stage_groups_stay_apart() -> None:
     groups = [a, _lg(3, [1], [3, 5], 4, 0.1), _lg(2, [0], [2, 4], 1, 0.1),
               _lg(3, [0], [2, 4], -1, 0.1), _lg(3, [2], [4, 6], -1, 0.1)]
     assert _one_late_set_per_group(groups) == groups
+
+
+# --- a pipeline pair judged against each rank's own stage ---------------------------------------------
+
+def _pair_job(slow_sr: float, partner_sr: float) -> tuple[np.ndarray, np.ndarray]:
+    """(β of one send/recv family over 8 ranks, stages): stage 0 holds it 0.265, stage 1 0.034
+    (stage 0 waits for the heavy stage); ranks 4 and 5 are one pair."""
+    b = np.array([0.265, 0.034] * 4)
+    b[4], b[5] = slow_sr, partner_sr
+    return b[None, :], np.array([0, 1] * 4)
+
+
+@pytest.mark.parametrize("partner, late", [(0.089, True), (0.034 + 0.055, True), (0.034 + 0.045, False),
+                                          (0.034, False)])
+def test_a_pair_across_stages_is_judged_against_each_stage(partner: float, late: bool) -> None:
+    from perftracker.localizer.diagnose.waits import WaitOptions, pair_across_stages
+
+    beta, stage = _pair_job(0.138, partner)  # rank 4 holds it 0.138 (its stage: 0.265): it arrives late
+    cols = np.array([4, 5])
+    mask, share = pair_across_stages(beta, [[0]], stage, 0, cols, beta[0, cols], WaitOptions())
+    assert bool(mask.any()) is late  # its partner waits partner - 0.034 more than its stage: material from 0.05
+    if late:
+        assert mask.tolist() == [True, False] and abs(share - (partner - 0.034)) < 1e-9
+
+
+def test_a_pair_of_one_stage_or_a_partner_below_its_stage_is_not_judged_so() -> None:
+    from perftracker.localizer.diagnose.waits import WaitOptions, pair_across_stages
+
+    beta, _ = _pair_job(0.138, 0.2)
+    one_stage = np.zeros(8, dtype=np.int64)
+    cols = np.array([4, 5])
+    assert not pair_across_stages(beta, [[0]], one_stage, 0, cols, beta[0, cols], WaitOptions())[0].any()
+    beta2, stage = _pair_job(0.3, 0.2)  # rank 4 above its stage's median: it is not late
+    assert not pair_across_stages(beta2, [[0]], stage, 0, cols, beta2[0, cols], WaitOptions())[0].any()
