@@ -488,12 +488,18 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
         if all((head, int(r)) in covered for r in v.idx):
             continue
         b = beta[family].sum(axis=0)
-        runs = np.flatnonzero(b > 0)
-        by_group = (sets or {}).get(head) or [(-1, runs)]
-        for g, members in by_group:
-            members = np.intersect1d(members, runs)
-            late = np.intersect1d(v.idx, members)
-            others = np.setdiff1d(members, late)
+        runs = b > 0
+        named = (sets or {}).get(head)
+        for g, members in named or [(-1, None)]:
+            if members is None:  # the whole job (or its stages): as before the groups were read
+                late, others = v.idx, np.setdiff1d(np.flatnonzero(runs), v.idx)
+            else:
+                inside = np.zeros(b.size, dtype=bool)
+                inside[members] = True
+                inside &= runs
+                mine = np.zeros(b.size, dtype=bool)
+                mine[v.idx] = True
+                late, others = np.flatnonzero(inside & mine), np.flatnonzero(inside & ~mine)
             if late.size == 0 or others.size == 0:
                 continue
             if g >= 0 and all((head, int(r)) in covered for r in late):
@@ -519,13 +525,19 @@ def _explained_by_waits(v: _Draft, b: np.ndarray, stage: np.ndarray | None, head
     mine = [g for g in groups if g.f == head]
     if not mine or v.median.beta <= 0:
         return False
+    inside = np.zeros(b.size, dtype=bool)
+    waited = np.zeros(b.size)  # a waiter's wait there is the group's
+    for g in mine:
+        inside[g.late] = True
+        inside[g.waiting] = True
+        waited[g.waiting] = np.maximum(waited[g.waiting], g.wait_share)
+    if not inside[v.idx].all():
+        return False
     like = stage if stage is not None else np.zeros(b.size, dtype=np.int64)
-    for r in v.idx.tolist():
-        if not any(r in g.late or r in g.waiting for g in mine):
-            return False
-        waited = max((g.wait_share for g in mine if r in g.waiting), default=0.0)  # its wait there is the group's
-        peers = b[(like == like[r]) & (b > 0)]
-        if peers.size and float(b[r]) >= float(np.median(peers)) + wait_min + waited:
+    for s in np.unique(like[v.idx]).tolist():
+        peers = b[(like == s) & (b > 0)]
+        rows = v.idx[like[v.idx] == s]
+        if peers.size and (b[rows] >= float(np.median(peers)) + wait_min + waited[rows]).any():
             return False
     return True
 
