@@ -489,8 +489,8 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
             continue
         b = beta[family].sum(axis=0)
         runs = b > 0
-        named = (sets or {}).get(head)
-        for g, members in named or [(-1, None)]:
+        named: Sequence[tuple[int, np.ndarray | None]] = (sets or {}).get(head) or [(-1, None)]
+        for g, members in named:
             if members is None:  # the whole job (or its stages): as before the groups were read
                 late, others = v.idx, np.setdiff1d(np.flatnonzero(runs), v.idx)
             else:
