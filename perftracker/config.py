@@ -61,8 +61,9 @@ class Config:
     exit_delay_s: float = 7.0
     # end a window once its phases converged (>= 20 iterations and 5 s, each phase's share of the
     # time within window_tolerance between its two halves; convergence.py); window_s is the upper bound.
-    # Off by default: in bench/faults.py --quick it lost the findings (recall 0.0 twice, 0.8 without)
-    window_converge: bool = False
+    # On by default since the quiet fault suites with 20 s windows found as much with it as without
+    # (docs/profile-window.md, "How long a window lasts"); PERFTRACKER_WINDOW_CONVERGE=0: always window_s
+    window_converge: bool = True
     window_tolerance: float = 0.10
     # the detector's windows spend at most this fraction of training time over any hour (measured
     # loss, window_cost.py); manual triggers are counted, never refused

@@ -59,8 +59,8 @@ class WindowOptions:
     # (perftracker/runtime/window_handoff.py, issue 30); False: write it here within exit_wait_s
     exit_handoff: bool = True
     # end the window once its phases have converged (perftracker/runtime/convergence.py, issue 30);
-    # window_s stays the upper bound. False (default, see docs/profile-window.md): always window_s
-    converge: bool = False
+    # window_s stays the upper bound (default, see docs/profile-window.md). False: always window_s
+    converge: bool = True
     converge_min_iterations: int = 20
     converge_tolerance: float = 0.10
     converge_min_s: float = 5.0  # convergence.MIN_S
