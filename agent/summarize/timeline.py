@@ -19,11 +19,18 @@ class Nesting:
     depth: np.ndarray  # int64 number of enclosing events
 
 
+TIE_NS = 2  # ends this close are one end when starts tie (a float's reading of a decimal µs)
+
+
 def nest(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> Nesting:
     """Parent and depth of each interval among the intervals of its group (thread or stream).
 
     An event's parent is the latest-starting event of its group still open when it starts. Events
-    that start together nest longest-outermost. Partly overlapping events (clock jitter) nest
+    that start together nest longest-outermost; ends within ``TIE_NS`` of each other are one end,
+    and keep the input order, which for a trace is its writing order, parent first. A trace's times
+    are decimal µs read as floats (about 1 ns apart at today's epoch), so two frames that end
+    together can read 1 ns apart, a child's after its parent's; where a step cut then clips both to
+    the same start, the child would otherwise nest outside its parent. Partly overlapping events (clock jitter) nest
     too; ``self_segments`` clips them.
     """
     n = len(start_ns)
@@ -31,6 +38,12 @@ def nest(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> Nesting
         z = np.zeros(0, dtype=np.int64)
         return Nesting(z, z)
     order = np.lexsort((-end_ns, start_ns, group))
+    # runs of the same start whose ends lie within TIE_NS of the previous one keep the input order
+    g0, s0, e0 = group[order], start_ns[order], end_ns[order]
+    same_start = np.r_[False, (g0[1:] == g0[:-1]) & (s0[1:] == s0[:-1])]
+    tied = same_start & np.r_[False, (e0[:-1] - e0[1:]) <= TIE_NS]
+    if tied.any():
+        order = order[np.lexsort((order, np.cumsum(~tied)))]
     g = group[order]
     grank = np.cumsum(np.r_[False, g[1:] != g[:-1]]).astype(np.int64)  # group rank (g is sorted)
     t0 = int(start_ns.min())

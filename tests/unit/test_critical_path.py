@@ -162,6 +162,17 @@ def test_sweep_is_vectorized_and_exact_at_scale() -> None:
     np.testing.assert_allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.parametrize("child_end_ns, outer", [(5_000_740, 0), (5_000_741, 0), (5_000_742, 1), (5_002_000, 1)])
+def test_frames_that_start_together_nest_in_writing_order_within_a_microsecond(child_end_ns: int, outer: int) -> None:
+    """``<module>`` (written first) and ``main`` clipped to one start by a step cut, ``main`` read
+    to end 1-2 ns after ``<module>`` (a decimal µs read as a float): ``<module>`` stays outermost.
+    Ending 3 ns or more later, the longer one is outermost, as before."""
+    start = np.array([100, 100], dtype=np.int64)
+    end = np.array([5_000_739, child_end_ns], dtype=np.int64)
+    n = nest(np.zeros(2, dtype=np.int64), start, end)
+    assert n.parent.tolist() == ([-1, 0] if outer == 0 else [1, -1])
+
+
 def test_nest_and_self_segments() -> None:
     start = np.array([0, 10, 20, 50, 0], dtype=np.int64)
     end = np.array([100, 40, 30, 60, 5], dtype=np.int64)
