@@ -48,8 +48,7 @@ from perftracker.localizer.diagnose.rule import (
 from perftracker.localizer.diagnose.savings import replayed_savings, said, together
 from perftracker.localizer.diagnose.step_lanes import step_lanes
 
-from perftracker.model import JointSaving, PatternSet, Report
-from perftracker.model.schema import rounded
+from perftracker.model import PatternSet, Report
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +244,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
                  opts: LocalizeOptions) -> Report:
     findings, top = build_findings(arr, verdicts, opts)
     findings = replayed_savings(arr, findings)
-    joint = together(arr, findings)
+    joint = together(arr, findings)  # before the sentences say each finding's saving
     findings = said(arr, findings)
     summary = report_summary(arr, findings, top)
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
@@ -269,8 +268,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
         findings=tuple(findings), top_functions=tuple(top), summary=summary, profile=expectations.name,
         iteration_ms={r: tuple(arr.iteration_ms[r]) for r in sorted(keep_iter) if r in arr.iteration_ms},
         status="partial" if missing else "complete", window_cost=dict(arr.window_cost),
-        saves_together=None if joint is None else JointSaving(
-            joint.ranks, joint.saves_share, rounded(joint.saves_share * float(arr.window_s)), joint.basis),
+        saves_together=joint,
     )
     report = dress_report(report, arr.n_workers, samples=not arr.offline)
     return dataclasses.replace(report, step_lanes=step_lanes(arr, report.findings))

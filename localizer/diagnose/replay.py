@@ -248,9 +248,9 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
     cols = _connected(records, list(culprits))
     jb = job([chains[w] for w in cols])
     base_run = replay_ends(jb, [c.gap for c in jb.chains], jb.transfer)
-    base = np.diff(base_run[0]) if base_run is not None else None
-    if base_run is None or base is None or base.size < MIN_STEPS:
+    if base_run is None or base_run[0].size - 1 < MIN_STEPS:
         return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
+    base = np.diff(base_run[0])
     k = base.size
     base = np.maximum(base, host_floor(jb.chains, k))
     recorded = np.median(np.stack([c.steps_us[-k:] for c in jb.chains if c.steps_us.size >= k]), axis=0)

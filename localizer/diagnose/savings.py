@@ -30,7 +30,7 @@ from perftracker.localizer.diagnose.explain import pct
 from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
 from perftracker.localizer.diagnose.replay import CONSISTENT, Replay, replay_saving
 
-from perftracker.model import Category, Finding
+from perftracker.model import Category, Finding, JointSaving
 from perftracker.model.hardware import IB_WAIT_KEY
 from perftracker.model.schema import rounded
 
@@ -39,19 +39,6 @@ REPLAYED = "replayed over"
 SAY_SAVES = 0.01  # the sentence says what fixing a cause would save from this share of the step
 _LINK = ("the culprit's peers are in every collective instance it is in: the replay cannot tell its link "
          "from theirs")
-
-
-@dataclasses.dataclass(frozen=True)
-class Together:
-    """What fixing every replayed cause of the report at once would save."""
-
-    ranks: tuple[int, ...]
-    saves_share: float
-    steps: int
-
-    @property
-    def basis(self) -> str:
-        return replayed_over(self.steps)
 
 
 def replayed_savings(arr: PatternArrays, findings: Sequence[Finding]) -> list[Finding]:
@@ -127,7 +114,7 @@ def link_scale(arr: PatternArrays, f: Finding, col: int) -> float | None:
     return max(0.0, min(1.0, (1.0 - mine) / (1.0 - theirs)))
 
 
-def together(arr: PatternArrays, findings: Sequence[Finding]) -> Together | None:
+def together(arr: PatternArrays, findings: Sequence[Finding]) -> JointSaving | None:
     """What fixing every replayed finding's cause at once would save, where there are several (their
     ranks replayed together: each like its like peers, in what its finding is about); None where
     fewer than two findings were replayed, or the joint replay cannot say."""
@@ -145,8 +132,9 @@ def together(arr: PatternArrays, findings: Sequence[Finding]) -> Together | None
     r = _replay(arr, sorted(cols), host, links)
     if r is None or r.inconclusive:
         return None
-    ranks = tuple(sorted({r_ for f in done for r_ in f.ranks}))
-    return Together(ranks, rounded(r.saves), r.steps)
+    saves = rounded(r.saves)
+    return JointSaving(tuple(sorted({r_ for f in done for r_ in f.ranks})), saves,
+                       rounded(saves * float(arr.window_s)), replayed_over(r.steps))
 
 
 def window_apart(arr: PatternArrays, cols: Sequence[int]) -> float:
