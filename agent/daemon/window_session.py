@@ -271,6 +271,8 @@ class WindowRunner:
         if place:  # which ranks share their cores (issue 31)
             ps = dataclasses.replace(ps, cpu_place=place)
         self.metrics.summarized(time.monotonic() - t0)
+        if self.options.keep_files and samples is not None and samples.parent != raw.parent:
+            samples = _keep_beside(samples, raw)  # `perftracker run --keep-windows` keeps both
         files = [p for p in (raw, out, samples) if p is not None]
         if run is not None:  # uploaded with the node's other ranks (upload_node)
             run.pending[w.rank] = (ps, files)
@@ -376,3 +378,14 @@ async def send(w: Worker, msg: dict[str, Any]) -> None:
         await wire.write_message(writer, msg)
     except wire.ConnectionClosed as exc:
         log.info("cannot reach rank %d: %s", w.rank, exc)
+
+
+def _keep_beside(samples: Path, raw: Path) -> Path:
+    """Move a kept window's samples next to its raw window, named for it (``<session>-rank<r>.samples.npz``)."""
+    dest = raw.with_name(raw.name.removesuffix(".raw.npz") + ".samples.npz")
+    try:
+        os.replace(samples, dest)
+    except OSError as exc:
+        log.info("samples %s not moved beside %s: %s", samples, raw.name, exc)
+        return samples
+    return dest

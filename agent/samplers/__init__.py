@@ -24,7 +24,10 @@ from perftracker.model.raw_window import SampleSet, UtilSeries
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Sampler", "SamplerOptions", "WindowBounds", "build_samplers", "run_samplers", "sample_window"]
+GPU_OFF = -1
+GPU_AUTO = -2
+
+__all__ = ["GPU_AUTO", "GPU_OFF", "Sampler", "SamplerOptions", "WindowBounds", "build_samplers", "run_samplers", "sample_window"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ class SamplerOptions:
     samplers: tuple[str, ...] = ("procfs", "gpu", "rdma")  # "gpu" = nsys if it can run, else nvml
     rdma_ports: tuple[str, ...] = ()  # "mlx5_0:1" (NCCL_IB_HCA's names); () = every active port
     procfs: ProcfsOptions = ProcfsOptions()
-    gpu_index: int = -1  # -1: no GPU sampling
+    gpu_index: int = GPU_AUTO  # an NVML index; GPU_OFF: no GPU sampling; GPU_AUTO: the GPU the process uses
+    # (perftracker.agent.samplers.gpu_pick, at the window's start)
     nsys_frequency_hz: int = 10_000
     gpu_lock_dir: str = "/tmp"
 
@@ -49,14 +53,17 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
 
             candidates = [RdmaSampler(options.rdma_ports)]
         elif name in ("gpu", "nsys", "nvml"):
-            if options.gpu_index < 0:
+            if options.gpu_index == GPU_OFF or options.gpu_index < GPU_AUTO:
                 continue
             from perftracker.agent.samplers.nsys import NsysSampler
             from perftracker.agent.samplers.nvml import NvmlSampler
 
-            nvml = NvmlSampler(options.gpu_index)
+            nvml = NvmlSampler(options.gpu_index, pid=pid)
             nvml_ok = nvml.unavailable_reason() is None
-            nsys = NsysSampler(options.gpu_index, options.nsys_frequency_hz, options.gpu_lock_dir,
+            nsys_index = options.gpu_index
+            if nsys_index == GPU_AUTO:  # nsys needs the index now: NVML's pick at the sampler's start
+                nsys_index = nvml.pick_now() if nvml_ok else GPU_OFF
+            nsys = NsysSampler(nsys_index, options.nsys_frequency_hz, options.gpu_lock_dir,
                                fallback=nvml if nvml_ok else None)
             by_name: dict[str, list[Sampler]] = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}
             candidates = by_name[name]

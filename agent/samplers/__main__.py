@@ -18,13 +18,34 @@ import threading
 import time
 
 import psutil
-from perftracker.agent.samplers import SamplerOptions, WindowBounds, build_samplers, run_samplers
+from perftracker.agent.samplers import (
+    GPU_AUTO,
+    GPU_OFF,
+    SamplerOptions,
+    WindowBounds,
+    build_samplers,
+    run_samplers,
+)
 from perftracker.agent.samplers.procfs import CPU_SOURCES, ProcfsOptions
 from perftracker.agent.samplers.pystacks import PyStackThread
 
 from perftracker.remote_stacks import StackLayout
 
 log = logging.getLogger("perftracker.agent.samplers")
+
+
+def _gpu_index(text: str) -> int:
+    if text == "auto":
+        return GPU_AUTO
+    if text == "off":
+        return GPU_OFF
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected auto, off or an NVML index, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"an NVML index is >= 0, got {value}")
+    return value
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -35,7 +56,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--end-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")
     p.add_argument("--out", required=True)
     p.add_argument("--samplers", default="procfs,gpu,rdma", help="comma list: procfs, gpu, nsys, nvml, rdma")
-    p.add_argument("--gpu-index", type=int, default=-1)
+    p.add_argument("--gpu-index", type=_gpu_index, default=GPU_AUTO, metavar="auto|off|N",
+                   help="the GPU to sample: auto (default) = the one the process uses (NVML's process lists, "
+                        "else its CUDA_VISIBLE_DEVICES and LOCAL_RANK), off, or an NVML index")
     p.add_argument("--period-us", type=int, default=1000)
     p.add_argument("--nic-peak-gbps", type=float, default=10.0)
     p.add_argument("--disk-peak-mbps", type=float, default=1000.0)

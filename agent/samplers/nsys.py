@@ -124,6 +124,8 @@ class NsysSampler:
     def unavailable_reason(self) -> str | None:
         if not self.nsys:
             return "nsys not found on PATH"
+        if self.gpu_index < 0:
+            return "no GPU index: NVML could not say which GPU the process uses"
         if dcgm_running():
             return "a DCGM host engine holds the GPU profiling counters"
         try:

@@ -59,8 +59,10 @@ def realtime_offset_ns() -> int:
 class NvmlSampler:
     name = "nvml"
 
-    def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0) -> None:
-        self.gpu_index = gpu_index
+    def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0, pid: int = 0) -> None:
+        self.gpu_index = gpu_index  # < 0: the GPU process ``pid`` uses, picked when the window starts
+        self.pid = pid
+        self._auto = gpu_index < 0
         self._nvml = nvml
         self.period_ms = period_ms
         self._handle: Any = None
@@ -69,11 +71,33 @@ class NvmlSampler:
         try:
             nv = self._nvml or _load_nvml()
             nv.nvmlInit()
-            self._handle = nv.nvmlDeviceGetHandleByIndex(self.gpu_index)
+            if self._auto:
+                if int(nv.nvmlDeviceGetCount()) < 1:
+                    return "NVML sees no GPU"
+            else:
+                self._handle = nv.nvmlDeviceGetHandleByIndex(self.gpu_index)
             self._nvml = nv
         except Exception as exc:  # ImportError, NVMLError (no driver, no such GPU)
             return f"NVML unavailable: {type(exc).__name__}: {exc}"
         return None
+
+    def pick_now(self) -> int:
+        """The NVML index of the GPU the process uses (``gpu_pick``), or -1; sets the handle."""
+        from perftracker.agent.samplers.gpu_pick import resolve_gpu
+
+        if not self._auto:
+            return self.gpu_index
+        pick = resolve_gpu(self._nvml, self.pid)
+        log.info("nvml: GPU for pid %d: %s (%s)", self.pid, pick.index, pick.how)
+        if pick.index is None:
+            return -1
+        try:
+            self._handle = self._nvml.nvmlDeviceGetHandleByIndex(pick.index)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("nvml: GPU %d: %s", pick.index, exc)
+            return -1
+        self.gpu_index = pick.index
+        return pick.index
 
     def _pcie_peak_bytes_per_s(self) -> float:
         nv = self._nvml
@@ -109,6 +133,10 @@ class NvmlSampler:
             return 0.0
 
     def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
+        if not bounds.wait_for_start():
+            return {}
+        if self._auto and self.pick_now() < 0:  # picked now: the process has its CUDA context by the window
+            return {}
         nv = self._nvml
         h = self._handle
         offset = realtime_offset_ns()
@@ -123,8 +151,6 @@ class NvmlSampler:
         nl_tx: list[float] = []
         nl_rx: list[float] = []
         last_us = (time.time_ns() // 1000) - 1_000_000
-        if not bounds.wait_for_start():
-            return {}
         clocks = ClockReader(nv, h)
         gpm = GpmReader(nv, h)
         extra: dict[str, tuple[list[int], list[float]]] = {}

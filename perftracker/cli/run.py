@@ -222,6 +222,7 @@ class LocalAgent:
         from perftracker.rundir import make_private_dir
 
         kept = sorted((self.run_dir / "windows").glob("*.raw.npz"))
+        kept += sorted((self.run_dir / "windows").glob("*.samples.npz"))  # the samplers' series beside them
         if not kept:
             return []
         dest = self.runs_dir / "windows"
@@ -234,7 +235,8 @@ class LocalAgent:
                 shutil.move(str(f), str(dest / f.name))
                 moved.append(dest / f.name)
         if moved:
-            sys.stderr.write(f"perftracker: kept {len(moved)} raw window(s) in {dest} "
+            n_raw = sum(1 for m in moved if m.name.endswith(".raw.npz"))
+            sys.stderr.write(f"perftracker: kept {n_raw} raw window(s) and {len(moved) - n_raw} sample set(s) in {dest} "
                              "(perftracker export-trace latest --rank R -o trace.json)\n")
         return moved
 

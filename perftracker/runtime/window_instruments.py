@@ -25,9 +25,21 @@ from perftracker.runtime.window_writer import WindowWriter
 log = logging.getLogger("perftracker.runtime.window")
 
 
-def _nvtx() -> Any:
-    import nvtx
+_NVTX_MISSING: list[str] = []  # why nvtx could not be imported, once known
 
+
+def _nvtx() -> Any:
+    """The nvtx module, or None where it cannot be imported: the window then runs without its
+    NVTX ranges (they only mark the window for nsys), with one warning per process."""
+    if _NVTX_MISSING:
+        return None
+    try:
+        import nvtx
+    except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install: never lose the window for it
+        _NVTX_MISSING.append(f"{type(exc).__name__}: {exc}")
+        log.warning("perftracker: no NVTX ranges in the profile windows (%s); the windows run without them. "
+                    "pip install nvtx to get them", _NVTX_MISSING[0])
+        return None
     return nvtx
 
 
@@ -63,8 +75,8 @@ class WindowInstruments:
             sys.setswitchinterval(min(cur.old_switch_s, opts.switch_interval_s))
 
     def open_nvtx(self, cur: _Active) -> None:
-        if self.options.nvtx:
-            nvtx = _nvtx()
+        nvtx = _nvtx() if self.options.nvtx else None
+        if nvtx is not None:
             cur.nvtx_window = nvtx.start_range(f"perftracker window {cur.session}", domain="perftracker")
             nvtx.push_range("perftracker iteration", domain="perftracker")
             cur.nvtx_iter_open = True
@@ -114,6 +126,8 @@ class WindowInstruments:
 
     def nvtx_iteration(self, cur: _Active, iteration: int) -> None:
         nvtx = _nvtx()
+        if nvtx is None:
+            return
         if cur.nvtx_iter_open:
             nvtx.pop_range(domain="perftracker")
         nvtx.push_range(f"perftracker iteration {iteration}", domain="perftracker")
@@ -139,7 +153,7 @@ class WindowInstruments:
             cur.old_switch_s = 0.0
         if self.options.nvtx and (cur.nvtx_iter_open or cur.nvtx_window is not None):
             nvtx = _nvtx()
-            if cur.nvtx_iter_open:
+            if nvtx is not None and cur.nvtx_iter_open:
                 nvtx.pop_range(domain="perftracker")
                 cur.nvtx_iter_open = False
             if cur.nvtx_window is not None:

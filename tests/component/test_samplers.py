@@ -438,3 +438,76 @@ def test_nvml_unavailable_without_driver() -> None:
     reason = NvmlSampler(0).unavailable_reason()
     assert reason is not None and "NVML unavailable" in reason
 
+
+
+class _FakeNvmlGpus(_FakeNvml):
+    """The replay on a node of 3 GPUs, with NVML's per-GPU process lists (nvidia-ml-py's shapes)."""
+
+    def __init__(self, fx: dict, on_gpu: dict[int, list[int]]) -> None:
+        super().__init__(fx)
+        self.on_gpu = on_gpu
+        self.handles_read: list[str] = []
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:
+        return f"GPU-{h[-1]}{h[-1]}{h[-1]}{h[-1]}-fake"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: str) -> list:
+        return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in self.on_gpu.get(int(h[-1]), [])]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: str) -> list:
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    def nvmlDeviceGetSamples(self, h: str, kind: int, last_us: int) -> tuple[int, list]:
+        self.handles_read.append(h)
+        return super().nvmlDeviceGetSamples(h, kind, last_us)
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_nvml_samples_the_gpu_the_process_uses(listed: bool) -> None:
+    """Auto (the default): the GPU whose NVML process list holds the training process; else, a real
+    process's own environment (/proc/<pid>/environ: CUDA_VISIBLE_DEVICES=2,0 and LOCAL_RANK=1 is GPU 0)."""
+    fx = json.loads((FIXTURES / "nvml_replay.json").read_text())
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "2,0", "LOCAL_RANK": "1"}
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    try:
+        nv = _FakeNvmlGpus(fx, {1: [child.pid]} if listed else {1: [child.pid + 1]})
+        s = NvmlSampler(-2, nvml=nv, period_ms=20, pid=child.pid)
+        assert s.unavailable_reason() is None
+        now = time.monotonic_ns()
+        out = s.run(WindowBounds(now, now + 150_000_000))
+    finally:
+        child.kill()
+        child.wait()
+    want = 1 if listed else 0
+    assert s.gpu_index == want and set(nv.handles_read) == {f"gpu{want}"}
+    assert out["sm"].source == "nvml" and len(out["sm"].t_ns) > 0
+
+
+def test_nvml_samples_nothing_for_a_process_that_sees_no_gpu() -> None:
+    fx = json.loads((FIXTURES / "nvml_replay.json").read_text())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        nv = _FakeNvmlGpus(fx, {})
+        s = NvmlSampler(-2, nvml=nv, period_ms=20, pid=child.pid)
+        now = time.monotonic_ns()
+        assert s.unavailable_reason() is None and s.run(WindowBounds(now, now + 100_000_000)) == {}
+    finally:
+        child.kill()
+        child.wait()
+    assert nv.handles_read == []
+
+
+def test_sampler_cli_gpu_index_values() -> None:
+    from perftracker.agent.samplers.__main__ import _parse
+
+    base = ["--pid", "1", "--tid", "1", "--start-ns", "0", "--end-ns", "1", "--out", "x"]
+    assert _parse(base).gpu_index == -2  # auto by default
+    assert _parse([*base, "--gpu-index", "off"]).gpu_index == -1
+    assert _parse([*base, "--gpu-index", "3"]).gpu_index == 3
+    for bad in ("-3", "first"):
+        with pytest.raises(SystemExit):
+            _parse([*base, "--gpu-index", bad])

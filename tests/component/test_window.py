@@ -138,6 +138,24 @@ def test_nvtx_ranges_wrap_window_and_iterations(tmp_path: Path, monkeypatch: pyt
     assert pushes[1][1].startswith("perftracker iteration ")
 
 
+def test_a_window_without_nvtx_runs_without_its_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """nvtx missing (a GPU image installed with --no-deps, seen on the H200 device check): the window
+    still records and is written, with one warning; before, every window failed at its start."""
+    from perftracker.runtime import window_instruments
+
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx -> ImportError
+    monkeypatch.setattr(window_instruments, "_NVTX_MISSING", [])
+    done: list[WindowResult] = []
+    for session in ("nv1", "nv2"):
+        win = ProfileWindow(Ident(), tmp_path, options=WindowOptions(nvtx=True, writer="thread"))
+        assert win.arm(session, 0.3, done.append)
+        drive(win, done)
+    assert [d.error for d in done] == ["", ""] and all(d.raw_path is not None and d.iterations > 0 for d in done)
+    warned = [r for r in caplog.records if "no NVTX ranges" in r.getMessage()]
+    assert len(warned) == 1 and "nvtx" in warned[0].getMessage()
+
+
 def test_runtime_boundaries_drive_the_window(tmp_path: Path, clean_env: dict[str, str]) -> None:
     """Hooked to the real Runtime: DataLoader + optimizer.step boundaries open and close it."""
     from perftracker.config import Config
