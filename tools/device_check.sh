@@ -18,7 +18,12 @@ PY=${PY:-python3}
   $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3 \
     || $PY -m pip install -q --no-deps --no-build-isolation --no-index . 2>&1 | tail -3
   cd /tmp && $PY -c "import perftracker, pynvml; print('perftracker', perftracker.__file__)"; cd - >/dev/null
+  $PY -c "import torch; print('KinetoEvent:', [a for a in dir(torch._C._autograd._KinetoEvent) if not a.startswith('_')])"
 } > "$OUT/device.txt" 2>&1
+# the window's and the Kineto reader's own tests, on this torch and Python (CUDA present)
+timeout 60 $PY -m pytest -q -p no:cacheprovider tests/component/test_kineto_activity.py tests/component/test_window.py \
+  > "$OUT/pytest.txt" 2>&1
+echo "pytest exit $?" >> "$OUT/device.txt"
 if [ "${SKIP_GPU_CHECK:-0}" != 1 ]; then
 NSYS_DIR=$(dirname "$(ls /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)" 2>/dev/null)
 PATH="$PATH:${NSYS_DIR:-/nonexistent}" timeout 120 $PY bench/gpu_check.py --seconds 5 > "$OUT/gpu_check.txt" 2>&1

@@ -172,6 +172,37 @@ def _names(chunk: list[Any]) -> tuple[list[str], int]:
         return out, bad
 
 
+def _activity_without_type(e: Any, cpu: Any) -> str:
+    """An event's Kineto activity name where ``_KinetoEvent`` has no ``activity_type()`` (torch 2.11,
+    seen on the H200 device check; 2.13 has it): from its device type, its flags and its name."""
+    if e.is_python_function():
+        return "python_function"
+    flag = getattr(e, "is_user_annotation", None)
+    annotation = bool(flag()) if flag is not None else False
+    name = e.name()
+    if e.device_type() == cpu:
+        if annotation:
+            return "user_annotation"
+        if name.startswith(("cuda", "cu")) and len(name) > 4 and (name[2:3].isupper() or name[4:5].isupper()):
+            return "cuda_runtime"  # cudaLaunchKernel, cudaMemcpyAsync, cuLaunchKernel, ...
+        return "cpu_op"
+    if annotation:
+        return "gpu_user_annotation"
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    return "kernel"
+
+
+def activities(chunk: list[Any], cpu: Any) -> list[str]:
+    """The Kineto activity names of a chunk of ``_KinetoEvent``s (one pybind call each where torch has
+    ``activity_type()``)."""
+    if not chunk or hasattr(chunk[0], "activity_type"):
+        return [e.activity_type() for e in chunk]
+    return [_activity_without_type(e, cpu) for e in chunk]
+
+
 def kineto_rows(
     result: Any, offset_ns: int, training_tid: int, lo_ns: int, hi_ns: int, throttle: Throttle | None = None
 ) -> KinetoRows:
@@ -197,7 +228,7 @@ def kineto_rows(
         got, bad = _names(chunk)
         names += got
         undecodable += bad
-        acts += [e.activity_type() for e in chunk]
+        acts += activities(chunk, cpu)
         start[lo:hi] = [e.start_ns() for e in chunk]
         end[lo:hi] = [e.end_ns() for e in chunk]
         rf[lo:hi] = [e.start_thread_id() for e in chunk]
