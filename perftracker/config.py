@@ -71,6 +71,9 @@ class Config:
     # ... and an advance on that 2 % for a job's first window, paid back by the training after it:
     # the allowance is max(this, window_budget x training time in the trailing hour) (window_budget.py)
     window_budget_initial_s: float = 10.0
+    # hold a detector's trigger until its slowdown is worth a window: (1 - 1/ratio) x training time >=
+    # the window's expected cost (window_budget.worth_window, trigger_defer.py); 0: send it at once
+    window_hold: bool = True
 
     # --- wiring (docs/design.md section 7) -----------------------------------------------------
     run_dir: str = field(default_factory=_default_run_dir)  # unix socket + raw windows live here

@@ -18,6 +18,7 @@ Every call is guarded: a GPU or driver without the call loses that series only, 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,7 +170,9 @@ class GpmReader:
 
 def gpm_series_values(metrics: dict[int, float], pcie_peak_bytes_per_s: float,
                       nvlink_peak_bytes_per_s: float) -> dict[str, float]:
-    """{series: value in [0, 1]} from one interval's GPM metrics."""
+    """{series: value in [0, 1]} from one interval's GPM metrics; a metric the GPU returns as NaN or
+    infinite (the DRAM bandwidth of an H200 read NaN in every interval on the device check) is left out."""
+    metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
     out: dict[str, float] = {}
 
     def clip(x: float) -> float:

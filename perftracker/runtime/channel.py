@@ -115,11 +115,9 @@ class AgentChannel:
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
         try:
-            if not self._budget_allows(reason):
+            if self._held(reason, detail) or not self._budget_allows(reason):
                 return
-            # window_s only when set explicitly: it overrides the localizer's default
-            window_s = float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
-            self._enqueue(trigger_message(reason, detail, window_s))
+            self._enqueue(trigger_message(reason, detail, self._window_s_override()))
         except Exception as exc:  # never raise into the caller
             self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
 
@@ -298,6 +296,7 @@ class AgentChannel:
                 stats = iter_stats_message(self.runtime, opts.recent_iterations)
                 if stats is not None:
                     self._send(sock, stats)
+                self._send_due_trigger()
                 next_stats = now + opts.stats_s
             if now >= next_blocked:
                 self._check_blocked()
@@ -388,6 +387,36 @@ class AgentChannel:
                                 converge=self.config.window_converge, converge_tolerance=self.config.window_tolerance)
         return ProfileWindow(self.runtime.identity, out_dir, options=options, runtime=self.runtime)
 
+    def _window_s_override(self) -> float | None:
+        """window_s only when set explicitly: it overrides the localizer's default."""
+        return float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
+
+    def _held(self, reason: str, detail: Mapping[str, object]) -> bool:
+        """A detector's slowdown not yet worth a window (window_budget.worth_window) is held by the
+        meter and sent later if it lasts; a failure of the meter sends it."""
+        try:
+            if self.cost_meter().hold_if_not_worth(reason, detail):
+                log.info("perftracker: %s trigger held until the slowdown is worth a window (%s)", reason,
+                         self.cost_meter().budget.to_dict(time.monotonic()))
+                return True
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
+        return False
+
+    def _send_due_trigger(self) -> None:
+        """Channel thread, every stats period: a held trigger that is now worth a window goes out."""
+        try:
+            if self._cost is None:
+                return
+            due = self._cost.due_held_trigger()
+            if due is None or not self._budget_allows(due[0]):
+                return
+            log.info("perftracker: %s trigger sent after %.1f s held (ratio now %.2f)", due[0],
+                     due[1].get("deferred_s", 0.0), due[1].get("ratio_when_sent", 0.0))
+            self._enqueue(trigger_message(due[0], due[1], self._window_s_override()))
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._warn_once("held-trigger", "perftracker: could not send a held trigger: %r", exc)
+
     def _budget_allows(self, reason: str) -> bool:
         """The window budget (window_cost.py, issue 30) for a trigger; a failure of the meter allows it."""
         try:
@@ -408,7 +437,8 @@ class AgentChannel:
             ident = self.runtime.identity
             self._cost = WindowCostMeter(self.runtime, ledger_path(self.config.run_dir, str(ident.job), int(ident.rank)),
                                          CostBudget(fraction=self.config.window_budget,
-                                                    initial_s=self.config.window_budget_initial_s))
+                                                    initial_s=self.config.window_budget_initial_s),
+                                         hold=self.config.window_hold)
         return self._cost
 
     def _start_window(self, session: str, window_s: float, reason: str = "") -> None:

@@ -18,6 +18,7 @@ thread's, which we map to the OS id. Other threads keep a negative id (-RecordFu
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,17 +173,21 @@ def _names(chunk: list[Any]) -> tuple[list[str], int]:
         return out, bad
 
 
-def _activity_without_type(e: Any, cpu: Any) -> str:
-    """An event's Kineto activity name where ``_KinetoEvent`` has no ``activity_type()`` (torch 2.11,
-    seen on the H200 device check; 2.13 has it): from its device type, its flags and its name."""
-    if e.is_python_function():
-        return "python_function"
+_PYTHON_NAME = re.compile(r"^(<built-in |nn\.Module: |.+\(\d+\): )")  # Kineto's python_function names
+
+
+def _activity_without_type(e: Any, cpu: Any, name: str) -> str:
+    """An event's Kineto activity name where ``_KinetoEvent`` has no ``activity_type()``: from its
+    device type, its flags and its name. torch 2.11 (seen on the H200 device check) has neither
+    ``activity_type()`` nor ``is_python_function()``; 2.13 has both."""
     flag = getattr(e, "is_user_annotation", None)
     annotation = bool(flag()) if flag is not None else False
-    name = e.name()
     if e.device_type() == cpu:
         if annotation:
             return "user_annotation"
+        is_fn = getattr(e, "is_python_function", None)
+        if is_fn() if is_fn is not None else (name == UNDECODABLE or _PYTHON_NAME.match(name) is not None):
+            return "python_function"
         if name.startswith(("cuda", "cu")) and len(name) > 4 and (name[2:3].isupper() or name[4:5].isupper()):
             return "cuda_runtime"  # cudaLaunchKernel, cudaMemcpyAsync, cuLaunchKernel, ...
         return "cpu_op"
@@ -195,12 +200,12 @@ def _activity_without_type(e: Any, cpu: Any) -> str:
     return "kernel"
 
 
-def activities(chunk: list[Any], cpu: Any) -> list[str]:
-    """The Kineto activity names of a chunk of ``_KinetoEvent``s (one pybind call each where torch has
-    ``activity_type()``)."""
+def activities(chunk: list[Any], cpu: Any, names: list[str]) -> list[str]:
+    """The Kineto activity names of a chunk of ``_KinetoEvent``s whose names were read as ``names``
+    (one pybind call each where torch has ``activity_type()``)."""
     if not chunk or hasattr(chunk[0], "activity_type"):
         return [e.activity_type() for e in chunk]
-    return [_activity_without_type(e, cpu) for e in chunk]
+    return [_activity_without_type(e, cpu, n) for e, n in zip(chunk, names, strict=True)]
 
 
 def kineto_rows(
@@ -228,7 +233,7 @@ def kineto_rows(
         got, bad = _names(chunk)
         names += got
         undecodable += bad
-        acts += activities(chunk, cpu)
+        acts += activities(chunk, cpu, got)
         start[lo:hi] = [e.start_ns() for e in chunk]
         end[lo:hi] = [e.end_ns() for e in chunk]
         rf[lo:hi] = [e.start_thread_id() for e in chunk]
@@ -267,6 +272,9 @@ def kineto_rows(
     for lo in range(0, len(py_rows), CHUNK):  # tracer mode only
         rows = py_rows[lo:lo + CHUNK]
         chunk = [events[i] for i in keep[rows].tolist()]
+        if not hasattr(chunk[0], "python_id"):  # torch 2.11: no tracer ids; the rows keep no parents
+            tick(len(rows))
+            continue
         is_fn = np.array([e.is_python_function() for e in chunk], bool)
         fn_rows = rows[is_fn]
         py_id[fn_rows] = [e.python_id() for e, f in zip(chunk, is_fn.tolist(), strict=True) if f]

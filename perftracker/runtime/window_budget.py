@@ -18,6 +18,15 @@ windows (``perftracker trigger``) are never refused, and are counted (their cost
 
 The expected cost of the next window is the largest cost measured over the sliding hour, or
 ``first_guess_s`` when there is none.
+
+**Worth a window** (``worth_window``): an automatic window also waits until the slowdown it would
+diagnose is worth its cost. A slowdown of ratio r takes (1 − 1/r) of the wall time; had it lasted as
+long as the job has trained (T, at most the horizon), it would have cost (1 − 1/r)·T. The window
+opens once that is at least the window's expected cost: a 1.2× slowdown in a job 8 s old (1.3 s)
+does not buy a 5 s window; the same slowdown after 30 s of training does, and any slowdown of a job
+trained for an hour (0.1 % of an hour is 3.6 s). Until then the trigger is held, not dropped
+(``perftracker/runtime/trigger_defer.py``): it is sent when it becomes worth it, if the job is still
+slow, and is let go when the job is back to its speed.
 """
 
 from __future__ import annotations
@@ -37,6 +46,15 @@ def lost_s(elapsed_s: float, iterations: int, baseline_iteration_s: float) -> fl
     when training ran faster than before (the background load fell): kept, not clipped, so that
     noise averages out over windows; the budget never credits a negative spend (``spend``)."""
     return float(elapsed_s) - max(int(iterations), 0) * float(baseline_iteration_s)
+
+
+def worth_window(ratio: float, trained_s: float, expected_cost_s: float) -> bool:
+    """Whether a slowdown of ``ratio`` (slow / before) in a job that has trained ``trained_s`` is
+    worth a window expected to cost ``expected_cost_s``: (1 − 1/ratio) · trained_s ≥ the cost. A
+    ratio that is not a number above 1 (a trigger that is not a measured slowdown) is always worth it."""
+    if not isinstance(ratio, (int, float)) or not ratio > 1.0 or ratio != ratio:
+        return True
+    return (1.0 - 1.0 / float(ratio)) * max(float(trained_s), 0.0) >= float(expected_cost_s)
 
 
 def median(values: Sequence[float]) -> float:
@@ -100,6 +118,10 @@ class CostBudget:
     def allows(self, now_s: float) -> bool:
         """May an automatic window open now? (Manual ones always may.)"""
         return self.expected_s(now_s) <= self.left_s(now_s)
+
+    def worth(self, now_s: float, ratio: float) -> bool:
+        """``worth_window`` for a slowdown of ``ratio`` detected now."""
+        return worth_window(ratio, self.trained_s(now_s), self.expected_s(now_s))
 
     def ask(self, now_s: float, manual: bool) -> bool:
         """A window wants to open: True if it may; a refused automatic one is counted."""

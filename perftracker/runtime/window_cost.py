@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from perftracker.runtime.trigger_defer import TriggerDeferral
 from perftracker.runtime.window_budget import CostBudget, lost_s, median
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def _last_boundary_s(runtime: object) -> float | None:
 
 class WindowCostMeter:
     def __init__(self, runtime: _Counting, ledger: Path | None, budget: CostBudget | None = None,
-                 after_s: float = AFTER_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 after_s: float = AFTER_S, clock: Callable[[], float] = time.monotonic, hold: bool = True) -> None:
         self.runtime = runtime
         self.ledger = ledger
         self.budget = budget or CostBudget()
@@ -79,6 +80,8 @@ class WindowCostMeter:
         self._lock = threading.Lock()
         self._open: dict[str, dict[str, Any]] = {}
         self.costs: list[dict[str, Any]] = []  # one per measured window, newest last
+        self.deferral = TriggerDeferral()  # triggers held until worth a window
+        self.hold = hold  # False: every trigger the budget allows goes out at once
 
     def _know_start(self) -> None:
         """The budget accrues from when training began: learn it from the runtime once."""
@@ -95,6 +98,36 @@ class WindowCostMeter:
         if not ok:
             self._write()
         return ok
+
+    def hold_if_not_worth(self, reason: str, detail: Mapping[str, object]) -> bool:
+        """An automatic trigger whose slowdown is not yet worth a window (``window_budget.worth_window``)
+        is held (``trigger_defer``): True. Manual ones and those worth it now: False (send them)."""
+        if not self.hold or is_manual(reason):
+            return False
+        self._know_start()
+        ratio = detail.get("ratio")
+        with self._lock:
+            now = self.clock()
+            if not isinstance(ratio, (int, float)) or self.budget.worth(now, float(ratio)):
+                return False
+            held = self.deferral.hold(reason, detail, now)
+        if held:
+            self._write()
+        return held
+
+    def due_held_trigger(self) -> tuple[str, dict[str, object]] | None:
+        """A held trigger to send now (still slow and now worth a window), or None."""
+        with self._lock:
+            if self.deferral.held is None:
+                return None
+            now = self.clock()
+            before = self.deferral.to_dict()
+            due = self.deferral.check(now, self.runtime.recent_iteration_ms(),
+                                      lambda ratio: self.budget.worth(now, ratio))
+            changed = self.deferral.to_dict() != before
+        if changed:
+            self._write()
+        return due
 
     # ---------------------------------------------------------------- one window
     def armed(self, session: str, reason: str) -> None:
@@ -161,7 +194,7 @@ class WindowCostMeter:
     def to_dict(self) -> dict[str, Any]:
         with self._lock:
             return {"budget": self.budget.to_dict(self.clock()), "windows": list(self.costs),
-                    "written_unix_s": time.time()}
+                    "held_triggers": self.deferral.to_dict(), "written_unix_s": time.time()}
 
     def _write(self) -> None:
         if self.ledger is None:

@@ -76,6 +76,9 @@ def test_gpm_metric_ids_are_nvmls_and_become_series() -> None:
     assert v["mem"] == pytest.approx(0.63)  # `mem` now has a writer: GPM DRAM bandwidth
     assert v["pcie"] == pytest.approx(8192 * MIB / 64e9) and v["nvlink"] == pytest.approx(120000 * MIB / 450e9)
     assert gpm_series_values({}, 64e9, 450e9) == {}
+    # the H200's DRAM bandwidth read NaN on the device check: that series is left out, the others stay
+    nan = gpm_series_values({2: 20.0, 10: float("nan"), 21: float("inf")}, 64e9, 450e9)
+    assert nan == {"sm": pytest.approx(0.20)}
 
 
 # --------------------------------------------------------------------------- NVML, replayed
