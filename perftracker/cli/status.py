@@ -64,8 +64,18 @@ def _line(row: dict[str, Any]) -> str:
             f"{'-' if last is None else f'{float(last):.2f} s'}{' partial (to the exit)' if partial else ''}"
             f"{' (' + safe_text(str(b.get('last_window_session')))[:40] + ')' if b.get('last_window_session') else ''}, "
             f"spent {float(b.get('spent_s', 0)):.2f} s of {allowed:.2f} s allowed{basis}, "
-            f"left {float(b.get('left_s', 0)):.2f} s, refused {b.get('refused', 0)} "
+            f"left {float(b.get('left_s', 0)):.2f} s, refused {b.get('refused', 0)}{_held_text(row)} "
             f"(as of {age_s:.0f} s ago)")
+
+
+def _held_text(row: dict[str, Any]) -> str:
+    """Triggers held until worth a window (window_cost.WindowCostMeter.deferral); '' for older ledgers."""
+    h = row.get("held_triggers")
+    if not isinstance(h, dict):
+        return ""
+    return (f", held until worth a window: {int(h.get('sent_late', 0) or 0)} sent later, "
+            f"{int(h.get('passed', 0) or 0)} let go (the job was back to speed)"
+            f"{', 1 held now' if h.get('held') else ''}")
 
 
 def run(args: argparse.Namespace) -> int:
