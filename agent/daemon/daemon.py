@@ -279,7 +279,7 @@ class AgentDaemon:
         self._update_worker_metrics(w.job)
         log.info("worker rank %d/%d of job %s registered (pid %d)", w.rank, w.world_size, w.job, w.pid)
         self.upstream.schedule_register(w.job)
-        self.windows.prime(w)
+        self.windows.prime_later(w, lambda x: self.workers.get((x.job, x.rank)) is x and x.connected)
         if w.job not in self._pollers:
             self._pollers[w.job] = self._spawn(self.upstream.poll_loop(w.job), f"poll-{w.job}")
         return w

@@ -24,7 +24,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -54,6 +54,11 @@ class WindowOptions:
     window_timeout_s: float = 60.0  # wait this long past window_s for a worker's WINDOW_DONE
     keep_files: bool = False  # keep raw windows, samples and pattern files after upload
     standby_samplers: bool = True  # keep one idle samplers process per worker, ready for the next session
+    # ... started this long after the worker registers (and the summarizer warmed up then), not at
+    # once: their start-up (~0.2 s of CPU each) would fall in a short job's first seconds, when no
+    # automatic window opens anyway (the trigger hold, perftracker/runtime/trigger_defer.py); a
+    # window before then starts its samplers itself (issue 30, docs/window-cost.md)
+    standby_after_s: float = 20.0
     summarize_worker: bool = True  # one long-lived summarizer process instead of one per window
     processing: processing.ProcessingOptions = field(default_factory=processing.ProcessingOptions)
 
@@ -206,6 +211,20 @@ class WindowRunner:
             proc, path, _ = await task
             await processing.stop_process(proc)
             path.unlink(missing_ok=True)
+
+    def prime_later(self, w: Worker, still_current: Callable[[Worker], bool]) -> None:
+        """``prime`` after ``standby_after_s``, if the worker is still the current one and has no
+        standby samplers by then (a session primed them)."""
+        delay_s = self.options.standby_after_s
+
+        def go() -> None:
+            if still_current(w) and (w.job, w.rank) not in self._standby and not w.work_session:
+                self.prime(w)
+
+        if delay_s <= 0:
+            go()
+        else:
+            asyncio.get_running_loop().call_later(delay_s, go)
 
     def forget(self, w: Worker) -> None:
         """The worker left: stop its standby samplers."""
