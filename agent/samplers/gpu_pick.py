@@ -6,11 +6,14 @@ the window starts (by then the process has its CUDA context):
 
 1. the GPUs whose NVML compute or graphics process list holds the pid: if exactly one, that one;
    if several (a context on GPU 0 beside its own, the usual slip of a job that calls
-   ``torch.cuda.set_device`` late), the one its environment names among them, else the first;
+   ``torch.cuda.set_device`` late), the one its environment names among them when it names one
+   (``LOCAL_RANK`` set, or ``CUDA_VISIBLE_DEVICES`` of one GPU), else the one where the process
+   holds the most memory (a stray context holds a few hundred MB, the training the rest);
 2. else (no context yet; or a container whose NVML reports host pids) the environment: the
    ``LOCAL_RANK``-th entry (modulo their number) of the GPUs ``CUDA_VISIBLE_DEVICES`` makes
    visible, entries by index or by UUID (a prefix, as CUDA takes it), all GPUs when it is unset;
-   the torchrun convention ``cuda:LOCAL_RANK``. CUDA numbers GPUs fastest-first unless
+   the torchrun convention ``cuda:LOCAL_RANK``. ``/proc/<pid>/environ`` is the environment the
+   process started with: a ``CUDA_VISIBLE_DEVICES`` the script sets itself is not seen. CUDA numbers GPUs fastest-first unless
    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML in PCI order; on a node of identical GPUs the two agree;
 3. else none (``CUDA_VISIBLE_DEVICES`` empty, MIG instances): the window has no GPU series.
 
@@ -64,10 +67,11 @@ def _env_choice(environ: Mapping[str, str], uuids: Sequence[str]) -> GpuPick:
                    f"LOCAL_RANK {local} of {count} GPUs (the environment: no NVML process entry)")
 
 
-def pick_gpu(pid: int, gpu_pids: Sequence[Sequence[int]], uuids: Sequence[str],
+def pick_gpu(pid: int, gpu_pids: Sequence[Mapping[int, int]], uuids: Sequence[str],
              environ: Mapping[str, str]) -> GpuPick:
-    """The NVML index of the GPU process ``pid`` uses. ``gpu_pids[i]``: the pids NVML lists on GPU i;
-    ``uuids[i]``: GPU i's UUID; ``environ``: the process's environment ({} if unreadable)."""
+    """The NVML index of the GPU process ``pid`` uses. ``gpu_pids[i]``: the processes NVML lists on
+    GPU i, pid -> the bytes of GPU memory it holds there (0 unknown); ``uuids[i]``: GPU i's UUID;
+    ``environ``: the process's environment ({} if unreadable)."""
     if not uuids:
         return GpuPick(None, "no GPU on this node")
     on = [i for i, pids in enumerate(gpu_pids) if pid in pids]
@@ -75,9 +79,12 @@ def pick_gpu(pid: int, gpu_pids: Sequence[Sequence[int]], uuids: Sequence[str],
     if len(on) == 1:
         return GpuPick(on[0], f"NVML lists pid {pid} on GPU {on[0]}")
     if len(on) > 1:
-        if by_env.index in on:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        names_one = "LOCAL_RANK" in environ or (visible is not None and len(visible.split(",")) == 1)
+        if names_one and by_env.index in on:
             return GpuPick(by_env.index, f"NVML lists pid {pid} on GPUs {on}; its environment names {by_env.index}")
-        return GpuPick(on[0], f"NVML lists pid {pid} on GPUs {on}; the first taken")
+        best = max(on, key=lambda i: int(gpu_pids[i].get(pid) or 0))
+        return GpuPick(best, f"NVML lists pid {pid} on GPUs {on}; it holds the most memory on {best}")
     if environ:
         return by_env
     return GpuPick(None, f"pid {pid} is in no NVML process list and its environment is unreadable")
@@ -98,14 +105,21 @@ def read_environ(pid: int) -> dict[str, str]:
     return out
 
 
-def _pids(nv: Any, handle: Any) -> list[int]:
-    out: list[int] = []
+def _pids(nv: Any, handle: Any) -> dict[int, int]:
+    """pid -> GPU memory bytes (0 when NVML cannot say) of the processes on one GPU."""
+    out: dict[int, int] = {}
     for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         try:
-            out.extend(int(p.pid) for p in getattr(nv, fn)(handle))
+            for p in getattr(nv, fn)(handle):
+                used = getattr(p, "usedGpuMemory", 0)
+                out[int(p.pid)] = max(out.get(int(p.pid), 0), int(used) if isinstance(used, int) and used > 0 else 0)
         except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_SUPPORTED on some GPUs: that list is empty
             continue
     return out
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)  # older pynvml: bytes
 
 
 def resolve_gpu(nv: Any, pid: int) -> GpuPick:
@@ -113,7 +127,7 @@ def resolve_gpu(nv: Any, pid: int) -> GpuPick:
     try:
         count = int(nv.nvmlDeviceGetCount())
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        uuids = [str(nv.nvmlDeviceGetUUID(h)) for h in handles]
+        uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
     except Exception as exc:  # noqa: BLE001
         return GpuPick(None, f"NVML could not list the GPUs: {type(exc).__name__}: {exc}")
     return pick_gpu(pid, [_pids(nv, h) for h in handles], uuids, read_environ(pid))

@@ -73,9 +73,13 @@ def _held_text(row: dict[str, Any]) -> str:
     h = row.get("held_triggers")
     if not isinstance(h, dict):
         return ""
-    return (f", held until worth a window: {int(h.get('sent_late', 0) or 0)} sent later, "
-            f"{int(h.get('passed', 0) or 0)} let go (the job was back to speed)"
-            f"{', 1 held now' if h.get('held') else ''}")
+    def n(key: str) -> int:
+        v = h.get(key)
+        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) < 1e12 else 0
+
+    return (f", held until worth a window: {n('sent_late')} sent later, {n('passed')} let go (the job was "
+            f"back to speed), {n('covered')} covered by another window, {n('expired')} expired"
+            f"{', 1 held now' if h.get('held') is True else ''}")
 
 
 def run(args: argparse.Namespace) -> int:

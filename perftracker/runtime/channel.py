@@ -414,6 +414,9 @@ class AgentChannel:
             log.info("perftracker: %s trigger sent after %.1f s held (ratio now %.2f)", due[0],
                      due[1].get("deferred_s", 0.0), due[1].get("ratio_when_sent", 0.0))
             self._enqueue(trigger_message(due[0], due[1], self._window_s_override()))
+            det = getattr(self.runtime, "detector", None)
+            if det is not None and hasattr(det, "trigger_sent_late"):
+                det.trigger_sent_late(time.monotonic_ns())
         except Exception as exc:  # noqa: BLE001 - never into training
             self._warn_once("held-trigger", "perftracker: could not send a held trigger: %r", exc)
 

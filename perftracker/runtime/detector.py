@@ -302,6 +302,13 @@ class Detector:
         else:
             self._confirm = None
 
+    def trigger_sent_late(self, t_ns: int) -> None:
+        """A trigger held until worth a window (perftracker/runtime/trigger_defer.py) goes out now
+        (channel thread): its window's post-window check counts from now, not from the detection."""
+        c = self._confirm
+        if c is not None:
+            self._confirm = (int(t_ns), c[1], c[2])
+
     # ----------------------------------------------------------------------------------------
     # profile windows: perftracker's own perturbation
     # ----------------------------------------------------------------------------------------

@@ -11,7 +11,9 @@ every few seconds ``check`` looks at the iterations since, and
 - lets it go when the job is back to its speed: the mean of the recent iterations is below the
   midpoint (in log time) between the detection's baseline and its slow level — a blip that cost less
   than a window would have (counted in ``passed``);
-- lets it go after ``max_wait_s`` (counted in ``expired``).
+- lets it go after ``max_wait_s`` (counted in ``expired``);
+- lets it go when a window opens anyway (another rank's trigger, a manual one, a newer detection
+  worth a window at once): that window profiles the slowdown (counted in ``covered``).
 
 A newer detection replaces a held one (it has the fresher baseline); the time held counts from the
 first.
@@ -54,6 +56,13 @@ class TriggerDeferral:
     passed: int = 0  # held detections let go: the job was back to its speed
     expired: int = 0  # held longer than max_wait_s
     sent_late: int = 0  # held detections sent once worth a window
+    covered: int = 0  # held detections let go because a window opened anyway
+
+    def cover(self) -> None:
+        """A window opens (for whatever reason): the held detection is profiled by it."""
+        if self.held is not None:
+            self.held = None
+            self.covered += 1
 
     def hold(self, reason: str, detail: Mapping[str, object], now_s: float) -> bool:
         """Hold a detection; False when it has no baseline and slow level to test against (send it)."""
@@ -70,17 +79,18 @@ class TriggerDeferral:
         h = self.held
         if h is None:
             return None
-        xs = [float(x) for x in list(recent_ms)[-RECENT_ITERS:] if isinstance(x, (int, float)) and x > 0]
+        if now_s - h.since_s > self.max_wait_s:
+            self.held = None
+            self.expired += 1
+            return None
+        xs = [float(x) for x in list(recent_ms)[-RECENT_ITERS:]
+              if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf]
         if not xs:
             return None
         mean_ms = sum(xs) / len(xs)
         if math.log(mean_ms) <= 0.5 * (math.log(h.base_ms) + math.log(h.slow_ms)):
             self.held = None
             self.passed += 1
-            return None
-        if now_s - h.since_s > self.max_wait_s:
-            self.held = None
-            self.expired += 1
             return None
         ratio = mean_ms / h.base_ms
         if not worth(ratio):
@@ -93,4 +103,4 @@ class TriggerDeferral:
 
     def to_dict(self) -> dict[str, object]:
         return {"held": self.held is not None, "passed": self.passed, "expired": self.expired,
-                "sent_late": self.sent_late}
+                "sent_late": self.sent_late, "covered": self.covered}

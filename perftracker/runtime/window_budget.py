@@ -38,6 +38,7 @@ FRACTION = 0.02
 HORIZON_S = 3600.0
 FIRST_GUESS_S = 5.0
 INITIAL_S = 10.0  # the advance for a job's first window(s): docs/window-cost.md, "The cost budget"
+MIN_WORTH_S = 1.0  # worth_window weighs at least this: a window measured at ~0 s does not make every blip worth one
 
 
 def lost_s(elapsed_s: float, iterations: int, baseline_iteration_s: float) -> float:
@@ -120,8 +121,8 @@ class CostBudget:
         return self.expected_s(now_s) <= self.left_s(now_s)
 
     def worth(self, now_s: float, ratio: float) -> bool:
-        """``worth_window`` for a slowdown of ``ratio`` detected now."""
-        return worth_window(ratio, self.trained_s(now_s), self.expected_s(now_s))
+        """``worth_window`` for a slowdown of ``ratio`` detected now (against at least ``MIN_WORTH_S``)."""
+        return worth_window(ratio, self.trained_s(now_s), max(self.expected_s(now_s), MIN_WORTH_S))
 
     def ask(self, now_s: float, manual: bool) -> bool:
         """A window wants to open: True if it may; a refused automatic one is counted."""

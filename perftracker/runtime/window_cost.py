@@ -108,8 +108,9 @@ class WindowCostMeter:
         ratio = detail.get("ratio")
         with self._lock:
             now = self.clock()
-            if not isinstance(ratio, (int, float)) or self.budget.worth(now, float(ratio)):
-                return False
+            if (not isinstance(ratio, (int, float)) or isinstance(ratio, bool)
+                    or self.budget.worth(now, float(ratio))):
+                return False  # sent now: its window will cover a held one (armed)
             held = self.deferral.hold(reason, detail, now)
         if held:
             self._write()
@@ -117,13 +118,15 @@ class WindowCostMeter:
 
     def due_held_trigger(self) -> tuple[str, dict[str, object]] | None:
         """A held trigger to send now (still slow and now worth a window), or None."""
+        self._know_start()
         with self._lock:
             if self.deferral.held is None:
                 return None
             now = self.clock()
             before = self.deferral.to_dict()
+            # worth it and affordable now: a refused one stays held (the budget refills)
             due = self.deferral.check(now, self.runtime.recent_iteration_ms(),
-                                      lambda ratio: self.budget.worth(now, ratio))
+                                      lambda ratio: self.budget.worth(now, ratio) and self.budget.allows(now))
             changed = self.deferral.to_dict() != before
         if changed:
             self._write()
@@ -132,6 +135,8 @@ class WindowCostMeter:
     # ---------------------------------------------------------------- one window
     def armed(self, session: str, reason: str) -> None:
         try:
+            with self._lock:
+                self.deferral.cover()  # this window profiles a held slowdown too
             self._know_start()
             base_s = median(self.runtime.recent_iteration_ms()) / 1e3
             with self._lock:

@@ -5,20 +5,26 @@ from __future__ import annotations
 from perftracker.agent.samplers.gpu_pick import pick_gpu
 
 UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000", "GPU-dddd4444-0000"]
-NONE: list[list[int]] = [[], [], [], []]
+NONE: list[dict[int, int]] = [{}, {}, {}, {}]
+GB = 1 << 30
 
 
 def test_the_nvml_process_list_names_the_gpu_over_the_environment() -> None:
-    lists = [[11], [42, 12], [], []]
+    lists = [{11: GB}, {42: GB, 12: GB}, {}, {}]
     got = pick_gpu(42, lists, UUIDS, {"LOCAL_RANK": "3"})
     assert got.index == 1 and "NVML lists pid 42 on GPU 1" in got.how
 
 
 def test_a_process_on_two_gpus_takes_the_one_its_environment_names() -> None:
-    lists = [[42], [], [42], []]  # a stray context on GPU 0 beside its own
+    lists = [{42: GB // 2}, {}, {42: 30 * GB}, {}]  # a stray context on GPU 0 beside its own
     assert pick_gpu(42, lists, UUIDS, {"LOCAL_RANK": "2"}).index == 2
-    assert pick_gpu(42, lists, UUIDS, {"LOCAL_RANK": "3"}).index == 0  # the environment names neither: the first
-    assert pick_gpu(42, lists, UUIDS, {}).index == 0
+    assert pick_gpu(42, lists, UUIDS, {"CUDA_VISIBLE_DEVICES": "0"}).index == 0  # it names one: GPU 0
+    # the environment names none of them, or names none at all (mp.spawn, no LOCAL_RANK): the most memory
+    assert pick_gpu(42, lists, UUIDS, {"LOCAL_RANK": "3"}).index == 2
+    got = pick_gpu(42, lists, UUIDS, {"PATH": "/bin"})
+    assert got.index == 2 and "most memory" in got.how
+    assert pick_gpu(42, lists, UUIDS, {}).index == 2
+    assert pick_gpu(42, [{42: 0}, {}, {42: 0}, {}], UUIDS, {}).index == 0  # memory unknown: the first
 
 
 def test_without_an_nvml_entry_local_rank_indexes_the_visible_gpus() -> None:

@@ -68,3 +68,49 @@ def test_a_detection_without_levels_is_not_held() -> None:
     assert slow_levels({"baseline_ms": 20.0, "recent_ms": 19.0}) is None
     assert slow_levels({"shortest_ms": 10.0, "mean_ms": 12.0}) == (10.0, 12.0)
     assert d.check(1.0, [], lambda r: True) is None
+
+
+def test_a_window_that_opens_anyway_covers_the_held_trigger() -> None:
+    d = TriggerDeferral()
+    d.hold("slowdown", DETAIL, now_s=0.0)
+    d.cover()
+    d.cover()  # nothing held: no count
+    assert d.held is None and d.covered == 1
+    assert d.check(5.0, [30.0] * 20, lambda r: True) is None  # nothing left to send twice
+
+
+def test_expiry_does_not_wait_for_iterations() -> None:
+    d = TriggerDeferral(max_wait_s=10.0)
+    d.hold("slowdown", DETAIL, now_s=0.0)
+    assert d.check(11.0, [], lambda r: False) is None and d.held is None and d.expired == 1
+
+
+def test_a_window_measured_at_zero_cost_does_not_make_every_blip_worth_one() -> None:
+    b = CostBudget(started_s=0.0)
+    b.spend(10.0, 0.0, manual=False)  # a negative estimate spends 0
+    assert b.expected_s(12.0) == 0.0
+    assert not b.worth(12.0, 1.01)  # weighed against MIN_WORTH_S (1 s): 0.12 s
+    assert b.worth(12.0, 1.2)  # 2 s
+
+
+def test_the_meter_keeps_a_trigger_the_budget_cannot_pay_for_yet() -> None:
+    from perftracker.runtime.window_cost import WindowCostMeter
+
+    class Rt:
+        iteration = 100
+        def recent_iteration_ms(self) -> list[float]:
+            return [25.0] * 20
+        def training_started_s(self) -> float:
+            return 0.0
+
+    now = [8.0]
+    m = WindowCostMeter(Rt(), None, CostBudget(initial_s=10.0), clock=lambda: now[0])
+    assert m.hold_if_not_worth("slowdown", DETAIL)  # 8 s trained: 1.6 s < 5 s
+    m.budget.spend(9.0, 9.0, manual=False)  # another window spent 9 of the 10 s
+    now[0] = 40.0  # 1.25x over 40 s is 8 s: not worth the 9 s the last window cost
+    assert m.due_held_trigger() is None and m.deferral.held is not None
+    now[0] = 60.0  # worth it (12 s), but 10 - 9 = 1 s is left of the budget: kept held, not counted sent
+    assert m.due_held_trigger() is None and m.deferral.held is not None and m.deferral.sent_late == 0
+    now[0] = 905.0  # 2 % of 905 s is 18.1 s: 9.1 s left >= 9 s, within the 900 s the trigger may wait
+    due = m.due_held_trigger()
+    assert due is not None and due[0] == "slowdown" and m.deferral.sent_late == 1
