@@ -3,7 +3,7 @@
 ``outer()`` spins 30 ms and calls ``inner()`` (10 ms and a small matmul); ``other()`` spins 10 ms.
 Each call appends (function, start_ns, end_ns) to CALLS, against which the sampled Python
 executions of a window are checked: their structure in tests/component/test_window.py and
-tests/component/test_remote_stacks.py, how closely they match the calls in
+tests/system/test_remote_stacks.py, how closely they match the calls in
 tests/accuracy/test_stack_sampling.py.
 """
 

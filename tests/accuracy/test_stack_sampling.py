@@ -2,7 +2,7 @@
 of the window each function held (β) and one execution per call, from the in-process stack sampler
 (both readers) and from the sampler process that reads the stacks from outside. The training loop
 and its ground truth: tests/window_workload.py; the structure of the same windows (rows, parents,
-stacks, cleanup): tests/component/test_window.py and tests/component/test_remote_stacks.py.
+stacks, cleanup): tests/component/test_window.py and tests/system/test_remote_stacks.py.
 """
 
 from __future__ import annotations
