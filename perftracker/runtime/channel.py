@@ -395,9 +395,10 @@ class AgentChannel:
         """A detector's slowdown not yet worth a window (window_budget.worth_window) is held by the
         meter and sent later if it lasts; a failure of the meter sends it."""
         try:
-            if self.cost_meter().hold_if_not_worth(reason, detail):
+            meter = self.cost_meter()
+            if meter.hold_if_not_worth(reason, detail):
                 log.info("perftracker: %s trigger held until the slowdown is worth a window (%s)", reason,
-                         self.cost_meter().budget.to_dict(time.monotonic()))
+                         meter.budget.to_dict(time.monotonic()))
                 return True
         except Exception as exc:  # noqa: BLE001
             self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)

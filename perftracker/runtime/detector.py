@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.runtime.slowdown import SlowdownRule, make_rule
+from perftracker.runtime.trigger_defer import slow_levels, still_slow
 from perftracker.runtime.trigger_gate import ADMIT, TriggerGate
 
 DATALOADER = 0
@@ -384,12 +385,10 @@ class Detector:
     def _still_slow(self, detail: dict[str, object]) -> bool:
         """The median of the last settle iterations is above the midpoint (in log time) between the
         detection's baseline and its slow level: the slowdown outlived the window."""
-        base = detail.get("baseline_ms", detail.get("shortest_ms"))
-        slow = detail.get("recent_ms", detail.get("mean_ms"))
-        if not isinstance(base, (int, float)) or not isinstance(slow, (int, float)) or not 0 < base < slow:
+        levels = slow_levels(detail)
+        if levels is None:
             return False
-        median_ms = self._recent_median_ms(min(self.options.settle_iters, 9))
-        return median_ms > 0 and math.log(median_ms) > 0.5 * (math.log(base) + math.log(slow))
+        return still_slow(self._recent_median_ms(min(self.options.settle_iters, 9)), *levels)
 
     def _recent_median_ms(self, n: int) -> float:
         """Median of the last ``n`` iteration durations (fewer if fewer are kept), in ms; 0 if none."""

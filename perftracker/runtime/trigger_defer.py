@@ -49,6 +49,11 @@ def slow_levels(detail: Mapping[str, object]) -> tuple[float, float] | None:
     return float(base), float(slow)
 
 
+def still_slow(level_ms: float, base_ms: float, slow_ms: float) -> bool:
+    """``level_ms`` is above the midpoint, in log time, between a detection's baseline and slow level."""
+    return level_ms > 0 and math.log(level_ms) > 0.5 * (math.log(base_ms) + math.log(slow_ms))
+
+
 @dataclass
 class TriggerDeferral:
     max_wait_s: float = MAX_WAIT_S
@@ -88,7 +93,7 @@ class TriggerDeferral:
         if not xs:
             return None
         mean_ms = sum(xs) / len(xs)
-        if math.log(mean_ms) <= 0.5 * (math.log(h.base_ms) + math.log(h.slow_ms)):
+        if not still_slow(mean_ms, h.base_ms, h.slow_ms):
             self.held = None
             self.passed += 1
             return None

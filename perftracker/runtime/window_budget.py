@@ -53,7 +53,7 @@ def worth_window(ratio: float, trained_s: float, expected_cost_s: float) -> bool
     """Whether a slowdown of ``ratio`` (slow / before) in a job that has trained ``trained_s`` is
     worth a window expected to cost ``expected_cost_s``: (1 − 1/ratio) · trained_s ≥ the cost. A
     ratio that is not a number above 1 (a trigger that is not a measured slowdown) is always worth it."""
-    if not isinstance(ratio, (int, float)) or not ratio > 1.0 or ratio != ratio:
+    if not isinstance(ratio, (int, float)) or not ratio > 1.0:  # NaN is not > 1.0
         return True
     return (1.0 - 1.0 / float(ratio)) * max(float(trained_s), 0.0) >= float(expected_cost_s)
 

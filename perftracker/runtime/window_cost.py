@@ -123,12 +123,11 @@ class WindowCostMeter:
             if self.deferral.held is None:
                 return None
             now = self.clock()
-            before = self.deferral.to_dict()
             # worth it and affordable now: a refused one stays held (the budget refills)
             due = self.deferral.check(now, self.runtime.recent_iteration_ms(),
                                       lambda ratio: self.budget.worth(now, ratio) and self.budget.allows(now))
-            changed = self.deferral.to_dict() != before
-        if changed:
+            settled = self.deferral.held is None  # sent, let go or expired: the counts moved
+        if settled:
             self._write()
         return due
 
