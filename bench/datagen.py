@@ -57,7 +57,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
 
 
 def note(msg: str) -> None:

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from perftracker.runtime.profiler import KinetoCapture, kineto_rows  # noqa: E402
-from perftracker.runtime.window_writer import _lower_priority  # noqa: E402
+from perftracker.runtime.window.writer import _lower_priority  # noqa: E402
 
 
 def main() -> None:

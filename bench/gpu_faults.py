@@ -53,7 +53,7 @@ os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a train
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from perftracker.localizer.diagnose.waits import WaitOptions  # noqa: E402
+from perftracker.localizer.diagnose.evidence.waits import WaitOptions  # noqa: E402
 
 from bench.faultkit.scoring import Flag, Score, _matches, score  # noqa: E402
 from bench.tracefault.mutate import MutationResult, mutate_dir  # noqa: E402

@@ -318,7 +318,7 @@ _FULL = r"""
 import json, resource, signal, sys
 sys.path.insert(0, sys.argv[2]); sys.path.insert(0, sys.argv[2] + "/tests")
 from pathlib import Path
-from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.service.session.manager import SessionManager
 from perftracker.localizer.store.sqlite_store import Store
 from perftracker.localizer.service.validate import parse_registration
 from service_helpers import make_pattern_set, workers

@@ -1,6 +1,6 @@
 """A Hugging Face Trainer job with and without `import perftracker`, side by side in one run (issue 16).
 
-The job: tests/integrations/hf_trainer.py's tiny GPT-2 (built from a config, random tokens, no
+The job: tests/framework_jobs/hf_trainer.py's tiny GPT-2 (built from a config, random tokens, no
 download), `Trainer` under torchrun with 2 CPU ranks (gloo), no injected fault.
 
 1. **Throughput.** Runs alternate off, on, on, off, ... (ABBA, ``--rounds`` pairs): "off" never
@@ -60,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
 
         handler = logging.StreamHandler(sys.stdout)  # the window's exit lines, for the trigger run
         handler.setFormatter(logging.Formatter(f"PTLOG rank {rank}: %(message)s"))
-        win_log = logging.getLogger("perftracker.runtime.window")
+        win_log = logging.getLogger("perftracker.runtime.window.profile")
         win_log.setLevel(logging.INFO)
         win_log.addHandler(handler)
         import perftracker  # noqa: F401

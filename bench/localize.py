@@ -33,10 +33,6 @@ import sys
 import time
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import PatternArrays
-from perftracker.localizer.diagnose.expect import OPEN_BOX
-from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings, report_summary
-from perftracker.localizer.diagnose.headline import dress_report
 from perftracker.localizer.diagnose.localize import (
     analyze_function,
     localize,
@@ -45,11 +41,19 @@ from perftracker.localizer.diagnose.localize import (
     resolve_floors,
     sample_for,
 )
-from perftracker.localizer.diagnose.options import LocalizeOptions
-from perftracker.localizer.diagnose.rule import (
+from perftracker.localizer.diagnose.method.arrays import PatternArrays
+from perftracker.localizer.diagnose.method.expect import OPEN_BOX
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.rule import (
     GAUSSIAN_3_4,  # statsmodels' constant, documented in rule.py
 )
-from perftracker.localizer.diagnose.savings import replayed_savings, said
+from perftracker.localizer.diagnose.verdict.findings import (
+    FunctionVerdict,
+    build_findings,
+    report_summary,
+)
+from perftracker.localizer.diagnose.verdict.savings import replayed_savings, said
+from perftracker.localizer.diagnose.words.headline import dress_report
 from statsmodels.robust.scale import mad as statsmodels_mad
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package
@@ -78,7 +82,7 @@ def build_job(n: int, seed: int) -> PatternArrays:
 def reference_verdicts(arr: PatternArrays, opts: LocalizeOptions) -> list[FunctionVerdict]:
     """The definitions, computed the obvious way (full matrices in blocks, no shortcuts)."""
     expectations = resolve_expectations(opts, arr.gpu)
-    floors = resolve_floors(opts, arr.gpu)  # the profile's numbers (localizer/diagnose/floors.py)
+    floors = resolve_floors(opts, arr.gpu)  # the profile's numbers (localizer/diagnose/method/floors.py)
     n = arr.n_workers
     small = n <= opts.small_job_max
     if small:  # the exact test over all workers

@@ -15,7 +15,7 @@ Detection: one rank (seed mod N) of an otherwise clean online job is slowed with
 ``synthetic.inject_throttled_compute`` (its GEMM takes longer, the others wait for it in the
 AllReduce): ``β×1.3 μ×0.7`` (a throttled GPU) and ``β×1.15`` (15% slower at the same utilization).
 ``found`` is the share of jobs whose report names the slowed rank (by any test, including the wait
-evidence of ``perftracker.localizer.diagnose.waits``); ``alone`` the share that names it and no other rank; ``diff`` the
+evidence of ``perftracker.localizer.diagnose.evidence.waits``); ``alone`` the share that names it and no other rank; ``diff`` the
 share where a finding of the differential test names it. ``offline β×2`` is the same on offline jobs with the GEMM twice as long (β
 alone must differ by more than 1 / (1 − ε) = 1.67× to be ε-far).
 
@@ -33,14 +33,14 @@ import sys
 import time
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import PatternArrays
-from perftracker.localizer.diagnose.distances import (
+from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.method.arrays import PatternArrays
+from perftracker.localizer.diagnose.method.distances import (
     differential_distance_blocks,
     normalize_by_max,
     sample_workers,
 )
-from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from statsmodels.robust.scale import mad as statsmodels_mad
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: bench/ as a package

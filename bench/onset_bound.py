@@ -3,7 +3,7 @@
 Reads per-rank iteration end times (``rank<R>.times``: "<step> <monotonic ns>" per line). With no
 argument it reads the series shipped under ``bench/data/`` (one directory per job, recorded with
 ``bench/record_series.py``: the example job with 4 ranks on this 2-core host, the Hugging Face
-Trainer and Lightning jobs of tests/integrations/), so ``python bench/onset_bound.py`` reproduces
+Trainer and Lightning jobs of tests/framework_jobs/), so ``python bench/onset_bound.py`` reproduces
 the figures in docs/detection-bound.md. A run directory kept by ``bench/faults.py --keep`` works too.
 
 On each rank's real series it injects a multiplicative step (+10/20/40% by default) at many places

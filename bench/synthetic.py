@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.method.arrays import FunctionInfo, PatternArrays
 
 from perftracker.model import Category, Pattern, PatternSet
 

@@ -40,7 +40,7 @@ from perftracker.model.raw_window import RawWindow, WindowMeta  # noqa: E402
 from perftracker.runtime import profiler as new_profiler  # noqa: E402
 from perftracker.runtime import raw_window_build as new_rawbuild  # noqa: E402
 from perftracker.runtime import stack_sampler as new_stacks  # noqa: E402
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult  # noqa: E402
 
 
 def note(msg: str) -> None:

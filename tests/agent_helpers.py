@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -119,7 +119,7 @@ def online_window(rank: int, step: Callable[[], None]) -> None:
     import shutil
     import socket
 
-    from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+    from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
     ident = SimpleNamespace(rank=rank, world_size=dist.get_world_size(), host=socket.gethostname(), pid=os.getpid(),
                             training_tid=threading.get_native_id(), job="summarizer-test", local_rank=rank)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from perftracker.model.raw_window import EventKind, RawWindow, WindowMeta
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 class Ident:
@@ -99,7 +99,7 @@ def window_with_stacks(tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeyp
     win = ProfileWindow(Ident(), tmp_path, options=WindowOptions(stack_reader=reader))
     done: list[WindowResult] = []
     assert win.arm("s1", 1.5, done.append)
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         assert not win.arm("s2", 1.0, done.append)  # armed, not started: still refused
     assert "ignored" in caplog.text and "s2" in caplog.text
     seen_active = False

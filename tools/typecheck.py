@@ -16,16 +16,16 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+from layout import package_dirs  # tools/layout.py: the mapping, from pyproject.toml
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build_tree(dest: Path) -> dict[str, str]:
     """Lay out the installed packages under ``dest``; returns {tree prefix: repository prefix}."""
-    package_dir: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))[
-        "tool"]["setuptools"]["package-dir"]
+    package_dir = package_dirs(REPO)
     top = {name for name in package_dir if "." not in name}
     prefixes: dict[str, str] = {}
     for name in sorted(top):  # a top-level package: a real directory of links to its entries

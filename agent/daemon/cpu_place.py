@@ -5,7 +5,7 @@
 process's where the thread is unknown), "" where they cannot be read (the worker has exited, no
 procfs). Two ranks of one host with the same place share their cores and their CPU quota: whatever
 else runs there competes with both, so one rank's longer wait for a core is the scheduler's
-placement, not a cause of its own (``localizer/diagnose/cpu_starvation.py``). A rank pinned to
+placement, not a cause of its own (``localizer/diagnose/evidence/cpu_starvation.py``). A rank pinned to
 other cores (``taskset``, a launcher's NUMA binding) or in a cgroup of its own (one container per
 rank) has a place of its own, and its CPU wait is judged as before.
 """

@@ -1,6 +1,6 @@
 """The node agent: one per node (or per run dir), between the training processes and the localizer.
 
-- Serves the Unix socket ``<run_dir>/agent.sock`` (perftracker.wire.frames). Workers register, send
+- Serves the Unix socket ``<run_dir>/agent.sock`` (perftracker.wire.framing). Workers register, send
   heartbeats, iteration statistics, triggers, hang snapshots and WINDOW_DONE.
 - Registers each job's local workers with the localizer and forwards heartbeats (with liveness
   from procfs, so dead or stopped ranks are known), triggers and hang snapshots.
@@ -55,8 +55,8 @@ from perftracker.agent.daemon.workers import (
 from perftracker.model import HangSnapshot
 from perftracker.rundir import RunDirError, ensure_private_dir, write_private
 from perftracker.warnonce import WarnOnce
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 log = logging.getLogger(__name__)
 

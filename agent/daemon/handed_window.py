@@ -1,7 +1,7 @@
 """A raw window that the worker handed to a child process at its exit (issue 30).
 
 At interpreter exit a worker no longer writes its window within the exit delay: a child process
-that outlives it writes the file (perftracker/runtime/window_handoff.py), and WINDOW_DONE carries
+that outlives it writes the file (perftracker/runtime/window/handoff.py), and WINDOW_DONE carries
 that child's pid as ``writer_pid``. ``wait_for_file`` waits for the file before the agent
 summarizes it: the child saves it atomically, so its presence means it is whole; a child that
 failed leaves ``<raw>.error`` (one line), and a child that died without either is reported as such.

@@ -2,7 +2,7 @@
 
 Both run as separate processes so that the agent's event loop (and the training processes) never
 wait on them. The summarizer is pinned to one core and runs at the lowest priority (nice 19), as
-docs/design.md §1 asks: ``python -m perftracker.agent.summarize.summarizer RAW --samples FILE --out PATTERNS``.
+docs/design.md §1 asks: ``python -m perftracker.agent.daemon.summarize_one RAW --samples FILE --out PATTERNS``.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ async def finish_sampler(proc: asyncio.subprocess.Process, start_ns: int, end_ns
 
 
 def summarize_command(raw: str | Path, samples: str | Path | None, out: str | Path) -> list[str]:
-    cmd = [sys.executable, "-m", "perftracker.agent.summarize.summarizer", str(raw)]
+    cmd = [sys.executable, "-m", "perftracker.agent.daemon.summarize_one", str(raw)]
     if samples:
         cmd += ["--samples", str(samples)]
     return cmd + ["--out", str(out)]
@@ -210,7 +210,7 @@ async def summarize(raw: str | Path, samples: str | Path | None, out: str | Path
     """Summarize one raw window in a separate low-priority process and read the PatternSet back.
 
     With ``worker`` the long-lived summarizer process does it; otherwise (or if that fails) a
-    one-shot ``python -m perftracker.agent.summarize.summarizer``."""
+    one-shot ``python -m perftracker.agent.daemon.summarize_one``."""
     opts = options or ProcessingOptions()
     done = False
     if worker is not None:

@@ -146,7 +146,7 @@ class Upstream:
                     quiet_s = time.monotonic() - w.last_seen
                     alive, phase = True, w.phase
                     if not w.connected or quiet_s >= SILENT_AFTER_S:
-                        # silent: say why in the phase ("stopped", "dead", ...), see perftracker.localizer.diagnose.hang_diagnosis
+                        # silent: say why in the phase ("stopped", "dead", ...), see perftracker.localizer.diagnose.incidents.hang
                         alive, state = liveness(w.pid, w.started)
                         phase = state if state in ("stopped", "disk_wait", "dead") else "silent"
                         if not alive and (w.phase == "exited" or w.phase.startswith("dead")):

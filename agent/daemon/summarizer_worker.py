@@ -1,9 +1,9 @@
 """`python -m perftracker.agent.daemon.summarizer_worker`: the summarizer as one long-lived low-priority process.
 
-The agent starts it pinned to one core at nice 19 (like ``python -m perftracker.agent.summarize.summarizer``) and keeps it,
+The agent starts it pinned to one core at nice 19 (like ``python -m perftracker.agent.daemon.summarize_one``) and keeps it,
 so that each window does not pay for a Python start and the numpy import (seconds on a busy node).
 Requests are JSON lines on stdin, ``{"raw": FILE, "samples": FILE or null, "out": FILE}``; each runs
-exactly ``python -m perftracker.agent.summarize.summarizer RAW [--samples FILE] --out FILE`` in this process and answers one
+exactly ``python -m perftracker.agent.daemon.summarize_one RAW [--samples FILE] --out FILE`` in this process and answers one
 JSON line on stdout, ``{"rc": 0}`` or ``{"rc": 1, "error": "..."}``. End of input ends the process.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 
 def main() -> int:
-    from perftracker.agent.summarize import summarizer as summarize
+    from perftracker.agent.daemon import summarize_one as summarize
 
     for line in sys.stdin:
         if not line.strip():

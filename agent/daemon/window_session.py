@@ -41,8 +41,8 @@ from perftracker.model.names import is_name
 from perftracker.model.window_cost import window_cost_fields
 from perftracker.rundir import RunDirError, ensure_private_dir
 from perftracker.warnonce import WarnOnce
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class WindowOptions:
     standby_samplers: bool = True  # keep one idle samplers process per worker, ready for the next session
     # ... started this long after the worker registers (and the summarizer warmed up then), not at
     # once: their start-up (~0.2 s of CPU each) would fall in a short job's first seconds, when no
-    # automatic window opens anyway (the trigger hold, perftracker/runtime/trigger_defer.py); a
+    # automatic window opens anyway (the trigger hold, perftracker/runtime/trigger/defer.py); a
     # window before then starts its samplers itself (issue 30, docs/window-cost.md)
     standby_after_s: float = 20.0
     summarize_worker: bool = True  # one long-lived summarizer process instead of one per window

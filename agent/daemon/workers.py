@@ -72,7 +72,7 @@ def select_job(workers: Iterable[Worker], job: str, connected: bool = True) -> l
 
 
 # ---------------------------------------------------------------- worker messages
-# The wire (perftracker.wire.frames) checks that the required fields exist with the right JSON types. The
+# The wire (perftracker.wire.framing) checks that the required fields exist with the right JSON types. The
 # agent checks more before it stores or forwards anything: lengths, ranges and the optional fields,
 # so that one odd worker can neither crash its connection handler nor make the localizer refuse
 # the node's whole heartbeat.

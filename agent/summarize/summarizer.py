@@ -7,21 +7,17 @@ Pipeline, all numpy over whole columns:
 
 Command line (one core, run by the agent as a subprocess)::
 
-    python -m perftracker.agent.summarize.summarizer RAW_FILE [--samples FILE] --out PATTERNS_FILE [--max-zero-run C]
+    python -m perftracker.agent.daemon.summarize_one RAW_FILE [--samples FILE] --out PATTERNS_FILE [--max-zero-run C]
 
 writes ``PatternSet.to_bytes()`` (or JSON when PATTERNS_FILE ends in ``.json``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from perftracker.agent.summarize import categories as cat
@@ -52,7 +48,7 @@ from perftracker.agent.summarize.timeline import (
 )
 from perftracker.agent.summarize.victims import add_reducer_waits, split_steady_and_varying
 
-from perftracker.errors import InputError, PerftrackerError
+from perftracker.errors import InputError
 from perftracker.model import LINK_KEY, Pattern, PatternSet
 from perftracker.model.raw_window import (
     CPU_WAIT,
@@ -407,7 +403,7 @@ def link_pattern(samples: SampleSet | None, collective_ns: float, window_ns: int
 
     β is the share of the window the rank spends in collectives on the critical path (what the link
     can slow down: it overlaps those functions, it is not a function of its own), μ the retransmitted
-    share of TCP segments, σ 0. The expected range bounds μ (``localizer/diagnose/expected.toml``); without
+    share of TCP segments, σ 0. The expected range bounds μ (``localizer/diagnose/method/expected.toml``); without
     collectives on the critical path (β = 0) a lossy link explains no slowdown and the rule's
     β > β_min keeps it quiet.
     """
@@ -510,38 +506,3 @@ def _fit_iterations(ps: PatternSet, max_bytes: int) -> PatternSet:
 
 def _replace(ps: PatternSet, patterns: tuple[Pattern, ...]) -> PatternSet:
     return dataclasses.replace(ps, patterns=patterns)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m perftracker.agent.summarize.summarizer",
-                                     description="Summarize one raw window into a PatternSet (one core).")
-    parser.add_argument("raw", help="RawWindow file (RawWindow.save) or a Kineto .json/.json.gz trace")
-    parser.add_argument("--samples", help="SampleSet file from perftracker.agent.samplers")
-    parser.add_argument("--out", required=True, help="PatternSet file: compact bytes, or JSON if it ends in .json")
-    parser.add_argument("--max-zero-run", type=int, default=DEFAULT_MAX_ZERO_RUN, help="c of Algorithm 1 (samples)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        if args.raw.endswith((".json", ".json.gz")):
-            from perftracker.agent.kineto import read_kineto_trace
-
-            raw = read_kineto_trace(args.raw)
-        else:
-            raw = RawWindow.load(args.raw)
-        samples = SampleSet.load(args.samples) if args.samples else None
-        ps = summarize_window(raw, samples, SummarizeOptions(max_zero_run=args.max_zero_run))
-        out = Path(args.out)
-        tmp = out.with_name(out.name + ".tmp")
-        if out.suffix == ".json":
-            tmp.write_text(json.dumps(ps.to_dict()))
-        else:
-            tmp.write_bytes(ps.to_bytes())
-        tmp.replace(out)
-    except PerftrackerError as exc:
-        sys.stderr.write(f"perftracker.agent.summarize.summarizer: error: {exc}\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

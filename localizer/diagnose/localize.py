@@ -2,7 +2,7 @@
 
 Per function f: the expected box R_f, D_exp (outside the box), P̂ = P / max, D_diff against one
 seeded sample S of workers, the MAD threshold (or, for jobs of at most 16 workers, the per-N count
-of ``rule.small_job_threshold``), and the rule; the floors are per profile (``perftracker.localizer.diagnose.floors``).
+of ``rule.small_job_threshold``), and the rule; the floors are per profile (``perftracker.localizer.diagnose.method.floors``).
 The abnormal workers of a function become a finding; ``findings.py`` groups, labels and explains them.
 
 ``localize`` validates PatternSets and calls ``localize_arrays``; the same code path serves 8 and
@@ -17,13 +17,15 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import (
+from perftracker.localizer.diagnose.evidence.host_bound import with_host_total, with_idle_share
+from perftracker.localizer.diagnose.evidence.step_lanes import step_lanes
+from perftracker.localizer.diagnose.method.arrays import (
     FunctionInfo,
     PatternArrays,
     pattern_sets_to_arrays,
     validate_arrays,
 )
-from perftracker.localizer.diagnose.distances import (
+from perftracker.localizer.diagnose.method.distances import (
     differential_distance,
     differential_distance_blocks,
     exact_median,
@@ -32,21 +34,23 @@ from perftracker.localizer.diagnose.distances import (
     outside_expectation,
     sample_workers,
 )
-from perftracker.localizer.diagnose.expect import OPEN_BOX, Expectations, load_expectations
-from perftracker.localizer.diagnose.findings import FunctionVerdict, build_findings, report_summary
-from perftracker.localizer.diagnose.floors import Floors, floors_for
-from perftracker.localizer.diagnose.headline import dress_report
-from perftracker.localizer.diagnose.host_bound import with_host_total, with_idle_share
-from perftracker.localizer.diagnose.options import LocalizeOptions
-from perftracker.localizer.diagnose.rule import (
+from perftracker.localizer.diagnose.method.expect import OPEN_BOX, Expectations, load_expectations
+from perftracker.localizer.diagnose.method.floors import Floors, floors_for
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.rule import (
     GAUSSIAN_3_4,
     apply_rule,
     differential_threshold,
     minority_only,
     small_job_threshold,
 )
-from perftracker.localizer.diagnose.savings import replayed_savings, said, together
-from perftracker.localizer.diagnose.step_lanes import step_lanes
+from perftracker.localizer.diagnose.verdict.findings import (
+    FunctionVerdict,
+    build_findings,
+    report_summary,
+)
+from perftracker.localizer.diagnose.verdict.savings import replayed_savings, said, together
+from perftracker.localizer.diagnose.words.headline import dress_report
 
 from perftracker.model import PatternSet, Report
 
@@ -82,7 +86,7 @@ def sample_for(n_workers: int, options: LocalizeOptions) -> np.ndarray:
 
 
 def localize_arrays(arr: PatternArrays, options: LocalizeOptions | None = None) -> Report:
-    """Localize one session held as arrays (see ``perftracker.localizer.diagnose.arrays``)."""
+    """Localize one session held as arrays (see ``perftracker.localizer.diagnose.method.arrays``)."""
     opts = options or LocalizeOptions()
     if opts.method not in ("grid", "blocks"):
         raise ValueError(f"unknown D_diff method {opts.method!r}")
@@ -185,7 +189,7 @@ def analyze_by_stage(values: np.ndarray, info: FunctionInfo, expectations: Expec
 
 def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], arr: PatternArrays
                             ) -> list[FunctionVerdict]:
-    """Host ops of a GPU window are judged by their sum (``perftracker.localizer.diagnose.host_bound``): one alone is outside
+    """Host ops of a GPU window are judged by their sum (``perftracker.localizer.diagnose.evidence.host_bound``): one alone is outside
     expectation only when it alone exceeds the sum's expected share; the differential test stands."""
     total = verdicts[-1]
     bound = total.box.hi.beta
@@ -199,9 +203,9 @@ def judge_host_ops_together(verdicts: list[FunctionVerdict], host: list[int], ar
 
 def material_shift(values: np.ndarray, floor: np.ndarray, z: float = 0.0) -> np.ndarray:
     """(N,) bool: the worker's pattern differs from the median worker's by at least the shift gate
-    (``Floors.shift``, per profile: ``perftracker.localizer.diagnose.floors``) in some dimension, and there (z > 0) by
+    (``Floors.shift``, per profile: ``perftracker.localizer.diagnose.method.floors``) in some dimension, and there (z > 0) by
     more than z robust standard deviations of the dimension, MAD / Φ⁻¹(3/4). The z part applies to
-    jobs above ``small_job_max`` only (see ``perftracker.localizer.diagnose.floors``).
+    jobs above ``small_job_max`` only (see ``perftracker.localizer.diagnose.method.floors``).
 
     **[decision]** D_diff counts how unique a worker is after P̂ = P / max, which stretches small
     differences when every worker's value is small: on a clean 4-rank CPU job, one Python frame at

@@ -3,7 +3,7 @@
 Each accepted upload (a ``PatternBatch``, parsed once on arrival) is appended as one chunk: the
 session-wide function index of each row, the worker slot of each row, and the (β, μ, σ) values.
 A rank that uploads again gets a new slot; the old one is left out when the arrays are built.
-``to_arrays`` builds exactly what ``perftracker.localizer.diagnose.arrays.pattern_sets_to_arrays`` builds from the same
+``to_arrays`` builds exactly what ``perftracker.localizer.diagnose.method.arrays.pattern_sets_to_arrays`` builds from the same
 PatternSets sorted by rank (same function order, same values), without a Python object per pattern.
 """
 
@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import (
+from perftracker.localizer.diagnose.method.arrays import (
     FunctionInfo,
     PatternArrays,
     cpu_places,

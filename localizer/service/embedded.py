@@ -20,7 +20,7 @@ directory another user's ``perftracker-runs/`` can therefore neither redirect th
 server nor hand it their token.
 
 Expected ranges: ``start_embedded(..., expect_path=FILE)``, or ``PERFTRACKER_EXPECT=FILE`` in the
-environment, replaces the built-in profiles (the format of ``localizer/diagnose/expected.toml``).
+environment, replaces the built-in profiles (the format of ``localizer/diagnose/method/expected.toml``).
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ from perftracker.localizer.service.ownership import AGENT_KEY_HEADER
 from perftracker.localizer.service.query_handlers import QueryHandlers
 from perftracker.localizer.service.retention import Plan, Retention, RetentionOptions
 from perftracker.localizer.service.service_metrics import install as install_metrics
-from perftracker.localizer.service.session_options import SessionOptions
-from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.service.session.manager import SessionManager
+from perftracker.localizer.service.session.options import SessionOptions
 from perftracker.localizer.service.tokens import check_token, job_allowed
 from perftracker.localizer.service.validate import (
     RequestError,

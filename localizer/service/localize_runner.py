@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.localizer.k8s.cluster import ClusterLink
-from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.service.session.manager import SessionManager
 from perftracker.localizer.store.writer import GroupCommit
 
 from perftracker.model import Report
@@ -141,7 +141,9 @@ class LocalizeRunner:
         opts = self.localize_options
         if self.expect_path is None:
             return opts
-        from perftracker.localizer.diagnose.options import LocalizeOptions  # lazy: the numpy stage
+        from perftracker.localizer.diagnose.method.options import (
+            LocalizeOptions,  # lazy: the numpy stage
+        )
 
         if opts is None:
             return LocalizeOptions(expect_path=self.expect_path)
@@ -169,7 +171,7 @@ class LocalizeRunner:
 
 
 def _warm_imports() -> None:
-    for name in ("perftracker.localizer.diagnose.localize", "perftracker.localizer.diagnose.hang_diagnosis"):
+    for name in ("perftracker.localizer.diagnose.localize", "perftracker.localizer.diagnose.incidents.hang"):
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - reported when a session needs it

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from aiohttp import web
 from perftracker.localizer.service.localize_runner import LocalizeRunner
-from perftracker.localizer.service.sessions import DONE, FAILED, LOCALIZING, OPEN
+from perftracker.localizer.service.session.manager import DONE, FAILED, LOCALIZING, OPEN
 from perftracker.localizer.store.sqlite_store import Store
 from prometheus_client import (
     CONTENT_TYPE_LATEST,

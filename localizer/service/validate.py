@@ -241,7 +241,7 @@ def validate_expect_file(path: str | Path) -> dict[str, str]:
     Raises ConfigError naming the file, the profile and the field."""
     import tomllib
 
-    from perftracker.localizer.diagnose.expect import (
+    from perftracker.localizer.diagnose.method.expect import (
         BUILTIN_PROFILES,
         load_expectations,
         parse_expectations,

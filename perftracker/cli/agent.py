@@ -90,7 +90,7 @@ def start_embedded_localizer(runs_dir: str, window_s: float, collect_grace_s: fl
     from perftracker.localizer.service.embedded import start_embedded
     from perftracker.localizer.service.http_service import ServiceOptions
     from perftracker.localizer.service.retention import RetentionOptions
-    from perftracker.localizer.service.sessions import SessionOptions
+    from perftracker.localizer.service.session.manager import SessionOptions
 
     limits = limits or {"retention": RetentionOptions.from_env(), "sessions": {}}
     options = ServiceOptions(sessions=SessionOptions(default_window_s=window_s, collect_grace_s=collect_grace_s,
@@ -108,7 +108,7 @@ def check_localizer_imports() -> None:
     start with one clear line, not fail every report later (ImportError)."""
     import importlib
 
-    for name in ("perftracker.localizer.diagnose.localize", "perftracker.localizer.diagnose.hang_diagnosis"):
+    for name in ("perftracker.localizer.diagnose.localize", "perftracker.localizer.diagnose.incidents.hang"):
         importlib.import_module(name)
 
 

@@ -332,7 +332,7 @@ def localize_summaries(summ: Summaries, directory: Path, expect: str | None = No
     """The report `perftracker analyze DIR` renders for what summarize_dir read (bench/gpu_faults.py
     calls summarize_dir and this, so the bench scores exactly what the command prints)."""
     from perftracker.localizer.diagnose.localize import localize
-    from perftracker.localizer.diagnose.options import LocalizeOptions
+    from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
     trigger = f"offline: {directory}" + (f"; {summ.aligned}" if summ.aligned else "")  # the cut, in the report
     report = localize(summ.sets, LocalizeOptions(expect_path=expect, trigger_reason=trigger))

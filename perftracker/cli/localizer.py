@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-dir", default=None,
                    help="also write each report as DIR/<session>.json (default: reports/ beside the store)")
     p.add_argument("--expect", metavar="FILE", default=None,
-                   help="expected ranges (TOML, the format of localizer/diagnose/expected.toml) instead of the built-in profiles")
+                   help="expected ranges (TOML, the format of localizer/diagnose/method/expected.toml) instead of the built-in profiles")
     p.add_argument("--no-kubernetes", action="store_true",
                    help="do not use the Kubernetes API even when running in a pod")
     p.add_argument("--ready-file", default=None, help="write {url, pid, store} as JSON here once listening")
@@ -125,7 +125,7 @@ def resolve_or_create_token(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from perftracker.localizer.service.http_service import ServiceOptions, run_service
-    from perftracker.localizer.service.sessions import SessionOptions
+    from perftracker.localizer.service.session.manager import SessionOptions
     from perftracker.localizer.service.tokens import load_job_tokens
 
     if not 0 <= args.port <= 65535:

@@ -1,5 +1,5 @@
 """One worker's collective instances over the last steps of its window (issue 28): the record the
-localizer replays to say what fixing a culprit would save (``localizer/diagnose/replay.py``).
+localizer replays to say what fixing a culprit would save (``localizer/diagnose/verdict/replay.py``).
 
 Pure data. Times are integer microseconds from the start of the record (the first kept step's
 boundary, on the worker's own clock). A row is one collective instance or point-to-point transfer

@@ -1,5 +1,5 @@
 """What a profile window cost the training job, as a worker reports it and a report carries it
-(issue 30): the fields, and their reader. The worker makes them (perftracker/runtime/window_cost.py,
+(issue 30): the fields, and their reader. The worker makes them (perftracker/runtime/window/cost.py,
 ``report_fields``); a PatternSet and the wire carry them; the report shows the worst rank's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from perftracker.errors import SchemaError
 from perftracker.model.schema import float_items
 
-# what a window cost and the budget (perftracker/runtime/window_cost.py), as the report carries them
+# what a window cost and the budget (perftracker/runtime/window/cost.py), as the report carries them
 WINDOW_COST_KEYS = (
     "window_s",  # how long the window recorded (the longest rank's)
     "blocked_s",  # the training thread's blocking stop (the worst rank's)

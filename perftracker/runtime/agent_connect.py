@@ -16,7 +16,7 @@ from perftracker.config import Config
 from perftracker.errors import TransportError
 from perftracker.runtime.protocols import WorkerState
 from perftracker.warnonce import WarnOnce
-from perftracker.wire import frames as wire
+from perftracker.wire import framing as wire
 
 log = logging.getLogger(__name__)
 

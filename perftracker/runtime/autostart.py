@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from perftracker.config import Config
 from perftracker.role import AGENT, child_env
 from perftracker.rundir import RunDirError, ensure_private_dir, open_private
-from perftracker.wire import frames as wire
+from perftracker.wire import framing as wire
 
 log = logging.getLogger(__name__)
 

@@ -44,11 +44,11 @@ from perftracker.runtime.channel_messages import (
     window_failed_message,
 )
 from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
-from perftracker.runtime.window_budget import CostBudget
-from perftracker.runtime.window_cost import WindowCostMeter, ledger_path, report_fields
+from perftracker.runtime.window.budget import CostBudget
+from perftracker.runtime.window.cost import WindowCostMeter, ledger_path, report_fields
 from perftracker.warnonce import WarnOnce
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,7 @@ class AgentChannel:
         later than elsewhere (it was muted until the quiet period ended: 35 s late in the issue-19
         run). A profiler stop that outlasts even that is told apart by the localizer: the stalled
         rank is alive, sends heartbeats and its snapshot shows perftracker's own window code (a
-        pause), where a stopped peer is silent and procfs says so (localizer/diagnose/hang_diagnosis.py).
+        pause), where a stopped peer is silent and procfs says so (localizer/diagnose/incidents/hang.py).
         """
         try:
             if time.monotonic() < self._quiet_until:
@@ -378,7 +378,7 @@ class AgentChannel:
             log.debug("%s", line)
 
     def _default_window(self) -> ArmableWindow:
-        from perftracker.runtime.window import ProfileWindow, WindowOptions
+        from perftracker.runtime.window.profile import ProfileWindow, WindowOptions
 
         out_dir = os.path.join(self.config.run_dir, "windows")
         os.makedirs(out_dir, exist_ok=True)

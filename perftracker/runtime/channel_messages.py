@@ -1,4 +1,4 @@
-"""The messages a worker sends its node agent, built from the runtime's state (perftracker.wire.frames frames).
+"""The messages a worker sends its node agent, built from the runtime's state (perftracker.wire.framing frames).
 
 Pure builders: they read the runtime (identity, iteration, recent iteration times, last hook
 event) and return ``wire.make_message`` dicts. The channel (perftracker.runtime.channel) queues and sends
@@ -13,8 +13,8 @@ from typing import Any
 
 from perftracker.model import HangSnapshot
 from perftracker.runtime.protocols import ChannelRuntime, FinishedWindow, WorkerState
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 
 def identity_fields(runtime: WorkerState) -> dict[str, Any]:

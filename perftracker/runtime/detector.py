@@ -26,7 +26,7 @@ Input: hook events ``(kind, t_ns)`` where kind is ``DATALOADER`` (a DataLoader i
   can hide a fault of the same size that begins right after it; this check does not depend on
   them. It also means a sustained slowdown is profiled twice: once at its onset, once to confirm.
 - **Trigger gate.** Detections become triggers through a token bucket
-  (``perftracker.runtime.trigger_gate``).
+  (``perftracker.runtime.trigger.gate``).
 - **Blocked.** ``check_blocked(now_ns)``: idle since the last event >= max(blocked_factor x mean
   iteration, blocked_min_s). It only reads attributes, so another thread may call it.
 """
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.runtime.slowdown import SlowdownRule, make_rule
-from perftracker.runtime.trigger_defer import slow_levels, still_slow
-from perftracker.runtime.trigger_gate import ADMIT, TriggerGate
+from perftracker.runtime.trigger.defer import slow_levels, still_slow
+from perftracker.runtime.trigger.gate import ADMIT, TriggerGate
 
 DATALOADER = 0
 STEP = 1
@@ -304,7 +304,7 @@ class Detector:
             self._confirm = None
 
     def trigger_sent_late(self, t_ns: int) -> None:
-        """A trigger held until worth a window (perftracker/runtime/trigger_defer.py) goes out now
+        """A trigger held until worth a window (perftracker/runtime/trigger/defer.py) goes out now
         (channel thread): its window's post-window check counts from now, not from the detection."""
         c = self._confirm
         if c is not None:

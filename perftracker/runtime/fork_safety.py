@@ -1,7 +1,7 @@
 """May this training process fork a conversion child? (issue 30: the default window writer)
 
 The window's result is converted in a forked child by default (``PERFTRACKER_WINDOW_WRITER=fork``,
-perftracker/runtime/window_writer.py): torch's ``_ProfilerResult.events()`` is one C++ call that
+perftracker/runtime/window/writer.py): torch's ``_ProfilerResult.events()`` is one C++ call that
 holds the GIL for seconds (its pybind binding releases nothing), and in a writer thread it blocks
 training and the interpreter's exit for that long. Forking has one hazard that can corrupt data
 silently instead of failing: **RDMA memory registered without fork protection.** The HCA DMAs to

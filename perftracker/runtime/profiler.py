@@ -115,7 +115,7 @@ class KinetoCapture:
 # perftracker thread involved: start/stop on the main thread only): a process that exits within
 # ~0.5 s of ``_disable_profiler()`` aborts in about 1 run in 3 ("terminate called without an active
 # exception", SIGABRT, and torchrun then fails the whole job). Waiting 0.5 s still aborted 1 of 12,
-# 1 s and 3 s 0 of 12 and 0 of 10 (2 s: 0 of 14). So the exit hook (perftracker/runtime/window_exit.py)
+# 1 s and 3 s 0 of 12 and 0 of 10 (2 s: 0 of 14). So the exit hook (perftracker/runtime/window/exit.py)
 # lets the interpreter finalize only SETTLE_S after the last stop, and only when a window has just
 # ended. 1 s, not 2 (issue 30: a window cut by the exit may cost the exit at most 2 s, its stop
 # included): twice the ~0.5 s in which the aborts came, 0 of 12 at the time; rechecked 2026-11-28 with

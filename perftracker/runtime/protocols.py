@@ -47,7 +47,7 @@ class ProfilingDetector(Protocol):
 
 
 class WindowRuntime(Protocol):
-    """The runtime as a profile window (perftracker.runtime.window) hooks into it."""
+    """The runtime as a profile window (perftracker.runtime.window.profile) hooks into it."""
 
     @property
     def detector(self) -> ProfilingDetector: ...
@@ -56,7 +56,7 @@ class WindowRuntime(Protocol):
 
 
 class LocalRuntime(WindowRuntime, Protocol):
-    """The runtime as the worker's own windows (perftracker.runtime.window_local) profile it."""
+    """The runtime as the worker's own windows (perftracker.runtime.window.local) profile it."""
 
     @property
     def identity(self) -> WorkerIdentity: ...
@@ -97,7 +97,7 @@ class ChannelRuntime(SnapshotRuntime, WindowRuntime, Protocol):
 
 
 class FinishedWindow(Protocol):
-    """A profile window's outcome as WINDOW_DONE reports it (``WindowResult``, perftracker.runtime.window)."""
+    """A profile window's outcome as WINDOW_DONE reports it (``WindowResult``, perftracker.runtime.window.profile)."""
 
     @property
     def session(self) -> str: ...

@@ -228,7 +228,7 @@ class Runtime:
     def stop(self) -> None:
         self.active = False
         hooks.uninstall()
-        window = sys.modules.get("perftracker.runtime.window")
+        window = sys.modules.get("perftracker.runtime.window.profile")
         if window is not None:  # no boundary will come to close an open profile window
             window.shutdown_all("perftracker deactivated")
 

@@ -1,7 +1,7 @@
 """perftracker in the training stacks people use (issue 16): real frameworks, CPU, 2 ranks (one for the
 single-process job), the default embedded setup (an autostarted node agent and localizer).
 
-Each script under tests/integrations/ is a plain user script but for its `import perftracker` line.
+Each script under tests/framework_jobs/ is a plain user script but for its `import perftracker` line.
 Each injects a clear slowdown (extra matrix products in the forward, well over +40 % of an
 iteration) on one rank from a given optimizer step. The test runs the job to its end as a user
 would, then waits for the agent to finish (the last window may be handed over at exit) and checks:
@@ -43,7 +43,7 @@ from agent_helpers import REPO, cleanup, env_for_tests, short_run_dir
 # third attempt keep one bad draw from failing the suite; a case that is broken fails all three.
 pytestmark = [pytest.mark.integration, pytest.mark.flaky(reruns=2)]
 
-SCRIPTS = REPO / "tests" / "integrations"
+SCRIPTS = REPO / "tests" / "framework_jobs"
 
 
 @dataclass(frozen=True)

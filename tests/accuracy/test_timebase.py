@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from perftracker.model.raw_window import EventKind, RawWindow, SampleSet
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 from tests.cpuclock import ThreadCpuClock
 
 BUSY_MS = 40

@@ -1,7 +1,7 @@
 """The worker's agent channel over a real Unix socket: register, heartbeats, triggers, windows,
 agent loss and reconnection.
 
-The "agent" here is a small real socket server speaking perftracker.wire.frames. The runtime and the
+The "agent" here is a small real socket server speaking perftracker.wire.framing. The runtime and the
 profile window are minimal stand-ins with the contract's attributes (the real ones are exercised by
 the torchrun tests in test_agent_e2e.py / test_reliability.py).
 """
@@ -21,8 +21,8 @@ import pytest
 
 from perftracker.config import Config
 from perftracker.runtime.channel import AgentChannel, ChannelOptions
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 FAST = ChannelOptions(heartbeat_s=0.1, stats_s=0.2, backoff_min_s=0.05, backoff_max_s=0.2, ack_timeout_s=2.0)
 
@@ -353,7 +353,7 @@ def test_a_window_whose_process_ends_first_has_its_cost_in_the_ledger(run_dir: P
     import json
     import shutil
 
-    from perftracker.runtime.window_cost import ledger_path
+    from perftracker.runtime.window.cost import ledger_path
 
     agent = Agent(wire.socket_path(run_dir))
     rt = Runtime()

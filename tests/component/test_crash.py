@@ -31,8 +31,8 @@ from perftracker.agent.daemon.worker_exits import (
     watch_exit,
     zombie_status,
 )
-from perftracker.localizer.diagnose.crash_diagnosis import localize_crash
-from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
+from perftracker.localizer.diagnose.incidents.crash import localize_crash
+from perftracker.localizer.diagnose.incidents.hang import localize_hang
 
 from perftracker.model import Frame, HangSnapshot
 from perftracker.runtime import exit_capture as crash
@@ -231,7 +231,7 @@ def test_blocked_live_ranks_are_a_hang_not_a_crash() -> None:
 
 
 def test_exit_status_unseen_the_rank_that_exited_is_named_over_peer_losses() -> None:
-    from perftracker.localizer.diagnose.hang_diagnosis import SilentRank
+    from perftracker.localizer.diagnose.incidents.hang import SilentRank
 
     peer = "RuntimeError: Connection reset by peer"
     snaps = [_snap(r, end="exception", error=peer, failed_ns=T0 + r) for r in (0, 1, 3)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.session.manager import SessionManager, SessionOptions
 from perftracker.localizer.service.validate import (
     Heartbeat,
     RankBeat,

@@ -32,8 +32,8 @@ from perftracker.agent.daemon.localizer_client import Uplink
 from perftracker.agent.daemon.workers import BadWorkerMessage, check_worker_message
 from service_helpers import TOKEN, ServiceThread, make_pattern_set, workers
 
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 N = int(os.environ.get("PERFTRACKER_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=N, derandomize=True, deadline=None, database=None,

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.session.manager import SessionManager, SessionOptions
 from perftracker.localizer.service.validate import Heartbeat, RankBeat, Registration, WorkerInfo
 from perftracker.localizer.store.sqlite_store import Store
 

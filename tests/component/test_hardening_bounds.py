@@ -20,7 +20,7 @@ from perftracker.agent.daemon.localizer_client import Uplink, UplinkError
 from perftracker.localizer.service.bounds import MAX_COUNT, MAX_TIME_NS, MAX_WINDOW_NS
 from perftracker.localizer.service.http_service import ServiceOptions
 from perftracker.localizer.service.retention import DAY_S, Retention, RetentionOptions
-from perftracker.localizer.service.sessions import SessionOptions
+from perftracker.localizer.service.session.manager import SessionOptions
 from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 from service_helpers import TOKEN, LocalizerProcess, ServiceThread, make_pattern_set, workers

@@ -190,7 +190,7 @@ def test_embedded_localizer_is_single_and_writes_reports(tmp_path: Path) -> None
 
     from perftracker.localizer.service.embedded import discover, start_embedded
     from perftracker.localizer.service.http_service import ServiceOptions
-    from perftracker.localizer.service.sessions import SessionOptions
+    from perftracker.localizer.service.session.manager import SessionOptions
 
     runs = tmp_path / "perftracker-runs"
     opts = ServiceOptions(sessions=SessionOptions(default_window_s=0.2, collect_grace_s=0.3))

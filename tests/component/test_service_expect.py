@@ -13,7 +13,7 @@ import pytest
 from perftracker.agent.daemon.localizer_client import Uplink
 from perftracker.localizer.service.embedded import discover, start_embedded
 from perftracker.localizer.service.http_service import ServiceOptions
-from perftracker.localizer.service.sessions import SessionOptions
+from perftracker.localizer.service.session.manager import SessionOptions
 from perftracker.localizer.service.validate import validate_expect_file
 
 from perftracker.errors import ConfigError

@@ -22,7 +22,7 @@ pytest.importorskip("kubernetes", reason="the kubernetes client is in the k8s ex
 from perftracker.agent.daemon.localizer_client import Uplink  # noqa: E402
 from perftracker.localizer.k8s.client import K8sOptions, KubernetesClient  # noqa: E402
 from perftracker.localizer.service.http_service import ServiceOptions  # noqa: E402
-from perftracker.localizer.service.sessions import SessionOptions  # noqa: E402
+from perftracker.localizer.service.session.manager import SessionOptions  # noqa: E402
 
 from perftracker.model import Category, Pattern  # noqa: E402
 from tests.k8s_fake import FakeApiServer  # noqa: E402

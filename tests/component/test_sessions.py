@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from perftracker.localizer.service.sessions import SessionManager, SessionOptions
+from perftracker.localizer.service.session.manager import SessionManager, SessionOptions
 from perftracker.localizer.service.validate import (
     Heartbeat,
     RankBeat,
@@ -21,7 +21,7 @@ from perftracker.model import Frame, HangSnapshot
 from tests.service_helpers import make_pattern_set
 
 HAVE_LOCALIZE = importlib.util.find_spec("perftracker.localizer.diagnose.localize") is not None
-HAVE_HANG = importlib.util.find_spec("perftracker.localizer.diagnose.hang_diagnosis") is not None
+HAVE_HANG = importlib.util.find_spec("perftracker.localizer.diagnose.incidents.hang") is not None
 T0 = 1_700_000_000 * 10**9
 
 
@@ -264,4 +264,4 @@ def test_hang_session_reaches_the_hang_seam_with_liveness(mgr: SessionManager) -
         assert states[1].detail == "process dead" and states[2].state == "silent"
         assert "no heartbeat" in states[2].detail
     else:
-        assert end.state == "failed" and "perftracker.localizer.diagnose.hang_diagnosis" in end.error
+        assert end.state == "failed" and "perftracker.localizer.diagnose.incidents.hang" in end.error

@@ -27,8 +27,8 @@ from window_workload import (
 )
 
 from perftracker.model.raw_window import EventKind, RawWindow
-from perftracker.runtime import window_local
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window import local as window_local
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 @pytest.mark.parametrize("reader", [True, False], ids=["memory_reader", "frame_objects"])
@@ -90,7 +90,7 @@ def test_profiler_failure_keeps_training(tmp_path: Path, caplog: pytest.LogCaptu
     done: list[WindowResult] = []
     with torch.profiler.profile() as other_prof:  # another profiler is already active
         assert win.arm("busy", 0.5, done.append)
-        with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+        with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
             iterations = 0
             for i in range(5):
                 outer()
@@ -142,7 +142,7 @@ def test_a_window_without_nvtx_runs_without_its_ranges(tmp_path: Path, monkeypat
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """nvtx missing (a GPU image installed with --no-deps, seen on the H200 device check): the window
     still records and is written, with one warning; before, every window failed at its start."""
-    from perftracker.runtime import window_instruments
+    from perftracker.runtime.window import instruments as window_instruments
 
     monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx -> ImportError
     monkeypatch.setattr(window_instruments, "_NVTX_MISSING", [])

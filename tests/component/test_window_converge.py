@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from window_workload import Ident, drive, spin
 
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 def _window(tmp_path: Path, body, window_s: float, **opts) -> tuple[WindowResult, float]:  # type: ignore[no-untyped-def]
@@ -27,7 +27,7 @@ def _window(tmp_path: Path, body, window_s: float, **opts) -> tuple[WindowResult
 
 @pytest.mark.timeout(120)
 def test_a_steady_loop_ends_the_window_once_converged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.INFO, logger="perftracker.runtime.window.profile"):
         res, length_s = _window(tmp_path, lambda: spin(10), window_s=30.0)
     assert 20 <= res.iterations < 400 and length_s < 30.0, (res.iterations, length_s)
     assert "converged after" in caplog.text
@@ -40,7 +40,7 @@ def test_a_loop_that_keeps_slowing_runs_to_window_s(tmp_path: Path, caplog: pyte
     def slowing() -> None:  # each iteration ~4 % of a second longer per second: never steady
         spin(5 + 40 * (time.monotonic() - t0))
 
-    with caplog.at_level(logging.INFO, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.INFO, logger="perftracker.runtime.window.profile"):
         res, length_s = _window(tmp_path, slowing, window_s=2.0)
     assert length_s >= 2.0 and res.iterations >= 20, (res.iterations, length_s)
     assert "converged after" not in caplog.text

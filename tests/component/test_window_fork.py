@@ -16,7 +16,7 @@ from window_workload import Ident, drive
 
 from perftracker.model.raw_window import EventKind, RawWindow
 from perftracker.runtime import raw_window_build as rawbuild
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 def _run(tmp_path: Path, gate=None, **opts) -> tuple[ProfileWindow, WindowResult, list[int]]:  # type: ignore[no-untyped-def]
@@ -73,7 +73,7 @@ def test_child_writes_the_window(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         _, res, pids = _run(tmp_path, gate=look)
     assert sched[-1] == (os.SCHED_IDLE, 19)
     _complete(res)
@@ -95,12 +95,12 @@ def test_a_killed_or_hung_child_loses_nothing(tmp_path: Path, caplog: pytest.Log
             time.sleep(600)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("perftracker.runtime.window_writer.build_raw_window", the_child_never_finishes)
+    monkeypatch.setattr("perftracker.runtime.window.writer.build_raw_window", the_child_never_finishes)
     sig = signal.SIGKILL if how == "killed" else signal.SIGSTOP
     # the child runs at SCHED_IDLE: on a loaded host a SIGKILLed one can wait over a second for the
     # CPU it needs to die, and read as "took over 1 s"; a stopped one must be waited out
     limit_s = 1.0 if how == "hangs" else 60.0
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         _, res, pids = _run(tmp_path, gate=lambda win, pid: os.kill(pid, sig), child_timeout_s=limit_s)
     _complete(res)  # written by the training process's thread from the result it kept
     assert _gone(pids[0])
@@ -118,8 +118,8 @@ def test_a_child_whose_conversion_fails_loses_nothing(tmp_path: Path, caplog: py
             raise MemoryError("the child ran out of memory")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("perftracker.runtime.window_writer.build_raw_window", only_the_parent)
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    monkeypatch.setattr("perftracker.runtime.window.writer.build_raw_window", only_the_parent)
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         _, res, _ = _run(tmp_path)
     _complete(res)
     assert "the child ran out of memory" in caplog.text
@@ -152,16 +152,16 @@ def test_rdma_without_fork_protection_writes_in_a_thread(tmp_path: Path, monkeyp
                                                           caplog: pytest.LogCaptureFixture) -> None:
     """Where libibverbs says RDMA memory is not fork-protected (faked: no RDMA hardware here, not
     verified on it), the window is written by the thread, no child is forked, and it says why once."""
-    from perftracker.runtime import window as window_mod
+    from perftracker.runtime.window import profile as window_mod
 
     monkeypatch.setattr(window_mod, "fork_unsafe", lambda: "RDMA memory may be registered without fork protection")
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         win, res, pids = _run(tmp_path)
     _complete(res)
     assert pids == [0]  # the writer thread converted: no child pid at any time
     assert sum("not a forked child" in r.getMessage() for r in caplog.records) == 1
     monkeypatch.setattr(window_mod, "fork_unsafe", lambda: "")
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         done: list[WindowResult] = []
         assert win.arm("g", 0.6, done.append)
         drive(win, done)

@@ -20,7 +20,7 @@ from perftracker.agent.daemon.helper_processes import ProcessingError
 from window_workload import Ident, drive, other
 
 from perftracker.model.raw_window import RawWindow
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 def _wait_exit(pid: int, timeout_s: float = 90.0) -> int:

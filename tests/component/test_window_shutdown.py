@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from perftracker.clock import FakeClock
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 
 class _Ident:
@@ -142,7 +142,7 @@ def test_shutdown_waits_for_a_stuck_writer_at_most_writer_wait_s(tmp_path: Path,
     _end(win, clock, 1.0)
     assert reached.wait(30)
     t0 = time.monotonic()
-    with caplog.at_level("WARNING", logger="perftracker.runtime.window"):
+    with caplog.at_level("WARNING", logger="perftracker.runtime.window.profile"):
         win.shutdown("process exiting", writer_wait_s=win.options.exit_wait_s)
     waited_s = time.monotonic() - t0
     assert 0.25 <= waited_s < 10.0, waited_s  # (the upper bound is generous: 2 loaded cores)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
-from perftracker.runtime.window_state import _Active
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.state import _Active
 
 
 class _Ident:
@@ -108,7 +108,8 @@ def test_exit_hook_waits_for_a_writer_that_already_delivered(tmp_path: Path) -> 
 def test_exit_waits_until_one_second_after_the_last_profiler_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     # torch 2.13 aborts (SIGABRT) about 1 in 3 gloo DDP processes that exit within 0.5 s of
     # _disable_profiler() (reproduced without any perftracker thread); see perftracker/runtime/profiler.py
-    from perftracker.runtime import profiler, window_exit
+    from perftracker.runtime import profiler
+    from perftracker.runtime.window import exit as window_exit
 
     assert profiler.SETTLE_S == 1.0
     monkeypatch.setattr(profiler, "_last_stop_s", time.monotonic() - 0.4)  # 0.6 s of the 1 s left

@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import ConnectionClosed, MessageType, WireError
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import ConnectionClosed, MessageType, WireError
 
 
 def _register(**over: object) -> dict:

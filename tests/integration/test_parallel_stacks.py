@@ -2,7 +2,7 @@
 pipeline parallel (torch.distributed.pipelining, GPipe and 1F1B, 2 and 4 stages) and a 2-D
 FSDP × TP job on a 2 × 2 device mesh, on CPU with gloo.
 
-Each script under tests/integrations/ is a plain user script but for its `import perftracker` line,
+Each script under tests/framework_jobs/ is a plain user script but for its `import perftracker` line,
 and slows one rank by extra matrix products (aten::mm) from a given optimizer step. Each runs as a
 user would run it, ``perftracker run -- torchrun --nproc_per_node N script ...``, to its end; the
 test then reads the reports ``perftracker run`` left under ./perftracker-runs/ and checks:
@@ -46,7 +46,7 @@ from typing import Any
 import pytest
 from agent_helpers import REPO, env_for_tests
 
-SCRIPTS = REPO / "tests" / "integrations"
+SCRIPTS = REPO / "tests" / "framework_jobs"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 

@@ -1,4 +1,4 @@
-"""A real DP2 x PP2 gloo job (tests/integrations/pp_dp_gloo.py: 4 CPU ranks, pipeline send/recv
+"""A real DP2 x PP2 gloo job (tests/framework_jobs/pp_dp_gloo.py: 4 CPU ranks, pipeline send/recv
 in two pipeline groups, gradient all-reduce in two data-parallel groups) with one rank slowed by
 extra compute (issue 28). Live through `perftracker run` (the process groups and each collective's
 group come from the runtime, perftracker/runtime/dist_record.py) and offline through `perftracker
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import REPO, env_for_tests, wait_until
 
-JOB = str(REPO / "tests" / "integrations" / "pp_dp_gloo.py")
+JOB = str(REPO / "tests" / "framework_jobs" / "pp_dp_gloo.py")
 SLOW = 2
 ALL = {0, 1, 2, 3}
 KEEP = ("--keep-windows",) if os.environ.get("KEEP28") else ()

@@ -1,5 +1,5 @@
 """No silent dead ends (issue 16), end to end: when the node agent cannot run, a plain `import
-perftracker` job (tests/integrations/single_process.py) says so in one line on its stderr, once, and
+perftracker` job (tests/framework_jobs/single_process.py) says so in one line on its stderr, once, and
 trains on.
 
 The broken install is real: the agent's interpreter gets a PYTHONPATH entry whose `aiohttp` module

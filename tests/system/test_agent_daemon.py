@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from agent_helpers import AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir, wait_until
 
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 
 @pytest.fixture

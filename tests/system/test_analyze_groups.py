@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
+from perftracker.localizer.diagnose.verdict.group_findings import MOVING_KEY, STAGE_KEY
 
 from perftracker.cli.analyze import localize_summaries, summarize_dir
 from tests.conftest import REPO

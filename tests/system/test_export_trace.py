@@ -114,13 +114,13 @@ def test_cli_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_real_online_window(tmp_path: Path) -> None:
-    """A window taken by perftracker.runtime.window in this process: Python functions and aten ops."""
+    """A window taken by perftracker.runtime.window.profile in this process: Python functions and aten ops."""
     import threading
     import time
 
     import torch
 
-    from perftracker.runtime.window import ProfileWindow, WindowResult
+    from perftracker.runtime.window.profile import ProfileWindow, WindowResult
 
     class Ident:
         rank, world_size, local_rank, host, job = 0, 1, 0, "test", "export"

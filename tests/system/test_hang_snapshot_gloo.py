@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
+from perftracker.localizer.diagnose.incidents.hang import localize_hang
 
 from perftracker.model import Frame, HangSnapshot
 

@@ -26,8 +26,8 @@ from perftracker.rundir import (
     check_agent_socket,
     ensure_private_dir,
 )
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import MessageType
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import MessageType
 
 OTHER_UID = 10001
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")

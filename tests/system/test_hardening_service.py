@@ -25,7 +25,7 @@ import pytest
 from perftracker.agent.daemon.localizer_client import Uplink, UplinkError
 from perftracker.localizer.service.columns import ColumnCache
 from perftracker.localizer.service.http_service import ServiceOptions
-from perftracker.localizer.service.sessions import OPEN, SessionManager, SessionOptions
+from perftracker.localizer.service.session.manager import OPEN, SessionManager, SessionOptions
 from perftracker.localizer.service.tokens import check_token, parse_job_tokens
 from perftracker.localizer.store.sqlite_store import SessionRecord, Store
 from service_helpers import REPO, TOKEN, LocalizerProcess, ServiceThread, make_pattern_set, workers
@@ -345,7 +345,7 @@ _DISK_FULL = r"""
 import json, resource, signal, sys
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from perftracker.localizer.service.sessions import SessionManager
+from perftracker.localizer.service.session.manager import SessionManager
 from perftracker.localizer.store.sqlite_store import Store, StoreError
 from perftracker.localizer.service.validate import parse_registration
 from service_helpers import make_pattern_set, workers

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from agent_helpers import REPO, AgentProc, cleanup, env_for_tests, short_run_dir, wait_until
 
-from perftracker.wire import frames as wire
+from perftracker.wire import framing as wire
 
 TRAIN = str(REPO / "perftracker" / "examples" / "train.py")
 # Only the test's own triggers: this shared 2-core machine is too noisy for the detector's timing,

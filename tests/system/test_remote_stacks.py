@@ -20,7 +20,7 @@ import window_workload as ww
 from perftracker import remote_stacks
 from perftracker.errors import PerftrackerError
 from perftracker.model.raw_window import EventKind, RawWindow
-from perftracker.runtime.window import ProfileWindow, WindowOptions, WindowResult
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="remote stacks are built for CPython 3.11")
 
@@ -87,7 +87,7 @@ def test_no_calibration_falls_back_to_the_thread(tmp_path: Path, monkeypatch: py
         raise PerftrackerError("remote stacks: not built for this interpreter")
 
     monkeypatch.setattr(remote_stacks, "calibrate", refuse)
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         raw, _ = ww.remote_stacks_window(tmp_path, fallback=True)
     assert "sampling Python stacks in a thread instead" in caplog.text
     assert (raw.col("kind") == EventKind.PYTHON).sum() > 0  # the thread sampled them
@@ -98,7 +98,7 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
                                                         caplog: pytest.LogCaptureFixture) -> None:
     """The sampler process dies mid-window: the window is still written (ops, GC), without Python
     rows, with a warning; nothing raises."""
-    monkeypatch.setattr("perftracker.runtime.window_writer.REMOTE_STACKS_WAIT_S", 1.0)
+    monkeypatch.setattr("perftracker.runtime.window.writer.REMOTE_STACKS_WAIT_S", 1.0)
     # the thread writer: a conversion child (the default) logs its warning in the child, out of caplog's reach
     win = ProfileWindow(ww.Ident(), tmp_path, options=WindowOptions(stacks="remote", spawn_sampler=True,
                                                                     writer="thread"))
@@ -114,7 +114,7 @@ def test_a_dead_sampler_costs_the_stacks_not_the_window(tmp_path: Path, monkeypa
             killed.append(cur.sampler.proc.pid)
             cur.sampler.proc.kill()
 
-    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window"):
+    with caplog.at_level(logging.WARNING, logger="perftracker.runtime.window.profile"):
         ww.drive(win, done, body=body)
     res = done[0]
     assert killed and res.error == "" and res.raw_path is not None

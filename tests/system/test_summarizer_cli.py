@@ -1,4 +1,4 @@
-"""`python -m perftracker.agent.summarize.summarizer` as a real subprocess: a raw window and samples
+"""`python -m perftracker.agent.daemon.summarize_one` as a real subprocess: a raw window and samples
 in, a pattern set out; a bad file is one line on stderr (the summarizer itself:
 tests/unit/test_patterns.py)."""
 
@@ -23,7 +23,7 @@ def test_command_line_entry_point(tmp_path) -> None:  # type: ignore[no-untyped-
     raw_path = raw.save(tmp_path / "w.npz")
     samples("cpu", 10, [1.0] * 10).save(tmp_path / "s.npz")
     out = tmp_path / "p.bin"
-    cmd = [sys.executable, "-m", "perftracker.agent.summarize.summarizer", str(raw_path), "--samples", str(tmp_path / "s.npz"),
+    cmd = [sys.executable, "-m", "perftracker.agent.daemon.summarize_one", str(raw_path), "--samples", str(tmp_path / "s.npz"),
            "--out", str(out)]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""\
     import torch
     import perftracker
     from perftracker.config import Config
-    from perftracker.runtime.window import ProfileWindow, WindowOptions
+    from perftracker.runtime.window.profile import ProfileWindow, WindowOptions
 
     mode, out_dir = sys.argv[1], sys.argv[2]
     rt = perftracker.activate(Config.from_env(autostart_agent=False))
@@ -86,7 +86,7 @@ def test_script_ending_mid_window_hands_it_over_within_the_delay(mode: str, tmp_
     assert f"STATE {want}" in lines, out[-4000:]
     done = [ln.split() for ln in lines if ln.startswith("DONE")]
     assert len(done) == 1, out[-4000:]  # one result, whatever happened
-    discarded = [ln for ln in lines if ln.startswith("LOG perftracker.runtime.window") and "discarded" in ln]
+    discarded = [ln for ln in lines if ln.startswith("LOG perftracker.runtime.window.profile") and "discarded" in ln]
     end_ns = int(next(ln for ln in lines if ln.startswith("END")).split()[1])
     if mode == "too-slow":  # cancelled at the delay: discarded, logged once, exit not held up
         assert len(discarded) == 1 and "while it was written" in discarded[0], out[-4000:]
@@ -133,9 +133,9 @@ TORCHRUN_JOB = textwrap.dedent("""\
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     import perftracker
-    from perftracker.runtime import window_local
+    from perftracker.runtime.window import local as window_local
     from perftracker.config import Config
-    from perftracker.runtime.window_local import LocalWindowSink
+    from perftracker.runtime.window.local import LocalWindowSink
 
     dist.init_process_group("gloo")
     rt = perftracker.activate(Config.from_env(autostart_agent=False))

@@ -18,7 +18,7 @@ JOB = textwrap.dedent("""\
     from torch.nn.parallel import DistributedDataParallel as DDP
     import perftracker
     from perftracker.config import Config
-    from perftracker.runtime.window_local import LocalWindowSink
+    from perftracker.runtime.window.local import LocalWindowSink
 
     out_dir = sys.argv[1]
     dist.init_process_group("gloo")

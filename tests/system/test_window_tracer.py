@@ -12,7 +12,7 @@ import sys, time
 import numpy as np
 import torch
 from perftracker.model.raw_window import EventKind, RawWindow
-from perftracker.runtime.window import ProfileWindow, WindowOptions
+from perftracker.runtime.window.profile import ProfileWindow, WindowOptions
 sys.path.insert(0, sys.argv[2])
 from window_workload import Ident, outer
 

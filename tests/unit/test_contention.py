@@ -1,5 +1,5 @@
 """A lateness with no cause of its own on a host where the ranks wait for a core (issue 31,
-localizer/diagnose/contention.py).
+localizer/diagnose/evidence/contention.py).
 
 Hand-built CPU windows of a clean 2-rank FSDP2 job, shaped like the one the loaded 2-core host
 measured (both ranks runnable without a core about half the window, the same own work, rank 0
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
-from perftracker.localizer.diagnose.contention import contention, within_contention
-from perftracker.localizer.diagnose.cpu_starvation import CPU_WAIT_KEY
+from perftracker.localizer.diagnose.evidence.contention import contention, within_contention
+from perftracker.localizer.diagnose.evidence.cpu_starvation import CPU_WAIT_KEY
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from perftracker.model import Category, Report
 

@@ -1,6 +1,6 @@
 """Shared cores are no rank's starvation (issue 31): a rank's CPU place (host, cgroup, allowed CPUs)
 read from procfs, carried in its pattern set, and the CPU-wait verdict that uses it
-(agent/daemon/cpu_place.py, localizer/diagnose/cpu_starvation.py: shares_cores).
+(agent/daemon/cpu_place.py, localizer/diagnose/evidence/cpu_starvation.py: shares_cores).
 
 The twins, from what the 2-core host measured: a clean 2-rank job whose ranks share CPUs 0-1 and
 one cgroup read "rank 0 spends 1.7x longer in CPU wait (42% vs 25%) — CPU starvation"; a rank pinned
@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from perftracker.agent.daemon.cpu_place import cpu_place
-from perftracker.localizer.diagnose.arrays import (
+from perftracker.localizer.diagnose.evidence.cpu_starvation import CPU_WAIT_KEY
+from perftracker.localizer.diagnose.localize import localize_arrays
+from perftracker.localizer.diagnose.method.arrays import (
     FunctionInfo,
     PatternArrays,
     pattern_sets_to_arrays,
 )
-from perftracker.localizer.diagnose.cpu_starvation import CPU_WAIT_KEY
-from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from perftracker.model import Category, Pattern, PatternSet
 from perftracker.wire.patterns import batch_from_sets, batch_to_sets, decode_batch, encode_batch

@@ -1,6 +1,6 @@
 """The cause under contention (issue 31): a rank that does more of its own work on a busy host waits
 more for a core too, and the report names its work; CPU starvation is the cause only when the rank's
-own work did not grow and its run-queue delay did (localizer/diagnose/cpu_starvation.py).
+own work did not grow and its run-queue delay did (localizer/diagnose/evidence/cpu_starvation.py).
 
 Hand-built CPU windows of a synchronous job, from a time model of one step: every rank runs its own
 ops (``own`` s), waits ``q`` × that for a core (the busy host), and waits in the all-reduce for the
@@ -14,15 +14,15 @@ import dataclasses
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
-from perftracker.localizer.diagnose.cpu_starvation import (
+from perftracker.localizer.diagnose.evidence.cpu_starvation import (
     CPU_WAIT_KEY,
     WORK_GREW,
     judge_cpu_wait,
     stretch,
 )
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from perftracker.model import Category
 

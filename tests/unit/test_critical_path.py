@@ -274,7 +274,7 @@ def test_reducer_wait_splits_into_steady_part_and_late_peers() -> None:
 
 def test_late_peers_wait_is_never_unexpected_on_cpu() -> None:
     from perftracker.agent.summarize.victims import LATE_PEERS_WAIT
-    from perftracker.localizer.diagnose.expect import OPEN_BOX, load_expectations
+    from perftracker.localizer.diagnose.method.expect import OPEN_BOX, load_expectations
 
     exp = load_expectations(None, "cpu")
     assert exp.lookup(LATE_PEERS_WAIT, LATE_PEERS_WAIT, Category.COLLECTIVE)[0] == OPEN_BOX

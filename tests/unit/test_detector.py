@@ -16,7 +16,7 @@ from perftracker.runtime.detector import DATALOADER as D
 from perftracker.runtime.detector import STEP as O
 from perftracker.runtime.detector import Detector, DetectorOptions
 from perftracker.runtime.slowdown import ChangepointRule, PaperOptions, PaperRule
-from perftracker.runtime.trigger_gate import ABSORBED, ADMIT, OVER_BUDGET, TriggerGate
+from perftracker.runtime.trigger.gate import ABSORBED, ADMIT, OVER_BUDGET, TriggerGate
 
 MS = 1_000_000
 

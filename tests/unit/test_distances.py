@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.distances import (
+from perftracker.localizer.diagnose.method.distances import (
     differential_distance,
     differential_distance_blocks,
     distance_from_expectation,

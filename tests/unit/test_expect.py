@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from perftracker.localizer.diagnose.expect import OPEN_BOX, load_expectations
+from perftracker.localizer.diagnose.method.expect import OPEN_BOX, load_expectations
 
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model import Category

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from perftracker.localizer.diagnose.expect import OPEN_BOX
-from perftracker.localizer.diagnose.explain import (
+from perftracker.localizer.diagnose.method.expect import OPEN_BOX
+from perftracker.localizer.diagnose.words.explain import (
     Consequence,
     describe_finding,
     describe_ranks,
@@ -78,7 +78,7 @@ def test_report_summary() -> None:
 
 
 def test_python_frames_are_shortened_in_sentences() -> None:
-    from perftracker.localizer.diagnose.explain import frame_text
+    from perftracker.localizer.diagnose.words.explain import frame_text
 
     site = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/torch/autograd/graph.py(966): _engine_run_backward"
     assert frame_text(site) == "_engine_run_backward (torch/autograd/graph.py:966)"
@@ -96,7 +96,7 @@ def test_one_rank_summary_names_the_rank_and_says_nothing_was_compared() -> None
 
 
 def test_wait_clauses_and_the_no_finding_summary_shorten_python_frames() -> None:
-    from perftracker.localizer.diagnose.explain import waits_text
+    from perftracker.localizer.diagnose.words.explain import waits_text
 
     from perftracker.model import Wait
 

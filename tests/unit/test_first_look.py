@@ -1,11 +1,11 @@
-"""The first look (localizer/diagnose/first_look.py, issue 30): per-rank phase times from the hooks
+"""The first look (localizer/diagnose/incidents/first_look.py, issue 30): per-rank phase times from the hooks
 name a rank and a phase, or leave it to the window. Twins: found / not found, near the bar."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.first_look import PHASES, FirstLookOptions, first_look
+from perftracker.localizer.diagnose.incidents.first_look import PHASES, FirstLookOptions, first_look
 
 from perftracker.runtime import phase_times
 

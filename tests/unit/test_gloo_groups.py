@@ -1,7 +1,7 @@
 """The group of each gloo collective in offline CPU traces (perftracker.agent.gloo_groups, issue 28).
 
 Real format: tests/fixtures/gloo_dp2pp2 holds the gloo events and ``distributedInfo`` of a real
-DP2 x PP2 job on 4 gloo ranks (tests/integrations/pp_dp_gloo.py, torch 2.13, recorded on this
+DP2 x PP2 job on 4 gloo ranks (tests/framework_jobs/pp_dp_gloo.py, torch 2.13, recorded on this
 2-core host: a clean run and one with rank 2 slowed), cut down to those fields. Each rule also has a
 hand-built case that must be assigned and a twin that must not.
 """

@@ -229,7 +229,7 @@ def test_without_hardware_series_the_health_patterns_are_absent() -> None:
 
 
 def test_the_worker_records_its_ranks_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perftracker.runtime.window_writer import _local_world_size
+    from perftracker.runtime.window.writer import _local_world_size
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert _local_world_size() == 8
@@ -243,9 +243,9 @@ def test_the_worker_records_its_ranks_per_host(monkeypatch: pytest.MonkeyPatch) 
 def test_health_patterns_stay_out_of_a_ranks_own_work_and_idle_time() -> None:
     """The clock, reason and link patterns repeat their category's β; counted as work they shrank the
     idle share ("nothing on the critical path") and hid a host stall in the GPU fault bench."""
-    from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
-    from perftracker.localizer.diagnose.cpu_starvation import own_functions
-    from perftracker.localizer.diagnose.host_bound import with_idle_share
+    from perftracker.localizer.diagnose.evidence.cpu_starvation import own_functions
+    from perftracker.localizer.diagnose.evidence.host_bound import with_idle_share
+    from perftracker.localizer.diagnose.method.arrays import pattern_sets_to_arrays
 
     from perftracker.model.hardware import is_health
 
@@ -268,7 +268,7 @@ def test_health_patterns_stay_out_of_a_ranks_own_work_and_idle_time() -> None:
     (0.15, 0.1125),  # kernels ~1.8x as long, and more: the clock's estimate, 0.25 x 0.45
 ])
 def test_a_throttled_clock_costs_no_more_than_the_ranks_compute_excess(excess: float, expected: float) -> None:
-    from perftracker.localizer.diagnose.health import health_excess
+    from perftracker.localizer.diagnose.evidence.health import health_excess
 
     from perftracker.model import Triple
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from perftracker.localizer.diagnose.hang_diagnosis import (
+from perftracker.localizer.diagnose.incidents.hang import (
     HangOptions,
     SilentRank,
     localize_hang,
@@ -187,7 +187,7 @@ def test_nothing_in_nothing_out() -> None:
 
 
 def test_liveness_words_and_resume() -> None:
-    from perftracker.localizer.diagnose.hang_diagnosis import (
+    from perftracker.localizer.diagnose.incidents.hang import (
         job_resumed,
         never_answers,
         silent_detail,
@@ -222,7 +222,7 @@ def test_a_killed_rank_whose_peers_failed_in_the_collective_is_named() -> None:
 
 
 def test_ranks_that_died_after_another_are_not_culprits() -> None:
-    from perftracker.localizer.diagnose.hang_diagnosis import silent_detail
+    from perftracker.localizer.diagnose.incidents.hang import silent_detail
 
     silent = {1: silent_detail(False, "dead"), 0: silent_detail(False, "dead after rank 1")}
     assert silent[0] == "process dead after rank 1"
@@ -245,7 +245,7 @@ def test_a_snapshot_with_a_stack_beats_a_later_empty_one() -> None:
 
 
 def test_error_gist() -> None:
-    from perftracker.localizer.diagnose.hang_diagnosis import _short_error
+    from perftracker.localizer.diagnose.incidents.hang import _short_error
 
     assert _short_error("RuntimeError: [pair.cc:589] Connection closed by peer [127.0.0.1]:5512") == \
         "Connection closed by peer"

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from perftracker.localizer.diagnose.group_findings import MOVING_KEY, STAGE_KEY
-from perftracker.localizer.diagnose.headline import (
+from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY
+from perftracker.localizer.diagnose.localize import localize
+from perftracker.localizer.diagnose.verdict.group_findings import MOVING_KEY, STAGE_KEY
+from perftracker.localizer.diagnose.words.headline import (
     MAX_TITLE_CHARS,
     cause_clause,
     dress,
@@ -23,9 +25,7 @@ from perftracker.localizer.diagnose.headline import (
     short_label,
     title_of,
 )
-from perftracker.localizer.diagnose.host_bound import HOST_KEY, IDLE_KEY
-from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.next_steps import CAUSES, cause_kind, next_steps
+from perftracker.localizer.diagnose.words.next_steps import CAUSES, cause_kind, next_steps
 from perftracker.localizer.render import html
 from perftracker.localizer.render.facts import brief_lines, trigger_text
 from perftracker.localizer.render.json import load_schema
@@ -379,7 +379,7 @@ def test_the_demo_headline_is_printed_once() -> None:
 
 
 def test_an_incident_headline_keeps_file_and_line_not_the_whole_path() -> None:
-    from perftracker.localizer.diagnose.headline import fit_incident
+    from perftracker.localizer.diagnose.words.headline import fit_incident
 
     summary = ("crash: rank 2 (pipeline stage 2 of 4) failed with RuntimeError: boom at iteration 30 "
                "at /very/long/checkout/of/the/users/job/tests/pipeline.py:67 in main; raised in "
@@ -401,7 +401,7 @@ def test_a_function_that_says_where_the_time_went_leads_the_next_steps_and_its_t
 
 
 def test_a_costlier_finding_listed_lower_says_why_and_its_twin_does_not() -> None:
-    from perftracker.localizer.diagnose.headline import order_note
+    from perftracker.localizer.diagnose.words.headline import order_note
     specific = dataclasses.replace(_finding("host stall"), impact=0.25)
     common = dataclasses.replace(_finding("host-bound", kind="common", ranks=(0, 1, 2, 3)), impact=0.49)
     assert "holds on most ranks" in order_note(common, [specific])

@@ -1,4 +1,4 @@
-"""The host link's TCP pattern against the wait graph (issue 31, localizer/diagnose/host_link.py).
+"""The host link's TCP pattern against the wait graph (issue 31, localizer/diagnose/evidence/host_link.py).
 
 Hand-built CPU windows of an FSDP × TP job on one host, from a time model of one step: rank 1 runs
 extra matrix products, the others wait for it in their collectives; rank 0, its tensor-parallel
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import FunctionInfo, PatternArrays
-from perftracker.localizer.diagnose.host_link import LINK_APART, apart
+from perftracker.localizer.diagnose.evidence.host_link import LINK_APART, apart
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.next_steps import cause_kind
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.arrays import FunctionInfo, PatternArrays
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
+from perftracker.localizer.diagnose.words.next_steps import cause_kind
 
 from perftracker.model import LINK_KEY, Category, Finding, Report
 

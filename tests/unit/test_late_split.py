@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from perftracker.localizer.diagnose.evidence.waits import doing_more
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
-from perftracker.localizer.diagnose.waits import doing_more
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from bench import synthetic as sy
 from perftracker.model import Category, Report

@@ -36,8 +36,8 @@ runtime, agent.* and localizer.* are three siblings over core: none imports anot
   through any chain of perftracker modules. A chain counts the ``__init__`` of every package that an
   import loads, except perftracker's own (it is the runtime's on-import switch, whose lazy imports
   run only in a training process: docs/design.md section 2);
-- a package directory missing from pyproject's [tool.setuptools] packages list (or a listed one
-  that does not exist).
+- a package that the install does not serve from its own folder (setup.py installs the packages
+  that tools/layout.py finds from pyproject's [tool.setuptools.package-dir]; so does this scan).
 
 The checker itself is tested on a small synthetic tree at the end of this file.
 """
@@ -45,7 +45,8 @@ The checker itself is tested on a small synthetic tree at the end of this file.
 from __future__ import annotations
 
 import ast
-import tomllib
+import importlib.util
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+from layout import find_packages, package_dirs  # noqa: E402  (the mapping, from pyproject.toml)
 
 _CORE = ("core.base", "core")
 # layer -> (the modules it holds, the layers it may import besides itself). A name holds that module
@@ -148,20 +151,10 @@ def scan(root: Path, package_dir: Mapping[str, str]) -> Graph:
     """Parse every module under the package directories named in ``package_dir`` (name -> folder)."""
     root = root.resolve()
     g = Graph(root)
-    folders = {(root / folder).resolve() for folder in package_dir.values()}
-    for pkg, folder in package_dir.items():
-        base = (root / folder).resolve()
-        others = [f for f in folders if f != base and base in f.parents]  # mapped on their own
-        for init in sorted(base.rglob("__init__.py")):
-            d = init.parent
-            rel = d.relative_to(base).parts
-            if any(d == o or o in d.parents for o in others) or any(
-                    not (base.joinpath(*rel[:i]) / "__init__.py").exists() for i in range(len(rel))):
-                continue  # another mapping's folder, or below a plain folder (not a package)
-            pname = ".".join((pkg, *rel))
-            g.packages[pname] = d
-            for f in sorted(d.glob("*.py")):
-                g.modules[pname if f.stem == "__init__" else f"{pname}.{f.stem}"] = f
+    for pname, d in find_packages(root, dict(package_dir)).items():  # tools/layout.py, as setup.py
+        g.packages[pname] = d
+        for f in sorted(d.glob("*.py")):
+            g.modules[pname if f.stem == "__init__" else f"{pname}.{f.stem}"] = f
     for name, path in g.modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         out: list[Import] = []
@@ -320,12 +313,16 @@ def forbidden_reach(g: Graph, starts: Iterable[str], forbidden: frozenset[str],
     return problems
 
 
-def package_list_problems(g: Graph, listed: Iterable[str]) -> list[str]:
-    listed = set(listed)
-    missing = [f"{p} ({d.relative_to(g.root).as_posix()}) is not in [tool.setuptools] packages"
-               for p, d in sorted(g.packages.items()) if p not in listed]
-    return missing + [f"{p} is listed in [tool.setuptools] packages but no such package directory"
-                      for p in sorted(listed - set(g.packages))]
+def install_problems(g: Graph) -> list[str]:
+    """Every scanned package imports, as installed, from its own folder (setup.py's list is found by
+    tools/layout.py from the same mapping; this checks the install that the tests run against)."""
+    problems = []
+    for pname, d in sorted(g.packages.items()):
+        spec = importlib.util.find_spec(pname)
+        origin = Path(spec.origin).resolve().parent if spec and spec.origin else None
+        if origin != d:
+            problems.append(f"{pname} ({d.relative_to(g.root).as_posix()}) is installed from {origin}")
+    return problems
 
 
 def _matches(module: str, patterns: Iterable[str]) -> bool:
@@ -334,13 +331,11 @@ def _matches(module: str, patterns: Iterable[str]) -> bool:
 
 
 # ------------------------------------------------------------------------------- the real project
-def _setuptools() -> dict:
-    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
 
 
 @pytest.fixture(scope="module")
 def graph() -> Graph:
-    return scan(REPO, _setuptools()["package-dir"])
+    return scan(REPO, package_dirs(REPO))
 
 
 def _report(problems: list[str]) -> str:
@@ -372,7 +367,7 @@ def test_pure_packages_do_no_io(graph: Graph) -> None:
 
 
 def test_every_package_is_installed(graph: Graph) -> None:
-    problems = package_list_problems(graph, _setuptools()["packages"])
+    problems = install_problems(graph)
     assert not problems, _report(problems)
 
 
@@ -381,7 +376,7 @@ def test_the_table_holds_every_module_and_names_real_layers(graph: Graph) -> Non
     for _, allowed in LAYERS.values():
         assert set(allowed) <= set(LAYERS) | {"*"}
     assert "perftracker.agent.daemon.daemon" in graph.modules  # the mapping was applied
-    assert "perftracker.localizer.diagnose.rule" in graph.modules
+    assert "perftracker.localizer.diagnose.method.rule" in graph.modules
 
 
 # ---------------------------------------------------------------------- the checker on a toy tree
@@ -420,7 +415,6 @@ def test_checker_finds_nothing_in_a_clean_tree(tmp_path: Path) -> None:
     assert upward_imports(g, _TOY_LAYERS) == []
     assert cycles(g) == []
     assert forbidden_reach(g, ["toy.low.a", "toy.side.inner.c"], frozenset({"socket"})) == []
-    assert package_list_problems(g, ["toy", "toy.low", "toy.high", "toy.side", "toy.side.inner"]) == []
 
 
 def test_checker_finds_an_upward_import_inside_a_function(tmp_path: Path) -> None:
@@ -453,10 +447,3 @@ def test_checker_finds_a_forbidden_import_through_a_chain(tmp_path: Path) -> Non
     g = _toy(tmp_path, {**_CLEAN, "toy/__init__.py": "import socket\n"})
     assert forbidden_reach(g, ["toy.high.b"], frozenset({"socket"}), skip_package="toy") == []
     assert forbidden_reach(g, ["toy.high.b"], frozenset({"socket"}))
-
-
-def test_checker_finds_a_package_missing_from_the_list(tmp_path: Path) -> None:
-    g = _toy(tmp_path, _CLEAN)
-    problems = package_list_problems(g, ["toy", "toy.low", "toy.high", "toy.side", "toy.gone"])
-    assert problems == ["toy.side.inner (side/inner) is not in [tool.setuptools] packages",
-                        "toy.gone is listed in [tool.setuptools] packages but no such package directory"]

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import PatternArrays
-from perftracker.localizer.diagnose.expect import parse_expectations
 from perftracker.localizer.diagnose.localize import localize, localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.arrays import PatternArrays
+from perftracker.localizer.diagnose.method.expect import parse_expectations
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from bench import synthetic as sy
 from perftracker.errors import InputError
@@ -210,7 +210,7 @@ def test_a_unique_rank_must_also_be_materially_off_the_median_rank(monkeypatch: 
 
 
 def test_a_rank_that_waits_longer_for_late_peers_is_a_victim_not_a_finding() -> None:
-    from perftracker.localizer.diagnose.expect import load_expectations
+    from perftracker.localizer.diagnose.method.expect import load_expectations
 
     key = "ddp.reducer::wait, varying part (late peers, in autograd engine)"
 

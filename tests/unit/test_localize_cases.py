@@ -11,10 +11,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import PatternArrays
-from perftracker.localizer.diagnose.distances import differential_distance_blocks, normalize_by_max
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.arrays import PatternArrays
+from perftracker.localizer.diagnose.method.distances import (
+    differential_distance_blocks,
+    normalize_by_max,
+)
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from statsmodels.robust.scale import mad
 
 from bench import synthetic as sy
@@ -176,7 +179,7 @@ def test_eight_real_ranks_two_that_hold_the_allreduce_far_less() -> None:
     f = sy.function_index(arr, "AllReduce")
     arr.values[:, 1:, :] = 0.0
     arr.values[f, 0] = beta
-    # ranks 4-5 are named, with the AllReduce the others wait for them in (localizer/diagnose/waits.py folds
+    # ranks 4-5 are named, with the AllReduce the others wait for them in (localizer/diagnose/evidence/waits.py folds
     # the collective into the late ranks' finding)
     assert (4, 5) in _named_with(arr, "AllReduce")
     arr.values[f, 0, [4, 5]] = [0.075, 0.072]  # within the others' spread: nothing on the AllReduce

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from perftracker.localizer.diagnose.arrays import nan_col_medians, nan_row_means
+from perftracker.localizer.diagnose.method.arrays import nan_col_medians, nan_row_means
 
 
 def test_row_means_skip_nan_and_give_nan_for_an_empty_row_without_a_warning() -> None:

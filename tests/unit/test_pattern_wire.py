@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+from perftracker.localizer.diagnose.method.arrays import pattern_sets_to_arrays
 from perftracker.localizer.service.columns import SessionColumns
 from perftracker.localizer.store.writer import GroupCommit
 

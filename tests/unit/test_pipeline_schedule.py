@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dp_pp_sets import dp_pp_set
+from perftracker.localizer.diagnose.evidence.pipeline_schedule import schedule_waits
+from perftracker.localizer.diagnose.evidence.waits import LateGroup, WaitOptions
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.pipeline_schedule import schedule_waits
-from perftracker.localizer.diagnose.waits import LateGroup, WaitOptions
 
 from perftracker.model import PatternSet
 

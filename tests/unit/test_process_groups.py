@@ -10,7 +10,7 @@ import pytest
 from perftracker.agent.kineto import RankInfo, process_groups, window_from_trace
 from perftracker.agent.summarize.groups import busy_between
 from perftracker.agent.summarize.summarizer import summarize_window
-from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+from perftracker.localizer.diagnose.method.arrays import pattern_sets_to_arrays
 
 from perftracker.model import PatternSet, ProcessGroup
 

@@ -5,9 +5,9 @@ as torch.distributed describes a 2 x 2 ``init_device_mesh`` with dims ("dp", "tp
 
 from __future__ import annotations
 
-from perftracker.localizer.diagnose.crash_diagnosis import localize_crash
-from perftracker.localizer.diagnose.hang_diagnosis import SilentRank, localize_hang
-from perftracker.localizer.diagnose.rank_groups import culprit_clause, hops, stage_of
+from perftracker.localizer.diagnose.incidents.crash import localize_crash
+from perftracker.localizer.diagnose.incidents.hang import SilentRank, localize_hang
+from perftracker.localizer.diagnose.incidents.rank_groups import culprit_clause, hops, stage_of
 
 from perftracker.model import Frame, HangSnapshot
 

@@ -218,7 +218,7 @@ def _real_reports() -> list[Report]:
     import time
 
     import numpy as np
-    from perftracker.localizer.diagnose.hang_diagnosis import localize_hang
+    from perftracker.localizer.diagnose.incidents.hang import localize_hang
     from perftracker.localizer.diagnose.localize import localize
 
     from bench.synthetic import inject_throttled_compute, simulate_job, to_pattern_sets

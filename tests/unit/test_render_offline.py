@@ -8,7 +8,7 @@ import io
 
 import pytest
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from perftracker.localizer.render import html, text
 
 from perftracker.cli.analyze import summarize_dir

@@ -1,4 +1,4 @@
-"""What fixing a culprit would save, by replaying the recorded steps (issue 28; localizer/diagnose/replay.py).
+"""What fixing a culprit would save, by replaying the recorded steps (issue 28; localizer/diagnose/verdict/replay.py).
 
 The records are written by a small job model below, not by the replay: a DP × PP2 job where, per
 step, a stage-0 rank computes ``a`` ms, sends to its stage-1 partner (1 ms), computes 5 ms and
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.replay import (
+from perftracker.localizer.diagnose.verdict.replay import (
     CONSISTENT,
     off_recorded,
     predecessors,
@@ -166,7 +166,7 @@ def test_a_large_job_replays_a_bounded_part_of_it() -> None:
     replayed (the rest taken as on time, which they are here), and only their chains are built."""
     import time
 
-    from perftracker.localizer.diagnose.replay import MAX_RANKS, _connected
+    from perftracker.localizer.diagnose.verdict.replay import MAX_RANKS, _connected
 
     recs = _job({0: 16.0}, dp=600, steps=4)
     assert len(_connected(recs, [0])) == MAX_RANKS

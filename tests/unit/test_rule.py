@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.rule import (
+from perftracker.localizer.diagnose.method.rule import (
     apply_rule,
     differential_threshold,
     median_of_counts,
@@ -95,7 +95,7 @@ def test_two_ranks_flag_nothing_and_a_split_job_flags_nothing() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_numpy_mad_is_statsmodels_mad(seed: int) -> None:
     """The rule computes statsmodels' scaled MAD with numpy (the base install has no statsmodels)."""
-    from perftracker.localizer.diagnose.rule import scaled_mad
+    from perftracker.localizer.diagnose.method.rule import scaled_mad
 
     rng = np.random.default_rng(seed)
     for n in (1, 2, 7, 100):

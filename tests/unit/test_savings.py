@@ -1,4 +1,4 @@
-"""What fixing the report's causes would save (issue 28; localizer/diagnose/savings.py): several
+"""What fixing the report's causes would save (issue 28; localizer/diagnose/verdict/savings.py): several
 culprits together, a slow InfiniBand port whose peers share its every instance, and how the
 sentences and the renderers say it.
 
@@ -16,9 +16,9 @@ import json
 import jsonschema
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import FunctionInfo
 from perftracker.localizer.diagnose.localize import localize_arrays
-from perftracker.localizer.diagnose.savings import link_scale, said, together
+from perftracker.localizer.diagnose.method.arrays import FunctionInfo
+from perftracker.localizer.diagnose.verdict.savings import link_scale, said, together
 from perftracker.localizer.render import html as html_render
 from perftracker.localizer.render import json as json_render
 from perftracker.localizer.render import text as text_render

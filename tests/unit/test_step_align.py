@@ -16,7 +16,7 @@ from perftracker.agent.kineto import RankInfo, window_from_trace
 from perftracker.agent.summarize.step_align import Cut, cut_window, plan_cuts, step_marks
 from perftracker.agent.summarize.summarizer import SummarizeOptions, summarize_window
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.options import LocalizeOptions
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from perftracker.model import Report
 from perftracker.model.raw_window import RawWindow

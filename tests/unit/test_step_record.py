@@ -12,8 +12,8 @@ import pytest
 from perftracker.agent.kineto import RankInfo, window_from_trace
 from perftracker.agent.summarize.step_record import MAX_ROWS, MAX_STEPS
 from perftracker.agent.summarize.summarizer import summarize_window
-from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
-from perftracker.localizer.diagnose.replay import replay_saving
+from perftracker.localizer.diagnose.method.arrays import pattern_sets_to_arrays
+from perftracker.localizer.diagnose.verdict.replay import replay_saving
 
 from perftracker.model import PatternSet
 from perftracker.wire.patterns import batch_to_sets, decode_batch, encode_sets
@@ -160,7 +160,7 @@ def test_a_culprit_window_apart_from_the_others_keeps_the_estimate(apart: float,
     import dataclasses
 
     from perftracker.localizer.diagnose.localize import localize_arrays
-    from perftracker.localizer.diagnose.replay import CONSISTENT
+    from perftracker.localizer.diagnose.verdict.replay import CONSISTENT
 
     arr = _job_arrays({0: 300.0})
     w = arr.worker_window_s.copy()

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from perftracker.runtime.trigger_defer import TriggerDeferral, slow_levels
-from perftracker.runtime.window_budget import CostBudget, worth_window
+from perftracker.runtime.trigger.defer import TriggerDeferral, slow_levels
+from perftracker.runtime.window.budget import CostBudget, worth_window
 
 DETAIL = {"test": "cusum", "ratio": 1.25, "baseline_ms": 20.0, "recent_ms": 25.0, "noise": 0.2}
 
@@ -94,7 +94,7 @@ def test_a_window_measured_at_zero_cost_does_not_make_every_blip_worth_one() -> 
 
 
 def test_the_meter_keeps_a_trigger_the_budget_cannot_pay_for_yet() -> None:
-    from perftracker.runtime.window_cost import WindowCostMeter
+    from perftracker.runtime.window.cost import WindowCostMeter
 
     class Rt:
         iteration = 100

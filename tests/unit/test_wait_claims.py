@@ -12,8 +12,8 @@ import dataclasses
 import numpy as np
 import pytest
 from dp_pp_sets import dp_pp_set
+from perftracker.localizer.diagnose.evidence.waits import LateGroup, WaitOptions, wait_roots
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.waits import LateGroup, WaitOptions, wait_roots
 
 from perftracker.model import PatternSet
 
@@ -123,7 +123,7 @@ def _moving_steps(extra_ms: float, seed: int = 5) -> np.ndarray:
 
 @pytest.mark.parametrize("extra_ms, steady", [(0.0, False), (0.2, False), (0.5, True), (1.0, True)])
 def test_a_steady_excess_is_told_from_moving_work(extra_ms: float, steady: bool) -> None:
-    from perftracker.localizer.diagnose.imbalance import moving_in_group, steady_excess
+    from perftracker.localizer.diagnose.evidence.imbalance import moving_in_group, steady_excess
 
     s = _moving_steps(extra_ms)
     assert moving_in_group(s, WaitOptions())[0]  # the group's slowest rank moves, in every case

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dp_pp_sets import dp_pp_set
-from perftracker.localizer.diagnose.imbalance import (
+from perftracker.localizer.diagnose.evidence.imbalance import (
     moving_imbalance,
     moving_in_group,
     stage_imbalance,
     step_late,
 )
+from perftracker.localizer.diagnose.evidence.waits import LateGroup, WaitOptions, wait_roots
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.waits import LateGroup, WaitOptions, wait_roots
 
 from perftracker.model import Category, Pattern, PatternSet, ProcessGroup
 
@@ -251,7 +251,7 @@ def test_a_root_says_what_fixing_it_would_save_and_the_report_keeps_it() -> None
 
 
 def test_stage_and_moving_saves_are_stated_from_the_steps() -> None:
-    from perftracker.localizer.diagnose.imbalance import moving_saves, stage_saves
+    from perftracker.localizer.diagnose.evidence.imbalance import moving_saves, stage_saves
 
     steps = np.array([[4.0, 4.0], [6.0, 6.0], [4.0, 4.0], [6.0, 6.0]])
     assert stage_saves(steps, np.array([0, 1, 0, 1]), 1) == pytest.approx(2.0)  # 1 ms a step, 2 steps

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.findings import _one_late_set_per_group
+from perftracker.localizer.diagnose.evidence.waits import LateGroup, wait_roots
 from perftracker.localizer.diagnose.localize import localize
-from perftracker.localizer.diagnose.waits import LateGroup, wait_roots
+from perftracker.localizer.diagnose.verdict.findings import _one_late_set_per_group
 
 from perftracker.model import Category, Pattern, PatternSet, ProcessGroup
 
@@ -149,7 +149,7 @@ def _pair_job(slow_sr: float, partner_sr: float) -> tuple[np.ndarray, np.ndarray
 @pytest.mark.parametrize("partner, late", [(0.089, True), (0.034 + 0.055, True), (0.034 + 0.045, False),
                                           (0.034, False)])
 def test_a_pair_across_stages_is_judged_against_each_stage(partner: float, late: bool) -> None:
-    from perftracker.localizer.diagnose.waits import WaitOptions, pair_across_stages
+    from perftracker.localizer.diagnose.evidence.waits import WaitOptions, pair_across_stages
 
     beta, stage = _pair_job(0.138, partner)  # rank 4 holds it 0.138 (its stage: 0.265): it arrives late
     cols = np.array([4, 5])
@@ -160,7 +160,7 @@ def test_a_pair_across_stages_is_judged_against_each_stage(partner: float, late:
 
 
 def test_a_pair_of_one_stage_or_a_partner_below_its_stage_is_not_judged_so() -> None:
-    from perftracker.localizer.diagnose.waits import WaitOptions, pair_across_stages
+    from perftracker.localizer.diagnose.evidence.waits import WaitOptions, pair_across_stages
 
     beta, _ = _pair_job(0.138, 0.2)
     one_stage = np.zeros(8, dtype=np.int64)

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from perftracker.localizer.diagnose.arrays import (
-    FunctionInfo,
-    PatternArrays,
-    pattern_sets_to_arrays,
-)
-from perftracker.localizer.diagnose.host_bound import HOST_KEY
-from perftracker.localizer.diagnose.localize import localize, localize_arrays
-from perftracker.localizer.diagnose.options import LocalizeOptions
-from perftracker.localizer.diagnose.waits import (
+from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY
+from perftracker.localizer.diagnose.evidence.waits import (
     LateGroup,
     WaitOptions,
     late_groups,
     late_workers,
     suspect_late_groups,
 )
+from perftracker.localizer.diagnose.localize import localize, localize_arrays
+from perftracker.localizer.diagnose.method.arrays import (
+    FunctionInfo,
+    PatternArrays,
+    pattern_sets_to_arrays,
+)
+from perftracker.localizer.diagnose.method.options import LocalizeOptions
 
 from bench import synthetic as sy
 from perftracker.model import Category, PatternSet, Report
@@ -260,12 +260,12 @@ def test_a_culprit_measured_against_its_peers_comes_before_a_job_wide_finding() 
 def test_tier_needs_peer_evidence() -> None:
     """A specific finding judged only against its expected range sorts with the job-wide ones by
     impact; one with the differential test, the wait evidence or waiters goes first."""
-    from perftracker.localizer.diagnose.findings import _Draft, _tier
+    from perftracker.localizer.diagnose.verdict.findings import _Draft, _tier
 
     def draft(tests: tuple[str, ...], kind: str = "specific") -> _Draft:
         info = FunctionInfo("k", "k", Category.PYTHON)
-        from perftracker.localizer.diagnose.expect import OPEN_BOX
-        from perftracker.localizer.diagnose.findings import FunctionVerdict
+        from perftracker.localizer.diagnose.method.expect import OPEN_BOX
+        from perftracker.localizer.diagnose.verdict.findings import FunctionVerdict
 
         from perftracker.model import Triple
         v = FunctionVerdict(info, OPEN_BOX, "", 0.01, None, None, None)

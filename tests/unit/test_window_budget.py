@@ -1,4 +1,4 @@
-"""The window cost budget's arithmetic (perftracker/runtime/window_budget.py, issue 30): the sliding
+"""The window cost budget's arithmetic (perftracker/runtime/window/budget.py, issue 30): the sliding
 hour, spending, refusing automatic windows near the limit and not below it, manual windows
 counted but never refused, the online loss estimate, and the allowance that accrues with training
 time (2 % of the training time in the trailing hour, an initial advance for the first window).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from perftracker.runtime.window_budget import CostBudget, lost_s, median
+from perftracker.runtime.window.budget import CostBudget, lost_s, median
 
 HOUR = 3600.0
 

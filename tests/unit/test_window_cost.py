@@ -1,4 +1,4 @@
-"""The online window-cost meter (perftracker/runtime/window_cost.py, issue 30) with a fake clock and
+"""The online window-cost meter (perftracker/runtime/window/cost.py, issue 30) with a fake clock and
 iteration counter: the loss from iteration times before/during/after, the ledger, the gate on the
 detector's triggers (manual ones counted, never refused), and `perftracker status` reading it."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from perftracker.cli import status
-from perftracker.runtime.window_budget import CostBudget
-from perftracker.runtime.window_cost import WindowCostMeter, ledger_path
+from perftracker.runtime.window.budget import CostBudget
+from perftracker.runtime.window.cost import WindowCostMeter, ledger_path
 
 
 class FakeRuntime:
@@ -150,7 +150,7 @@ def test_a_session_the_detector_opened_counts_as_automatic_a_manual_one_as_manua
     # the agent's START_WINDOW carries its description of the trigger that opened the session
     from perftracker.agent.daemon.localizer_link import describe_trigger
 
-    from perftracker.runtime.window_cost import is_manual
+    from perftracker.runtime.window.cost import is_manual
 
     detector = describe_trigger(0, "slowdown", {"iteration": 472, "ratio": 1.47, "baseline_ms": 31.8})
     assert detector == "rank 0: slowdown at iteration 472 (+47% over 31.8 ms)"

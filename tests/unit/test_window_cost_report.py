@@ -9,7 +9,7 @@ import json
 
 import jsonschema
 import pytest
-from perftracker.localizer.diagnose.arrays import pattern_sets_to_arrays
+from perftracker.localizer.diagnose.method.arrays import pattern_sets_to_arrays
 from perftracker.localizer.render import html as html_render
 from perftracker.localizer.render import json as json_render
 from perftracker.localizer.render import text as text_render
@@ -18,8 +18,8 @@ from perftracker.localizer.render.facts import cost_text
 from perftracker.errors import SchemaError
 from perftracker.model import Category, Pattern, PatternSet, Report
 from perftracker.model.window_cost import worst_of
-from perftracker.runtime.window_budget import CostBudget
-from perftracker.runtime.window_cost import report_fields
+from perftracker.runtime.window.budget import CostBudget
+from perftracker.runtime.window.cost import report_fields
 from perftracker.wire import patterns as wire_patterns
 
 

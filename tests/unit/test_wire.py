@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from perftracker.wire import frames as wire
-from perftracker.wire.frames import FrameDecoder, MessageType, WireError
+from perftracker.wire import framing as wire
+from perftracker.wire.framing import FrameDecoder, MessageType, WireError
 
 
 def test_decoder_handles_split_and_coalesced_frames() -> None:

@@ -1,0 +1,1 @@
+"""Diagnosis of incidents that are not slowdowns: hangs, crashes, and the first look from the hooks' phase times."""

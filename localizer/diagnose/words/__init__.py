@@ -1,0 +1,1 @@
+"""Diagnosis, the words: the sentences, headlines, evidence lines and next steps of findings and reports."""

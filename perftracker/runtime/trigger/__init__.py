@@ -1,0 +1,1 @@
+"""Which slowdown detections become automatic triggers, and which are held until they are worth a window."""
