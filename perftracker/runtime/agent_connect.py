@@ -7,9 +7,7 @@ Used by the channel thread (perftracker.runtime.channel); never raises for a mis
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import sys
 import time
 
 from perftracker.config import Config
@@ -63,15 +61,12 @@ class AgentConnector:
         return None
 
     def autostart_pending(self) -> bool:
-        return (self.config.autostart_agent and self._last_autostart < 0 and "_pytest" not in sys.modules
-                and int(self.runtime.iteration or 0) < 1)
+        return self.config.autostart_agent and self._last_autostart < 0 and int(self.runtime.iteration or 0) < 1
 
     def may_autostart(self) -> bool:
-        """Start an agent only for a process that trains (one iteration done), never inside a
-        pytest process unless PERFTRACKER_AUTOSTART_AGENT is set explicitly."""
+        """Start an agent only for a process that trains (one iteration done) and only with
+        ``autostart_agent`` (PERFTRACKER_AUTOSTART_AGENT; the test suite sets it to 0 for itself)."""
         if not self.config.autostart_agent:
-            return False
-        if "_pytest" in sys.modules and "PERFTRACKER_AUTOSTART_AGENT" not in os.environ:
             return False
         try:
             return int(self.runtime.iteration or 0) >= 1

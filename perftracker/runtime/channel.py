@@ -23,7 +23,6 @@ import logging
 import os
 import select
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -512,11 +511,10 @@ def start_channel(runtime: ChannelRuntime, config: Config, options: ChannelOptio
     try:
         if config.disable:
             return None
-        # A multiprocessing child gets a channel too (torch.multiprocessing.spawn starts the ranks
-        # that way); one that never trains (a DataLoader worker) never settles its identity and so
-        # never registers (perftracker/runtime/identity.py).
-        if "_pytest" in sys.modules and "PERFTRACKER_RUN_DIR" not in os.environ:
-            return None  # a test process that imported perftracker: no agent traffic unless asked for
+        # Called at the first hooked step (perftracker/__init__.py): a process that only imports
+        # perftracker never gets here. A multiprocessing child that trains gets a channel too
+        # (torch.multiprocessing.spawn starts the ranks that way); one that never settles its
+        # identity never registers (perftracker/runtime/identity.py).
         with _channel_lock:
             if _channel is not None and _channel.runtime is runtime and not _channel._stop.is_set():
                 return _channel
