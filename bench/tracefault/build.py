@@ -27,9 +27,12 @@ The dependencies, per rank:
 
 Across ranks, **collectives**: the k-th NCCL kernel of one process group on each member rank is
 one instance (the group from the kernel's own args, else from ``record_param_comms`` args where the
-trace has them, otherwise all ranks). A point-to-point kernel that names its ``Src Rank``,
-``Dst Rank`` and ``Seq`` is one transfer with the kernel of the same four on its peer; other SendRecv
-instances without group ranks are split into the peer sets that ended together in the input. Each member ends at the members' latest start plus the instance's transfer time, the
+trace has them, otherwise all ranks). Point-to-point kernels that name their ``Src Rank``
+and ``Dst Rank`` are paired per directed channel in issue order (the k-th send of the source with
+the k-th recv of the destination; ``Seq`` is a per-rank counter and pairs nothing); other SendRecv
+instances without group ranks are split into the peer sets that ended together in the input.
+Dependencies that the recorded order contradicts (they close a cycle) are dropped with a note
+(graph.acyclic_edges), so any trace set is re-timed. Each member ends at the members' latest start plus the instance's transfer time, the
 shortest member duration in the input.
 """
 
@@ -47,14 +50,18 @@ import numpy as np
 from bench.tracefault.graph import (
     CHAIN,
     DURATION,
+    KIND_NAMES,
     LAUNCH,
     STREAM,
     SYNC,
     TRANSFER,
     WAIT,
     EdgeList,
+    TimingCycleError,
     TimingGraph,
+    acyclic_edges,
     residuals,
+    topological_order,
 )
 from bench.tracefault.traces import GPU_CATS, RUNTIME_CATS, RankTrace, is_modelled
 
@@ -189,6 +196,7 @@ def build(ranks: list[RankTrace]) -> JobGraph:
             events.append(Event(rt.rank, e, s, s + float(e.get("dur", 0)), gpu, nccl, c, lane))
         nccl_by_rank[rt.rank] = _rank_edges(events, first, len(events), edges, world, notes)
     instances, edge_inst = _collective_edges(events, nccl_by_rank, edges, notes)
+    edges, edge_inst = _without_cycles(events, edges, edge_inst, notes)
     t_in = np.empty(2 * len(events))
     t_in[0::2] = [ev.start_us for ev in events]
     t_in[1::2] = [ev.end_us for ev in events]
@@ -199,6 +207,35 @@ def build(ranks: list[RankTrace]) -> JobGraph:
     r, has_in = residuals(g)
     _inherit_residuals(events, r, has_in)
     return JobGraph(g, events, instances, inst_arr, float(origin), main_tid, r, has_in, notes)
+
+
+def _without_cycles(events: list[Event], edges: EdgeList, edge_inst: dict[int, int], notes: list[str]
+                    ) -> tuple[EdgeList, dict[int, int]]:
+    """The edges less those that close a cycle (graph.acyclic_edges: a dependency the recorded
+    order contradicts), with a note per kind saying what was relaxed; a trace set whose order the
+    model cannot keep exactly is still re-timed (identity stays exact: the residuals are taken
+    from the edges that are kept)."""
+    t_in = np.empty(2 * len(events))
+    t_in[0::2] = [ev.start_us for ev in events]
+    t_in[1::2] = [ev.end_us for ev in events]
+    g = TimingGraph.from_edges(t_in, edges)
+    try:
+        topological_order(g)
+        return edges, edge_inst
+    except TimingCycleError:
+        keep = acyclic_edges(g)
+    dropped = np.flatnonzero(~keep)
+    kinds = np.bincount(np.asarray(edges.kind, dtype=np.int64)[dropped], minlength=len(KIND_NAMES))
+    what = ", ".join(f"{int(c)} {KIND_NAMES[k]}" for k, c in enumerate(kinds) if c)
+    notes.append(f"relaxed {len(dropped)} of {len(edges.src)} dependencies that the recorded order "
+                 f"contradicts (they closed a cycle): {what}")
+    out = EdgeList()
+    remap: dict[int, int] = {}
+    for i in np.flatnonzero(keep).tolist():
+        j = out.add(edges.src[i], edges.dst[i], edges.w0[i], edges.kind[i])
+        if i in edge_inst:
+            remap[j] = edge_inst[i]
+    return out, remap
 
 
 def _inherit_residuals(events: list[Event], r: np.ndarray, has_in: np.ndarray) -> None:
@@ -463,12 +500,12 @@ def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[st
     number of them (pipeline stages)."""
     seqs: dict[str, dict[int, list[tuple[list[int], bool, int]]]] = defaultdict(lambda: defaultdict(list))
     pooled: dict[str, list[int]] = defaultdict(list)
-    by_peer: dict[tuple[str, int, int, int], list[int]] = defaultdict(list)
+    by_peer: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     for rank, lst in nccl_by_rank.items():
         for key, members, given, g in lst:
             peer = _p2p_peer(events[g], key)
             if peer is not None:
-                by_peer[peer].append(g)
+                by_peer[peer[:3]].append(g)
             elif not given and _is_p2p(events[g].name):
                 pooled[key].append(g)
             else:
@@ -500,9 +537,32 @@ def _collective_edges(events: list[Event], nccl_by_rank: dict[int, list[tuple[st
     for key, gs in pooled.items():
         for k, grp in enumerate(_pair_by_end(events, gs)):
             add(key, k, grp)
-    for (key, src, dst, seq), gs in sorted(by_peer.items()):
-        add(f"{key}:{src}->{dst}", seq, gs)  # a send and its recv: one transfer
+    for (key, src, dst), gs in sorted(by_peer.items()):
+        for k, pair in enumerate(_pair_in_order(events, gs, src, dst, f"{key}:{src}->{dst}", notes)):
+            add(f"{key}:{src}->{dst}", k, pair)  # a send and its recv: one transfer
     return instances, edge_inst
+
+
+def _pair_in_order(events: list[Event], kernels: list[int], src: int, dst: int, label: str,
+                   notes: list[str]) -> list[list[int]]:
+    """The transfers of one directed channel (group, source rank, destination rank): the k-th send
+    on the source with the k-th recv on the destination, each side in its own order (copy of the
+    step, start, its ``Seq``). NCCL runs one peer pair's point-to-point operations in the order they
+    were issued, so the order pairs them; the ``Seq`` field cannot, it counts each rank's own
+    point-to-point operations of the group (on the DP2 x PP4 sa_st traces rank 3's sends to rank 2
+    are Seq 0-3, 8-11, ... and rank 2's recvs from rank 3 Seq 0-3, 16-19, ...: pairing equal Seq
+    numbers joined a send with a recv of another microbatch, 51 ms apart, and closed a cycle).
+    Unmatched kernels (a side recorded fewer) stay unpaired, with a note."""
+    def order(g: int) -> tuple[int, float, float, int]:
+        seq = (events[g].ref.get("args") or {}).get("Seq")
+        return events[g].tile, events[g].start_us, events[g].end_us, seq if isinstance(seq, int) else 0
+
+    sends = sorted((g for g in kernels if events[g].rank == src), key=order)
+    recvs = sorted((g for g in kernels if events[g].rank == dst), key=order)
+    if len(sends) != len(recvs):
+        notes.append(f"{label}: {len(sends)} sends and {len(recvs)} recvs; pairing the first "
+                     f"{min(len(sends), len(recvs))} in order, the rest unpaired")
+    return [[s, r] for s, r in zip(sends, recvs, strict=False)]
 
 
 def _p2p_peer(ev: Event, key: str) -> tuple[str, int, int, int] | None:

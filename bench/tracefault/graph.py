@@ -109,6 +109,49 @@ def topological_order(g: TimingGraph) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+def acyclic_edges(g: TimingGraph) -> np.ndarray:
+    """Per edge: whether to keep it so that the graph has no cycle. Kahn's order; where it stalls
+    (every node left waits for another one left), the stalled node with the earliest input time
+    loses its in-edges from the nodes left: those come from time points no earlier than it, so they
+    are the dependencies the recorded order contradicts (a pairing or an order the input did not
+    keep). Every edge is kept on an acyclic graph."""
+    n = g.n_nodes
+    keep = np.ones(g.src.shape[0], dtype=bool)
+    indeg = np.bincount(g.dst, minlength=n)
+    order_e = np.argsort(g.src, kind="stable")
+    starts = np.searchsorted(g.src[order_e], np.arange(n + 1))
+    by_dst = np.argsort(g.dst, kind="stable")
+    dst_starts = np.searchsorted(g.dst[by_dst], np.arange(n + 1))
+    done = np.zeros(n, dtype=bool)
+    left = indeg.copy()
+    ready = [int(v) for v in np.flatnonzero(left == 0)]
+    by_time = np.argsort(g.t_in_us, kind="stable")
+    cursor = 0
+    emitted = 0
+    while emitted < n:
+        while ready:
+            u = ready.pop()
+            done[u] = True
+            emitted += 1
+            for e in order_e[starts[u]:starts[u + 1]].tolist():
+                if keep[e]:
+                    v = int(g.dst[e])
+                    left[v] -= 1
+                    if left[v] == 0:
+                        ready.append(v)
+        if emitted == n:
+            break
+        while done[by_time[cursor]] or left[by_time[cursor]] == 0:
+            cursor += 1
+        v = int(by_time[cursor])
+        for e in by_dst[dst_starts[v]:dst_starts[v + 1]].tolist():
+            if keep[e] and not done[g.src[e]]:
+                keep[e] = False
+                left[v] -= 1
+        ready.append(v)
+    return keep
+
+
 def solve(g: TimingGraph, w_us: np.ndarray, order: np.ndarray | None = None,
           resid: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Forward pass: every node's output time (µs, same origin as ``t_in_us``). ``resid`` is

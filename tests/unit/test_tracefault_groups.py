@@ -1,5 +1,6 @@
 """The trace mutator keeps the process groups the traces name (issue 28): a kernel's own group
-fields, and point-to-point transfers paired by Src Rank / Dst Rank / Seq."""
+fields, and point-to-point transfers keyed by Src Rank / Dst Rank (paired in order per channel:
+test_tracefault_pipeline.py)."""
 
 from __future__ import annotations
 
