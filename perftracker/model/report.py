@@ -19,6 +19,7 @@ from perftracker.model.schema import (
     require,
     rounded,
 )
+from perftracker.model.since_fast import SinceFast
 from perftracker.model.window_cost import window_cost_fields
 
 # Version 2 (issue 32) adds a finding's ``title``, ``evidence``, ``next_steps`` and ``cause``, the
@@ -298,6 +299,8 @@ class Report:
     # WINDOW_COST_KEYS, the worst rank's): empty when no worker sent it
     window_cost: Mapping[str, float] = field(default_factory=dict)
     saves_together: JointSaving | None = None  # fixing every replayed cause at once, where there are several
+    # the comparison with the job's healthy baseline (issue 49); None: not made (offline, hang, crash)
+    since_fast: SinceFast | None = None
 
     @property
     def diagnosis_level(self) -> str:
@@ -331,6 +334,7 @@ class Report:
             "level": self.diagnosis_level,
             "window_cost": {k: rounded(v) for k, v in self.window_cost.items()},
             **({"saves_together": self.saves_together.to_dict()} if self.saves_together is not None else {}),
+            **({"since_fast": self.since_fast.to_dict()} if self.since_fast is not None else {}),
         }
 
     @classmethod
@@ -358,6 +362,7 @@ class Report:
             level=_stored_level(optional(d, "level", str, where, ""), require(d, "kind", str, where)),
             window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
             saves_together=_joint(optional(d, "saves_together", dict, where, {})),
+            since_fast=_since_fast(optional(d, "since_fast", dict, where, {})),
         )
 
 
@@ -367,6 +372,11 @@ _LEVELS = {"slowdown": "window", "hang": "snapshot", "crash": "exit", "offline":
 def _stored_level(level: str, kind: str) -> str:
     """The level field as read: "" when it is the one ``kind`` implies (a report reads back equal)."""
     return "" if level == _LEVELS.get(kind, "window") else level
+
+
+def _since_fast(d: Mapping[str, Any]) -> SinceFast | None:
+    return SinceFast.from_dict(d) if d else None
+
 
 def _joint(d: Mapping[str, Any]) -> JointSaving | None:
     return JointSaving.from_dict(d) if d else None
