@@ -49,6 +49,7 @@ from perftracker.localizer.diagnose.verdict.findings import (
     build_findings,
     report_summary,
 )
+from perftracker.localizer.diagnose.verdict.ranking import rank
 from perftracker.localizer.diagnose.verdict.savings import replayed_savings, said, together
 from perftracker.localizer.diagnose.words.headline import dress_report
 
@@ -249,7 +250,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
     findings, top = build_findings(arr, verdicts, opts)
     findings = replayed_savings(arr, findings)
     joint = together(arr, findings)  # before the sentences say each finding's saving
-    findings = said(arr, findings)
+    findings = rank(said(arr, findings), opts.waits.wait_min)  # the saving known: one order (ranking.py)
     summary = report_summary(arr, findings, top)
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()

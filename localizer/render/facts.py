@@ -6,6 +6,7 @@ import re
 import statistics
 
 from perftracker.model import Finding, Report, compress_ranks
+from perftracker.model.shares import pct
 
 _MAX_RANKS_SHOWN = 16
 _RANK_FIRST = re.compile(r"^rank (\d+): (.+)$", re.DOTALL)
@@ -78,20 +79,20 @@ def cost_text(report: Report) -> str:
 
 
 def together_text(report: Report) -> str:
-    """"ranks 1,6 together: about 23% of the step (replayed over 3 steps)": what fixing every
+    """"ranks 1,6 together: about 23% of the window (replayed over 3 steps)": what fixing every
     replayed cause at once would save, where the report has several ("" otherwise)."""
     t = report.saves_together
     if t is None:
         return ""
     return (f"{'rank' if len(t.ranks) == 1 else 'ranks'} {compress_ranks(t.ranks)} together: about "
-            f"{100 * t.saves_share:.0f}% of the step ({t.basis})")
+            f"{pct(t.saves_share)} of the window ({t.basis})")
 
 
 def brief_lines(report: Report) -> list[str]:
     """``perftracker report --brief``: the headline, then each finding's title and its cost."""
     lines = [report.top_line or "(no headline)"]
     for i, f in enumerate(report.findings, 1):
-        cost = f" [{100 * f.impact:.0f}%]" if f.impact > 0 else ""
+        cost = f" [{pct(f.impact)}]" if f.impact > 0 else ""
         lines.append(f"  {i}. {f.headline}{cost}")
     return lines
 
@@ -109,7 +110,7 @@ def has_samples(report: Report) -> bool:
 def impact_text(f: Finding) -> str:
     """"12% of the window (0.6 s)": the finding's estimated cost to the step."""
     seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
-    return f"{100 * f.impact:.0f}% of the window ({seconds})"
+    return f"{pct(f.impact)} of the window ({seconds})"
 
 
 def session_text(report: Report) -> str:

@@ -163,7 +163,7 @@ def _finding_section(f: Finding, n_ranks: int = 0, samples: bool = True, number:
     if f.impact > 0:
         chips.append(f"<span>impact {escape(impact_text(f))}</span>")
     stack = " \u203a ".join(short_frame(fr) for fr in f.key.split(";"))
-    key = f'<p class="key" title="{escape(f.key)}">{escape(stack)}</p>' if f.key != f.label else ""
+    key = f'<p class="key" title="{escape(f.key)}">{escape(stack)}</p>' if ";" in f.key else ""
     if number == 1 and f.title:  # the headline, already the page's heading: said once
         head = '<p class="note">Finding 1: the headline above.</p>'
     else:

@@ -1,7 +1,8 @@
-"""Terminal renderer (rich): header, findings grouped by function, hang table, top functions.
+"""Terminal renderer (rich): header, findings in the report's order, hang table, top functions.
 
 Writes a Report as it is; computes nothing beyond layout (grouping rows for display, compressing
-rank lists into ranges). Colors only when ``color`` is true or the file is a terminal (and
+rank lists into ranges; never reordering findings: consecutive findings of one function share a
+panel, and the order is the report's, as in JSON and HTML). Colors only when ``color`` is true or the file is a terminal (and
 ``NO_COLOR`` is unset); the width is the terminal's, 80 columns when not a terminal.
 
 Every string from the report (names, reasons, stacks) is shown as a ``rich.text.Text`` made by
@@ -119,10 +120,14 @@ def _header(report: Report) -> Panel:
 
 
 def _group_by_function(findings: Iterable[Finding]) -> list[tuple[str, list[Finding]]]:
-    groups: dict[str, list[Finding]] = {}
+    """Runs of consecutive findings of one function, in the report's order (never regrouped)."""
+    groups: list[tuple[str, list[Finding]]] = []
     for f in findings:
-        groups.setdefault(f.key, []).append(f)
-    return list(groups.items())
+        if groups and groups[-1][0] == f.key:
+            groups[-1][1].append(f)
+        else:
+            groups.append((f.key, [f]))
+    return groups
 
 
 def _num(x: float) -> str:
@@ -154,7 +159,7 @@ def _function_panel(key: str, group: list[Finding], samples: bool = True,
                     number: dict[int, int] | None = None) -> Panel:
     first = group[0]
     body: list[RenderableType] = []
-    if first.key != first.label:
+    if ";" in first.key:  # a call stack: its frames (a made pattern's key is no place to show)
         body.append(_t(_short_stack(first.key), style="dim"))
     for f in group:
         n = (number or {}).get(id(f), 0)
@@ -190,7 +195,7 @@ def _bullets(lines: Iterable[str], mark: str, style: str) -> Table:
     """One line per item, wrapped lines indented under their first."""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(width=2, justify="right")
-    grid.add_column(style=style)
+    grid.add_column(style=style, overflow="fold")  # a long rank list wraps whole, never cut with "…"
     for line in lines:
         grid.add_row(mark, _t(line))
     return grid

@@ -126,7 +126,7 @@ def test_a_short_title_keeps_who_what_cost_waits_and_cause() -> None:
                      "more work or a slower GPU")
     assert kind == "load_imbalance"
     saved = dataclasses.replace(f, saves_share=0.2)
-    assert title_of(saved, 4)[0].endswith("— more work or a slower GPU; fixing it saves ~20%")
+    assert title_of(saved, 4)[0].endswith("— more work or a slower GPU; fixing it saves ~20% of the window")
     plain = dataclasses.replace(f, sentence="rank 2: x — a data-dependent load imbalance")
     assert title_of(plain, 4)[0].endswith("— load imbalance")
     # the twin below the 1% floor says nothing of saving

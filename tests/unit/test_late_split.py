@@ -14,7 +14,7 @@ from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from bench import synthetic as sy
 from perftracker.model import Category, Report
 
-IDLE = "nothing on the critical path"
+IDLE = "stall outside traced ops"
 
 
 def _job(seed: int, gpu_extra: float, idle_ranks: tuple[int, ...], e1: float = 0.15, e2: float = 0.08):

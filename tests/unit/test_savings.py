@@ -82,7 +82,7 @@ def test_the_sentence_says_the_saving_once_and_only_from_one_percent() -> None:
     assert f.sentence.count("fixing it would save") == 1 and report.summary.startswith(f.sentence)
     bare = dataclasses.replace(f, sentence="rank 0 computes longer", saves_basis="replayed over 5 steps")
     assert said(arr, [dataclasses.replace(bare, saves_share=0.011)])[0].sentence.endswith(
-        "; fixing it would save about 1.1% of the step")
+        "; fixing it would save about 1.1% of the window")
     assert said(arr, [dataclasses.replace(bare, saves_share=0.009)])[0].sentence == "rank 0 computes longer"
 
 
@@ -95,7 +95,7 @@ def test_the_joint_saving_travels_validates_and_is_shown() -> None:
     errors = list(jsonschema.Draft202012Validator(json_render.load_schema()).iter_errors(doc))
     assert not errors, errors[0]
     assert Report.from_dict(doc).saves_together == report.saves_together
-    shown = f"ranks 0,3 together: about {round(100 * report.saves_together.saves_share)}% of the step"
+    shown = f"ranks 0,3 together: about {round(100 * report.saves_together.saves_share)}% of the window"
     text = io.StringIO()
     text_render.render(report, text, width=200)
     assert shown in text.getvalue()

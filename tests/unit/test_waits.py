@@ -135,7 +135,7 @@ def test_late_rank_without_a_cause_is_said_so(gpu: bool) -> None:
     arr.values[:, 0, :] /= 1.12
     report = localize_arrays(arr, OPTS)
     assert _headline_ranks(report) == (3,)
-    expected = "nothing on the critical path" if gpu else "not among the profiled functions"
+    expected = "stall outside traced ops" if gpu else "not among the profiled functions"
     assert expected in report.findings[0].sentence, report.findings[0].sentence
 
 

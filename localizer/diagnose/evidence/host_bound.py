@@ -17,6 +17,7 @@ range, or when the differential test singles out some workers' share of it (one 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -28,7 +29,7 @@ from perftracker.model.hardware import is_health
 HOST_KEY = "host:GPU waits for the host"
 HOST_LABEL = "GPU waits for the host"
 IDLE_KEY = "host:nothing on the critical path"
-IDLE_LABEL = "nothing on the critical path"
+IDLE_LABEL = "stall outside traced ops"  # one name for the cause (issue 47); the key keeps its old words
 # a Python frame in a function key: "/path/file.py(123): fn" (stack sampler, Kineto python_function),
 # "file.py:fn" (synthetic and hand-built stacks), or a C builtin called from Python
 _PY_FRAME = re.compile(r"\.py(\(\d+\)|:)|<built-in ")
@@ -78,11 +79,14 @@ def with_idle_share(arr: PatternArrays) -> tuple[PatternArrays, int | None]:
             len(arr.functions))
 
 
-def top_host_functions(arr: PatternArrays, workers: np.ndarray, n: int = 5) -> tuple[tuple[str, float], ...]:
-    """(label, median β over ``workers``) of the n host ops that hold the most of the window."""
+def top_host_functions(arr: PatternArrays, workers: np.ndarray, n: int = 5,
+                       labels: Sequence[str] | None = None) -> tuple[tuple[str, float], ...]:
+    """(label, median β over ``workers``) of the n host ops that hold the most of the window;
+    ``labels``: each function's label where not its own (one per call path, ``words.labels``)."""
     host = host_dispatch_functions(arr)
     if not host:
         return ()
     med = np.median(arr.values[host, 0][:, workers], axis=1)
     order = np.argsort(-med, kind="stable")[:n]
-    return tuple((arr.functions[host[i]].label, float(med[i])) for i in order if med[i] > 0)
+    names = [i.label for i in arr.functions] if labels is None else labels
+    return tuple((names[host[i]], float(med[i])) for i in order if med[i] > 0)

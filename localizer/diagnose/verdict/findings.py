@@ -18,6 +18,7 @@ which they hold more, is folded into that finding's sentence instead of standing
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ from perftracker.localizer.diagnose.verdict.group_findings import (
     groups_note,
     member_sets,
 )
+from perftracker.localizer.diagnose.verdict.ranking import rank, tier
 from perftracker.localizer.diagnose.words.explain import (
     Consequence,
     also_clause,
@@ -75,6 +77,7 @@ from perftracker.localizer.diagnose.words.explain import (
     describe_ranks,
     describe_report,
 )
+from perftracker.localizer.diagnose.words.labels import distinct_labels
 
 from perftracker.model import Box, Category, Finding, TopFunction, Triple, Wait
 from perftracker.model.hardware import HEALTH_KEYS, LINK_KEYS, is_health
@@ -125,6 +128,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     ``savings.said`` words them; ``report_summary`` then reads the first."""
     n = arr.n_workers
     common_fraction = opts.common_fraction
+    verdicts = _distinct(verdicts)
     drafts: list[_Draft] = []
     medians: dict[int, Triple] = {}
     for f, v in enumerate(verdicts):
@@ -157,7 +161,7 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
     _fold_waits(drafts, arr, verdicts, opts.waits, (stage, moving))
     for d in drafts:
         if d.verdict.info.key == HOST_KEY:
-            d.parts = top_host_functions(arr, d.idx)
+            d.parts = top_host_functions(arr, d.idx, labels=[v.info.label for v in verdicts])
     kept = _merge_same_ranks([d for d in drafts if not d.folded])
     material = opts.waits.wait_min
     kept.sort(key=lambda d: (_tier(d, material), -_impact(d), d.verdict.info.key, int(d.idx[0])))
@@ -169,11 +173,16 @@ def build_findings(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], opts
                    and not is_cpu_wait(i)]
         compute_beta = arr.values[compute, 0, :].sum(axis=0)
         causes = [g for g in (finding_of(c, arr, compute_beta) for c in (stage, moving)) if g is not None]
-    # a set of ranks' causes are tier 0 (measured against the job's own ranks), ranked by impact
-    tiers = [0] * len(causes) + [_tier(d, material) for d in kept]
-    order = sorted(range(len(tiers)), key=lambda i: (tiers[i], -(causes + findings)[i].impact))
-    findings = [(causes + findings)[i] for i in order]
-    return findings, top_functions(arr, verdicts, opts.top_functions, medians)
+    # one order for every finding, a set of ranks' causes among them (ranking.py)
+    return rank(causes + findings, material), top_functions(arr, verdicts, opts.top_functions, medians)
+
+
+def _distinct(verdicts: Sequence[FunctionVerdict]) -> list[FunctionVerdict]:
+    """The verdicts with labels that identify: two call paths of one function never share a label
+    (``labels.distinct_labels``: the callers that tell them apart)."""
+    names = distinct_labels([v.info.key for v in verdicts], [v.info.label for v in verdicts])
+    return [v if name == v.info.label else dataclasses.replace(v, info=dataclasses.replace(v.info, label=name))
+            for v, name in zip(verdicts, names, strict=True)]
 
 
 def report_summary(arr: PatternArrays, findings: Sequence[Finding], top: Sequence[TopFunction]) -> str:
@@ -649,13 +658,8 @@ def _add_wait(d: _Draft, w: Wait) -> None:
 
 
 def _tier(d: _Draft, material: float) -> int:
-    """0 for a material cause on some ranks measured against the job's own other ranks (the
-    differential test, the wait evidence, or peers that wait for it), 1 for the rest. A finding
-    judged only against a configured expected range, job-wide or not, says how the job runs, not
-    why some ranks hold the others back; a rank-specific cause that costs the step at least
-    ``material`` of the window is named first, and every finding carries its impact."""
-    peers = "differential" in d.tests or "waits" in d.tests or bool(d.waits)
-    return 0 if d.kind != "common" and peers and _impact(d) >= material else 1
+    """A draft's tier (``ranking.tier``: the rule is stated there)."""
+    return tier(d.kind, d.tests, bool(d.waits), _impact(d), material, d.verdict.info.key)
 
 
 def _merge_same_ranks(kept: list[_Draft]) -> list[_Draft]:
@@ -728,7 +732,9 @@ def _saves(d: _Draft, arr: PatternArrays, waits: tuple[Wait, ...]) -> float:
     own excess on the critical path and by the waits it induces in each group along the step (a
     pipeline partner's send/recv, then the data-parallel collectives, one after the other), so
     fixing it saves about its impact; a cause that no one waits for saves its own excess; a common
-    finding (most ranks) has no peer to be brought to: none. On the bench mutator's slowed workers
+    finding (most ranks) has no peer to be brought to: judged against its expected range, it saves
+    its excess over the top of that range (issue 47: every finding whose cost is measured says what
+    fixing it saves), else none. On the bench mutator's slowed workers
     of the DP32 x PP2 traces this came within 0.05-0.17 (relative) of the replayed saving (one
     worker x2.3 in stage 0 or 1, two workers x2 in stage 0). Waits in one collective of a job
     with no pipeline stage known: the cause's excess and its peers' wait there are one interval
@@ -736,8 +742,10 @@ def _saves(d: _Draft, arr: PatternArrays, waits: tuple[Wait, ...]) -> float:
     the waiters' share itself), so they count once, the larger of the two: the sum read 'rank 1
     waits 37% ... saves ~74%' on a 2-rank DDP job (on the DP32 x PP2 traces the sum stands: there
     the max under-predicted 21%/34%, 18%/44%, 16%/29%)."""
-    if d.kind == "common" or arr.window_s <= 0:
+    if arr.window_s <= 0:
         return 0.0
+    if d.kind == "common":  # no peer to be brought to: down to the top of its expected range, if judged by it
+        return min(1.0, max(0.0, d.observed.beta - d.verdict.box.hi.beta)) if "expectation" in d.tests else 0.0
     if len(waits) == 1 and (arr.stage is None or not bool((arr.stage > 0).any())):
         return min(1.0, max(_own_impact(d), waits[0].share))
     return min(1.0, _impact(d) if waits else _own_impact(d))

@@ -151,7 +151,7 @@ def window_apart(arr: PatternArrays, cols: Sequence[int]) -> float:
 
 def said(arr: PatternArrays, findings: Sequence[Finding]) -> list[Finding]:
     """Each sentence with what fixing its cause would save, last ("; fixing it would save about X%
-    of the step"), from ``SAY_SAVES`` of the step: a replayed saving always; an estimate where the
+    of the window": every share in a report is of the window, issue 47), from ``SAY_SAVES`` of the step: a replayed saving always; an estimate where the
     job's process groups were read (a stage or moving-work cause, which are measured per step,
     always), since elsewhere it is too rough to print."""
     out = []
@@ -159,5 +159,5 @@ def said(arr: PatternArrays, findings: Sequence[Finding]) -> list[Finding]:
         say = f.saves_share >= SAY_SAVES and (f.saves_basis.startswith(REPLAYED) or arr.job_groups.read
                                               or f.key in (STAGE_KEY, MOVING_KEY))
         out.append(dataclasses.replace(f, sentence=f"{f.sentence}; fixing it would save about "
-                                                   f"{pct(f.saves_share)} of the step") if say else f)
+                                                   f"{pct(f.saves_share)} of the window") if say else f)
     return out

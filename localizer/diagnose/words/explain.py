@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY, is_host_op
 
 from perftracker.model import LINK_KEY, Box, Category, Triple, Wait, compress_ranks
+from perftracker.model.shares import pct  # noqa: F401 - the words import pct from here too
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
 _SLEEP = re.compile(r"(?i)\bsleep\b|nanosleep")
@@ -52,16 +53,6 @@ class Consequence:
     beta_ratio: float
 
 
-def pct(x: float) -> str:
-    """0.12 -> "12%", 0.025 -> "2.5%", 0.0004 -> "0.04%"."""
-    v = 100.0 * x
-    if v >= 10 or v == 0:
-        return f"{v:.0f}%"
-    if v >= 1:
-        return f"{v:.1f}".rstrip("0").rstrip(".") + "%"
-    return f"{v:.2g}%"
-
-
 def describe_ranks(ranks: Sequence[int], n_workers: int) -> str:
     """"rank 3", "ranks 0-3,7", "all ranks", or "300 of 2,560 ranks (3, 17, 25, …)"."""
     n = len(ranks)
@@ -84,7 +75,7 @@ def describe_function(label: str, key: str, category: Category, gpu: bool) -> st
     if category is Category.COLLECTIVE:
         return f"collective {label}"
     if key == IDLE_KEY:
-        return "nothing on the critical path (no kernel ran and the host recorded nothing)"
+        return "a stall outside traced ops (no kernel ran and the host recorded nothing)"
     where = " in data loading" if _DATA_LOADING.search(key) else ""
     if gpu and is_host_op(key, label, category):
         return f"host op {label}{where}"

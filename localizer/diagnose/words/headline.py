@@ -15,7 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY
 from perftracker.localizer.diagnose.verdict.group_findings import MOVING_KEY, STAGE_KEY
+from perftracker.localizer.diagnose.verdict.ranking import more_tail, order_note
 from perftracker.localizer.diagnose.words.explain import describe_ranks, frame_text, pct
+from perftracker.localizer.diagnose.words.labels import JOIN
 from perftracker.localizer.diagnose.words.next_steps import cause_kind, cause_phrase, next_steps
 
 from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
@@ -31,6 +33,7 @@ _TESTS = {
     "differential": "differential: unlike most other ranks",
     "waits": "waits: the others wait for these ranks at a collective",
 }
+_ALL_WAIT = "waits: the ranks wait for one another at a collective (no rank is late in every step)"
 _KINDS = {
     "common": "common: most ranks (a job-wide cause)",
     "specific": "specific: these ranks and not the others (look at their hosts and inputs)",
@@ -63,6 +66,9 @@ def short_label(label: str, limit: int = _MAX_LABEL_CHARS) -> str:
     ("at (train.py:144)": a bare Python name such as ``at`` or ``step`` says little; the place is
     dropped when it does not fit), a C++ kernel without its argument list
     ("ncclKernel_AllReduce_RING_LL_Sum_float"), cut in the middle past ``limit``."""
+    name, sep, caller = label.partition(JOIN)  # one call path of several: "f from g" (labels.py)
+    if sep and len(label) > limit:  # keep the caller that tells the paths apart, shortened first
+        return f"{short_label(name, limit)}{JOIN}{caller.rsplit('.', 1)[-1]}"
     m = _FRAME.match(label.rsplit(";", 1)[-1])  # a stack key "a.py(1): f;b.py(2): g": its innermost frame
     if m is not None:
         fn = " ".join(m.group("fn").split())
@@ -227,10 +233,11 @@ def title_of(f: Finding, n_workers: int, limit: int = MAX_TITLE_CHARS) -> tuple[
     core = _core(f, who, len(f.ranks))
     waits = _wait_part(f, n_workers)
     tail = f" — {phrase}" if phrase else ""
-    saves = f"; fixing it saves ~{pct(f.saves_share)}" if f.saves_share >= 0.01 else ""
+    saves = f"; fixing it saves ~{pct(f.saves_share)} of the window" if f.saves_share >= 0.01 else ""
     short = _compact(core)  # once fixing it has a price, that is the cost the title gives
     for candidate in (core + waits + tail + saves, short + waits + tail + saves if saves else "",
-                      core + waits + tail, core + tail + saves, core + tail, short + waits + tail, short + tail):
+                      core + tail + saves if saves else "", short + tail + saves if saves else "",
+                      core + waits + tail, core + tail, short + waits + tail, short + tail):
         if not candidate:
             continue
         if len(candidate) <= limit:
@@ -264,8 +271,11 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
         return tuple([f"measure: {frame_text(f.label or f.key)}",
                       f"μ ({what}): {pct(o.mu)} on {ranks}; median rank {pct(m.mu)}{_expected(lo.mu, hi.mu)}",
                       *_common_evidence(f, n_workers)])
-    lines = [f"function: {f.category.value} {frame_text(f.label or f.key)}"] if f.key not in (STAGE_KEY, MOVING_KEY) else []
-    if f.key in (STAGE_KEY, MOVING_KEY):
+    lines = [_what_line(f)] if f.key not in (STAGE_KEY, MOVING_KEY) else []
+    if f.key in (STAGE_KEY, MOVING_KEY) and len(f.ranks) >= n_workers:  # every rank: no one waits for the others
+        lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window, "
+                     f"the median of all {n_workers:,} ranks")
+    elif f.key in (STAGE_KEY, MOVING_KEY):
         lines.append(f"compute (β summed over the compute functions): {pct(o.beta)} of the window on "
                      f"{ranks}; {pct(m.beta)} on the ranks that wait")
     else:
@@ -278,6 +288,25 @@ def evidence_of(f: Finding, n_workers: int, samples: bool = True) -> tuple[str, 
     return tuple(lines) + _common_evidence(f, n_workers)
 
 
+_MEASURES = {  # a pattern the localizer makes (no function of the trace): what it measures, not its key
+    HOST_KEY: "measure: the GPU waits for the host (no kernel runs while the host dispatches ops, loads data "
+              "or runs Python), summed over the host ops",
+    IDLE_KEY: "measure: a stall outside traced ops (no kernel ran and the host recorded no op)",
+}
+
+
+def _what_line(f: Finding) -> str:
+    """The first evidence line: the function (its category and frames), or what a made pattern measures."""
+    return _MEASURES.get(f.key) or f"function: {f.category.value} {frame_text(f.label or f.key)}"
+
+
+def whole_ranks(ranks: Sequence[int], n_workers: int) -> str:
+    """A rank list whole, as the evidence promises: "rank 3", "ranks 1,3,5,…" in full, "all 64 ranks"."""
+    if len(ranks) == n_workers and n_workers > 1:
+        return f"all {n_workers:,} ranks"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {compress_ranks(ranks)}"
+
+
 def _expected(lo: float, hi: float) -> str:
     """"; expected ≤ 10%", or nothing where any value is expected (only the other ranks judge it)."""
     return "" if lo <= 0 and hi >= 1 else f"; expected {_range(lo, hi)}"
@@ -287,19 +316,22 @@ def _common_evidence(f: Finding, n_workers: int) -> tuple[str, ...]:
     """The evidence lines every finding has after its pattern: waits, parts, tests, kind, cost."""
     lines: list[str] = []
     for w in f.waits:
-        lines.append(f"waits: {describe_ranks(list(w.ranks), n_workers)} "
+        lines.append(f"waits: {whole_ranks(w.ranks, n_workers)} "
                      f"{_plural(len(w.ranks), 'waits', 'wait')} {pct(w.share)} of the window "
                      f"in {frame_text(w.function)}")
     for label, b in f.parts:
         lines.append(f"part: {frame_text(label)} {pct(b)} of the window (median)")
+    everyone = len(f.ranks) >= n_workers > 1
     for t in f.tests:
-        lines.append("test: " + _TESTS.get(t, t))
+        lines.append("test: " + (_ALL_WAIT if t == "waits" and everyone else _TESTS.get(t, t)))
     lines.append("kind: " + _KINDS.get(f.kind, f.kind))
     if f.impact > 0:
         seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
-        lines.append(f"impact: {pct(f.impact)} of the window ({seconds}), its own excess plus the waits it causes")
+        how = ("what fixing it saves, more than the estimate of its own excess plus the waits it causes"
+               if f.saves_share >= f.impact else "its own excess plus the waits it causes")
+        lines.append(f"impact: {pct(f.impact)} of the window ({seconds}), {how}")
     if f.saves_share > 0:
-        lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the step ({f.saves_basis or 'an estimate'})")
+        lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the window ({f.saves_basis or 'an estimate'})")
     return tuple(lines)
 
 
@@ -346,25 +378,15 @@ def quiet_headline(n_workers: int, top: Sequence[tuple[str, float]]) -> str:
 
 
 def report_headline(findings: Sequence[Finding], n_workers: int, fallback: str) -> str:
-    """The report's headline: the first finding's title and "(+N more)", at most 120 characters."""
+    """The report's headline: the first finding's title and "(+N more)" (naming the costliest
+    finding where it is not the first: ``ranking.more_tail``), at most 120 characters."""
     if not findings:
         return fit(fallback)
-    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    more = more_tail(findings)
     first = findings[0]
     if len(first.headline) + len(more) <= MAX_TITLE_CHARS:
         return first.headline + more
     return title_of(first, n_workers, MAX_TITLE_CHARS - len(more))[0] + more
-
-
-def order_note(f: Finding, before: Sequence[Finding]) -> str:
-    """Why a finding that costs more than one listed above it comes after it ("" when none does):
-    causes specific to some ranks come first (docs/reports.md), a job-wide one after them."""
-    cheaper = [g for g in before if g.impact < f.impact]
-    if not cheaper:
-        return ""
-    why = ("it holds on most ranks (how the whole job runs), and the causes specific to some ranks come first"
-           if f.kind == "common" else "the causes that others wait for at a material cost come first")
-    return f"order: listed below a finding that costs less because {why}"
 
 
 def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report:
