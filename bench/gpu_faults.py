@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -49,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -16,14 +16,12 @@ import contextlib
 import io
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

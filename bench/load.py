@@ -52,7 +52,6 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
 from perftracker.model import Category, Pattern, PatternSet  # noqa: E402
 from perftracker.wire import patterns as pattern_wire  # noqa: E402
 from perftracker.wire.patterns import COLUMNS_CONTENT_TYPE, HEADER  # noqa: E402

@@ -11,14 +11,12 @@ NCCL stream. Bench-only (matplotlib, in the `bench` extra).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

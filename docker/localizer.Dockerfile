@@ -11,10 +11,11 @@
 # NOT BUILT OR RUN on the development machines (no container engine there).
 FROM python:3.11-slim
 
+# No PERFTRACKER_ROLE or PERFTRACKER_DISABLE: a process that never trains never starts detection
+# (perftracker/runtime/activation.py), and loading the localizer says it does not train.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PERFTRACKER_ROLE=localizer
+    PIP_NO_CACHE_DIR=1
 
 WORKDIR /opt/perftracker
 COPY pyproject.toml README.md ./

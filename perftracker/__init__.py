@@ -1,12 +1,16 @@
 """perftracker: `import perftracker` in a training script starts always-on slowdown/hang detection.
 
-On import, detection is activated from the environment (``Config.from_env``) unless
+On import, detection is armed from the environment (``Config.from_env``) unless
 ``PERFTRACKER_DISABLE=1``, or unless this process is one of perftracker's own (its role, read by
-``perftracker.role.current_role``, is not ``training``). A bad
-``PERFTRACKER_*`` value or any other activation error is logged and leaves training untouched.
+``perftracker.role.current_role``, is not ``training``). Arming installs the torch hooks (now if
+torch is loaded, else as soon as it is) and nothing else: the agent channel's thread, the exit
+capture and everything else with a thread or a side effect start at the first hooked event, so a
+process that only imports perftracker (to render a report, say) stays idle
+(perftracker/runtime/activation.py). A bad ``PERFTRACKER_*`` value or any other activation error is
+logged and leaves training untouched.
 
 Public API: ``activate(config=None)``, ``deactivate()``, ``trigger(reason)``, ``status()``.
-The import stays light: torch, numpy, nvtx and the standard library only.
+The import stays light: numpy, nvtx and the standard library only; torch is never imported here.
 """
 
 from __future__ import annotations
@@ -72,10 +76,9 @@ def _activate_from_env() -> None:
         return
     try:
         config = Config.from_env()
-        rt = activate(config)
-        from perftracker.runtime.channel import start_channel
+        from perftracker.runtime import activation
 
-        start_channel(rt, config)  # link to the node agent (autostarted if none); never raises
+        activation.arm(config)  # the hooks; the agent channel at the first hooked event
     except ConfigError as exc:  # a user's setting, not a bug: one line, no traceback
         log.error("perftracker: %s; detection is off in this process", exc)
     except Exception:  # never hurt training: a torch mismatch or a bug disables us

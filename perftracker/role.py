@@ -62,3 +62,13 @@ def child_env(role: str, base: Mapping[str, str] | None = None) -> dict[str, str
     env = dict(os.environ if base is None else base)
     env[ROLE_ENV] = role
     return env
+
+
+def not_a_training_process() -> None:
+    """Said by perftracker's node agent and localizer packages on import: a process that loads them
+    never trains, so the hooks that ``import perftracker`` armed come off again, unless a hooked
+    event came already (perftracker/runtime/activation.py ``disarm``). Imports nothing: a process
+    in which nothing was armed has no activation module loaded."""
+    activation = sys.modules.get("perftracker.runtime.activation")
+    if activation is not None:
+        activation.disarm()

@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("PERFTRACKER_DISABLE", "1")  # this process is not a training process (set before perftracker loads)
-
-from bench.tracefault.faults import KINDS, GpuFault  # noqa: E402
-from bench.tracefault.mutate import mutate_dir  # noqa: E402
-from perftracker.errors import PerftrackerError  # noqa: E402
+from bench.tracefault.faults import KINDS, GpuFault
+from bench.tracefault.mutate import mutate_dir
+from perftracker.errors import PerftrackerError
 
 DESCRIPTION = """\
 Inject a known fault into a directory of per-rank Kineto traces (.json or .json.gz, one per rank)

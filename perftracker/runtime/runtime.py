@@ -221,13 +221,16 @@ class Runtime:
     # ----------------------------------------------------------------------------------------
     # lifecycle
     # ----------------------------------------------------------------------------------------
-    def start(self) -> None:
-        hooks.install(self)
+    def start(self, install: bool = True) -> None:
+        """Active from now on; ``install``: the hooks call this runtime at once (imports torch). The
+        import-time path installs them itself (perftracker/runtime/activation.py)."""
+        if install:
+            hooks.install(self)
         self.active = True
 
     def stop(self) -> None:
         self.active = False
-        hooks.uninstall()
+        _remove_hooks()
         window = sys.modules.get("perftracker.runtime.window.profile")
         if window is not None:  # no boundary will come to close an open profile window
             window.shutdown_all("perftracker deactivated")
@@ -337,10 +340,20 @@ def get_runtime() -> Runtime | None:
     return rt if rt is not None and rt.active else None
 
 
+def _remove_hooks() -> None:
+    """Remove the hooks if they are installed; never imports torch (a process without it has none)."""
+    if hooks.is_installed():
+        hooks.uninstall()
+    else:
+        hooks.detach()
+
+
 def activate(
-    config: Config | None = None, *, clock: Clock | None = None, sink: TriggerSink | None = None
+    config: Config | None = None, *, clock: Clock | None = None, sink: TriggerSink | None = None,
+    install: bool = True,
 ) -> Runtime:
-    """Start detection in this process. With no arguments and an active Runtime, return it."""
+    """Start detection in this process. With no arguments and an active Runtime, return it.
+    ``install=False``: the caller installs the hooks (perftracker/runtime/activation.py)."""
     global _runtime, _last
     with _lock:
         if _runtime is not None and _runtime.active and config is None and clock is None and sink is None:
@@ -348,7 +361,7 @@ def activate(
         if _runtime is not None:
             _runtime.stop()
         rt = Runtime(config or Config.from_env(), clock=clock, sink=sink)
-        rt.start()
+        rt.start(install=install)
         _runtime = _last = rt
         return rt
 
@@ -361,7 +374,7 @@ def deactivate() -> None:
             _runtime.stop()
             _runtime = None
         else:
-            hooks.uninstall()
+            _remove_hooks()
 
 
 def last_runtime() -> Runtime | None:
