@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch._C._profiler import ProfilerActivity, ProfilerConfig, ProfilerState, _ExperimentalConfig
+from torch._C._profiler import (
+    ProfilerActivity,
+    ProfilerConfig,
+    ProfilerState,
+    RecordScope,
+    _ExperimentalConfig,
+)
 
 from perftracker.errors import ProfilerError
 from perftracker.model.raw_window import EventKind
@@ -60,6 +66,40 @@ def realtime_offset_ns(tries: int = 7) -> int:
     return best
 
 
+def experimental_config(**wanted: bool) -> tuple[Any, bool]:
+    """``_ExperimentalConfig`` with those of ``wanted`` (all False-by-default flags) that the installed
+    torch accepts, and whether every True one was taken. torch 2.3.1 has neither
+    ``record_python_gc_info`` nor ``capture_overload_names`` (its keywords: profiler_metrics,
+    profiler_measure_per_kernel, verbose, performance_events, enable_cuda_sync_events); 2.13 has
+    both. Passing an unknown keyword raises TypeError, which would abort every window."""
+    accepted = _accepted_keywords()
+    kwargs = {k: v for k, v in wanted.items() if v and (accepted is None or k in accepted)}
+    try:
+        exp = _ExperimentalConfig(**kwargs)
+    except TypeError:  # a keyword the signature text did not show: the plain config
+        if not kwargs:
+            raise
+        exp, kwargs = _ExperimentalConfig(), {}
+    dropped = sorted(k for k, v in wanted.items() if v and k not in kwargs)
+    if dropped and not _DROPPED_LOGGED:
+        _DROPPED_LOGGED.append(True)
+        log.info("torch %s's profiler has no %s; the windows run without it", torch.__version__, ", ".join(dropped))
+    return exp, not dropped
+
+
+_DROPPED_LOGGED: list[bool] = []
+
+
+def _accepted_keywords() -> set[str] | None:
+    """The keyword names of ``_ExperimentalConfig.__init__`` from pybind's signature text; None when
+    it cannot be read (then the constructor is tried as is)."""
+    doc = getattr(_ExperimentalConfig.__init__, "__doc__", None) or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    if not first.startswith("__init__("):
+        return None
+    return set(re.findall(r"(\w+)\s*:", first)) - {"self"}
+
+
 def profiler_active() -> bool:
     return bool(torch.autograd.profiler._is_profiler_enabled) or bool(torch._C._autograd._profiler_enabled())
 
@@ -74,8 +114,12 @@ class KinetoCapture:
     offset_ns: int = 0
     started: bool = False
 
+    gc_in_profile: bool = False  # whether torch records the GC in the profile (set by ``_config``)
+
     def _config(self) -> tuple[Any, set[Any]]:
-        exp = _ExperimentalConfig(record_python_gc_info=self.record_gc and self.with_stack)
+        want_gc = self.record_gc and self.with_stack
+        exp, taken = experimental_config(record_python_gc_info=want_gc)
+        self.gc_in_profile = want_gc and taken
         cfg = ProfilerConfig(ProfilerState.KINETO, False, False, self.with_stack, False, False, exp)
         acts = {ProfilerActivity.CPU}
         if self.cuda:
@@ -86,8 +130,8 @@ class KinetoCapture:
         """Start profiling; raises ProfilerError (with torch's reason) and leaves nothing enabled."""
         if profiler_active():
             raise ProfilerError("another profiler is already active in this process")
-        cfg, acts = self._config()
         try:
+            cfg, acts = self._config()
             torch.autograd._prepare_profiler(cfg, acts)
             torch.autograd._enable_profiler(cfg, acts)
         except Exception as exc:
@@ -175,15 +219,22 @@ def _names(chunk: list[Any]) -> tuple[list[str], int]:
         return out, bad
 
 
+USER_SCOPE = int(RecordScope.USER_SCOPE.value)  # record_function's scope (a user annotation)
 _PYTHON_NAME = re.compile(r"^(<built-in |nn\.Module: |.+\(\d+\): )")  # Kineto's python_function names
 
 
 def _activity_without_type(e: Any, cpu: Any, name: str) -> str:
     """An event's Kineto activity name where ``_KinetoEvent`` has no ``activity_type()``: from its
     device type, its flags and its name. torch 2.11 (seen on the H200 device check) has neither
-    ``activity_type()`` nor ``is_python_function()``; 2.13 has both."""
+    ``activity_type()`` nor ``is_python_function()``; 2.13 has both; 2.3.1 has neither, nor
+    ``is_user_annotation()``: there a ``record_function`` range is the event whose ``scope()`` is
+    RecordScope.USER_SCOPE (7, read on torch 2.3.1)."""
     flag = getattr(e, "is_user_annotation", None)
-    annotation = bool(flag()) if flag is not None else False
+    if flag is not None:
+        annotation = bool(flag())
+    else:
+        scope = getattr(e, "scope", None)
+        annotation = scope is not None and int(scope()) == USER_SCOPE
     if e.device_type() == cpu:
         if annotation:
             return "user_annotation"
@@ -236,8 +287,14 @@ def kineto_rows(
         names += got
         undecodable += bad
         acts += activities(chunk, cpu, got)
-        start[lo:hi] = [e.start_ns() for e in chunk]
-        end[lo:hi] = [e.end_ns() for e in chunk]
+        if hasattr(chunk[0], "start_ns"):
+            start[lo:hi] = [e.start_ns() for e in chunk]
+            end[lo:hi] = [e.end_ns() for e in chunk]
+        else:  # torch 2.3.1: µs only (start_us, duration_us), on the same Unix-time base
+            start[lo:hi] = [e.start_us() for e in chunk]
+            end[lo:hi] = [e.duration_us() for e in chunk]
+            start[lo:hi] *= 1000
+            end[lo:hi] = start[lo:hi] + end[lo:hi] * 1000
         rf[lo:hi] = [e.start_thread_id() for e in chunk]
         tick(len(chunk))
     act_ids: dict[str, int] = {}

@@ -61,7 +61,7 @@ class WindowInstruments:
         except PerftrackerError:
             cur.capture = None
             raise
-        if opts.record_gc and opts.stacks != "tracer":
+        if opts.record_gc and not cur.capture.gc_in_profile:  # torch records it only with its tracer, where it can
             cur.gc.install()
         dist_record.window_started(cur.session)  # each collective's process group (never raises)
         if opts.stacks == "remote" and cur.sampler is not None:
