@@ -29,3 +29,7 @@ class TransportError(PerftrackerError):
 
 class InputError(PerftrackerError):
     """Bad input to an analysis: duplicate ranks, mixed sessions, NaN values, an empty set."""
+
+
+class UsageError(PerftrackerError):
+    """A command line that asks for two things that do not go together (exit code 2, as argparse's)."""

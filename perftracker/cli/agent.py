@@ -17,7 +17,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
-from perftracker.cli.options import DEFAULT_DATA_DIR, RUN_DIR_DEFAULT_TEXT, add_data_dir
+from perftracker.cli.options import DEFAULT_DATA_DIR, RUN_DIR_DEFAULT_TEXT, add_alias, add_data_dir
 from perftracker.config import Config
 from perftracker.errors import ConfigError
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the agent loads when the command runs
 HELP = "run the node agent (sidecar)"
 DESCRIPTION = """Run the node agent: training processes connect to <run-dir>/agent.sock; the agent
 profiles them when the localizer opens a session, summarizes each window in a low-priority process,
-and uploads the patterns. Without --localizer-url it needs --embedded-localizer.
+and uploads the patterns. Without --url it needs --embedded-localizer.
 
 Two directories: --run-dir (this agent's socket, lock, log and raw windows; $PERFTRACKER_RUN_DIR,
 where the workers look) and --data-dir (the embedded localizer's store, reports and token).
@@ -36,8 +36,8 @@ sidecar (Kubernetes) or a shared localizer.
 
 examples:
   perftracker agent --embedded-localizer --idle-exit-s 300
-  perftracker agent --localizer-url http://perftracker-localizer:8765 --token-file /var/run/perftracker/token
-  perftracker agent --embedded-localizer --data-dir /scratch/perftracker-runs --keep-files --metrics-port 9464"""
+  perftracker agent --url http://perftracker-localizer:8765 --token-file /var/run/perftracker/token
+  perftracker agent --embedded-localizer --data-dir /scratch/perftracker-runs --keep-windows --metrics-port 9464"""
 
 log = logging.getLogger(__name__)
 DEFAULT_RUNS_DIR = DEFAULT_DATA_DIR
@@ -47,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cfg = Config.from_env()
     p.add_argument("--run-dir", default=cfg.run_dir, metavar="DIR",
                    help=f"the agent's socket, lock, log and raw windows (default {RUN_DIR_DEFAULT_TEXT})")
-    p.add_argument("--localizer-url", default=cfg.localizer_url or None, metavar="URL",
+    p.add_argument("--url", dest="localizer_url", default=cfg.localizer_url or None, metavar="URL",
                    help="the localizer service, e.g. http://host:8765 (default $PERFTRACKER_LOCALIZER_URL, else "
                         "none: then --embedded-localizer)")
+    add_alias(p, "--localizer-url", "--url", "localizer_url")  # one name for a localizer's URL (issue 47)
     p.add_argument("--token", default=None, help="bearer token (default $PERFTRACKER_TOKEN; prefer it or --token-file)")
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the bearer token (default $PERFTRACKER_TOKEN_FILE)")
@@ -71,8 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "that a worker started gets $PERFTRACKER_AGENT_IDLE_EXIT_S, 300)")
     p.add_argument("--poll-timeout-s", type=float, default=20.0, metavar="S", help="long-poll duration (default %(default)s)")
     p.add_argument("--no-samplers", action="store_true", help="do not run the hardware samplers")
-    p.add_argument("--keep-files", action="store_true",
+    p.add_argument("--keep-windows", dest="keep_files", action="store_true",
                    help="keep raw windows and pattern files under <run-dir>/windows after upload (for export-trace)")
+    add_alias(p, "--keep-files", "--keep-windows", "keep_files", flag=True)
     p.add_argument("--socket-group", default=os.environ.get("PERFTRACKER_SOCKET_GROUP") or None, metavar="GROUP",
                    help="let workers of this group (name or gid) use the socket: for an agent running as another "
                         "user than the trainer, e.g. root for nsys (docs/security.md; default "
@@ -163,7 +165,7 @@ async def serve(args: argparse.Namespace) -> int:
             log.warning("perftracker agent: embedded localizer at %s, reports under %s", url, embedded.runs_dir)
         else:
             if not args.localizer_url:
-                raise ConfigError("no localizer: give --localizer-url (or PERFTRACKER_LOCALIZER_URL), "
+                raise ConfigError("no localizer: give --url (or PERFTRACKER_LOCALIZER_URL), "
                                   "or --embedded-localizer")
             url = args.localizer_url
             token = resolve_token(args.token, args.token_file)

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from perftracker.cli import output
 from perftracker.cli.analyze_rank import FileSummary, summarize_file, summarize_kept
-from perftracker.errors import InputError, PerftrackerError
+from perftracker.cli.formats import add_format_options, resolve_format
+from perftracker.errors import InputError, PerftrackerError, UsageError
 from perftracker.model import PatternSet
 from perftracker.model.names import safe_text
 
@@ -63,7 +64,7 @@ collective be measured against its link: NVLink or PCIe inside a host, the NIC b
 examples:
   perftracker analyze traces/
   perftracker analyze traces/ --brief
-  perftracker analyze traces/ --format html -o report.html
+  perftracker analyze traces/ -o report.html          # the suffix sets the format
   perftracker analyze traces/ --patterns --format json
   perftracker analyze my_trace.json --rank 0
 """
@@ -73,8 +74,7 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="PATH", help="directory of per-rank Kineto trace files, or one trace file")
-    parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    add_format_options(parser)
     parser.add_argument("--expect", metavar="FILE", help="expected ranges (TOML) instead of the built-in profile (default: built in)")
     parser.add_argument("--rank-from-filename", action="store_true",
                         help="take each rank from its file name even when the trace has distributedInfo")
@@ -85,8 +85,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-host", type=int, default=0, metavar="N",
                         help="ranks per host, filled in order (default: unknown; collectives use NVLink, else the NIC)")
     parser.add_argument("--patterns", action="store_true", help="print the per-rank patterns instead of a report")
-    parser.add_argument("--brief", action="store_true",
-                        help="print only the headline and each finding's title (text; ignores --format)")
     parser.add_argument("-j", "--jobs", type=int, default=0, help="parallel processes (default: one per core)")
 
 
@@ -346,6 +344,9 @@ def run(args: argparse.Namespace) -> int:
     from perftracker.agent.kineto import trace_max_bytes
 
     trace_max_bytes()  # a bad PERFTRACKER_TRACE_MAX_BYTES: one error now, not one per file
+    resolve_format(args)  # -o's suffix sets the format; options that disagree: one line, exit 2
+    if args.patterns and args.brief:
+        raise UsageError("--brief shortens a report; --patterns prints no report: leave out one of them")
     if args.output:
         output.check_writable(args.output)
     localize: Callable[..., object] | None = None  # None: print per-rank patterns
@@ -355,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as exc:  # the localizer is an optional install
             output.warning(f"localizer not available ({exc}); printing per-rank patterns")
     if localize is None and args.format == "html":
-        raise InputError("--patterns output is text or json, not html")
+        raise UsageError("--patterns output is text or json, not html")
     directory = Path(args.dir)
     err = output.console(stderr=True)
     summ = summarize_dir(directory, args.rank_from_filename, args.jobs, rank=args.rank, strict=args.strict,

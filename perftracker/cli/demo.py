@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.cli import output
-from perftracker.cli.options import add_data_dir
+from perftracker.cli.options import add_alias, add_data_dir
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model.names import check_name, safe_text
 
@@ -43,7 +43,9 @@ JOB = "demo"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=4, help="torchrun workers (default %(default)s)")
+    p.add_argument("--nproc-per-node", dest="workers", type=int, default=4, metavar="N",
+                   help="torchrun workers (default %(default)s)")
+    add_alias(p, "--workers", "--nproc-per-node", "workers", type=int)  # run's name for it (issue 47)
     p.add_argument("--slow-rank", type=int, default=2, help="the rank with slow compute (default %(default)s)")
     p.add_argument("--slowdown", type=float, default=0.5,
                    help="extra compute on the slow rank, as a fraction of its iteration time (default %(default)s)")

@@ -2,7 +2,7 @@
 critical path as its own track.
 
 Input: the ``RawWindow`` the profile window saved (``<run_dir>/windows/<session>-rank<R>.raw.npz``;
-the agent keeps it only when started with ``--keep-files``), any raw window file via ``--raw``, or a
+the agent keeps it only when started with ``--keep-windows``), any raw window file via ``--raw``, or a
 Kineto trace (``.json``/``.json.gz``, read by ``perftracker.agent.kineto.read_kineto_trace``) via ``--raw``.
 Output: Chrome trace-event JSON (``traceEvents`` of complete "X" events, in microseconds from the
 window start), which ui.perfetto.dev and chrome://tracing open.
@@ -37,7 +37,7 @@ The raw window windows/<session>-rank<R>.raw.npz is looked up under the data dir
 (--data-dir, where `perftracker run --keep-windows` and `perftracker demo --keep-windows` keep
 them), then under the agent's run directory (--run-dir). SESSION `latest` is the newest session
 with a raw window of that rank. The node agent deletes raw windows after uploading the patterns
-unless it runs with --keep-files (run and demo: --keep-windows); --raw FILE names a raw window
+unless it runs with --keep-windows (run, demo and agent alike); --raw FILE names a raw window
 file directly, or a Kineto trace (.json or .json.gz, as torch.profiler exports it; its rank from
 distributedInfo, the file name or --rank).
 
@@ -110,7 +110,7 @@ def find_raw_window(session: str, rank: int | None, run_dir: str | None, data_di
             return max(found, key=lambda p: p.stat().st_mtime_ns)
         raise PerftrackerError(
             f"no raw window of rank {rank} under {where}; the agent deletes raw windows after upload: run "
-            "`perftracker run --keep-windows ...` or `perftracker demo --keep-windows` (an agent: --keep-files), "
+            "`perftracker run --keep-windows ...` or `perftracker demo --keep-windows` (an agent: --keep-windows; --keep-files before), "
             "or pass --raw FILE")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session) or "session"
     candidates = [c for d in dirs for c in (d / f"{safe}-rank{rank}.raw.npz",
@@ -121,7 +121,7 @@ def find_raw_window(session: str, rank: int | None, run_dir: str | None, data_di
     raise PerftrackerError(
         f"no raw window for session {session!r} rank {rank} under {where} "
         f"(looked for {safe}-rank{rank}.raw.npz); the agent deletes raw windows after upload unless it runs "
-        "with --keep-files (run and demo: --keep-windows); pass --raw FILE, --data-dir DIR or --run-dir DIR"
+        "with --keep-windows (run, demo and agent; an agent's old --keep-files); pass --raw FILE, --data-dir DIR or --run-dir DIR"
     )
 
 

@@ -18,7 +18,8 @@ from types import ModuleType
 
 from perftracker import __version__
 from perftracker.cli import output
-from perftracker.errors import PerftrackerError
+from perftracker.cli.exits import EXIT_FAILURE, EXIT_USAGE
+from perftracker.errors import PerftrackerError, UsageError
 
 # command name -> module under perftracker.cli, in the order --help lists them
 COMMANDS: dict[str, str] = {
@@ -41,7 +42,7 @@ _SUMMARIES: dict[str, str] = {
     "report": "show a stored report as text, JSON or HTML",
     "trigger": "ask every worker of a job to profile a window now",
     "sessions": "list profiling sessions",
-    "status": "show what profile windows cost each rank on this node, and the budget left",
+    "status": "show the jobs' state on this node: newest sessions, held triggers, window costs, budget left",
     "export-trace": "write one rank's window as a Perfetto/Chrome trace with the critical path",
     "agent": "run the node agent (sidecar)",
     "localizer": "run the localizer service",
@@ -55,6 +56,8 @@ examples:
   perftracker run --nproc-per-node 4 -- train.py     # your own job, with a local agent
   perftracker report latest --format html -o report.html
   perftracker analyze traces/                        # PyTorch profiler traces you already have
+
+exit codes: 0 done, 1 a failure, 2 a usage error, 124 a wait that timed out.
 
 `perftracker COMMAND --help` for each command's options and examples; docs: docs/getting-started.md"""
 
@@ -117,9 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 2
         return int(args._run(args) or 0)
+    except UsageError as exc:  # two options that do not go together: argparse's code and line
+        output.error(str(exc))
+        return EXIT_USAGE
     except PerftrackerError as exc:
         output.error(str(exc))
-        return 1
+        return EXIT_FAILURE
     except OSError as exc:  # an I/O failure no command turned into a PerftrackerError: still one line
         if isinstance(exc, BrokenPipeError):  # `perftracker ... | head`
             with contextlib.suppress(OSError):

@@ -22,3 +22,29 @@ def add_data_dir(p: argparse.ArgumentParser | argparse._ArgumentGroup, what: str
     p.add_argument("--data-dir", dest="runs_dir", metavar="DIR", default=default,
                    help=f"{what} (default {shown})")
     p.add_argument("--runs-dir", dest="runs_dir", metavar="DIR", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+class _Deprecated(argparse.Action):
+    """A hidden old spelling of an option: it works as the new one, with a one-line warning."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", flag: bool = False,
+                 **kwargs: object) -> None:
+        self.new, self.flag = new, flag
+        super().__init__(option_strings, dest, nargs=0 if flag else None, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from perftracker.cli import output
+
+        output.warning(f"{option_string} is deprecated; use {self.new}")
+        setattr(namespace, self.dest, True if self.flag else values)
+
+
+def add_alias(p: argparse.ArgumentParser | argparse._ArgumentGroup, old: str, new: str, dest: str,
+              flag: bool = False, type: object = None) -> None:
+    """``old``, a hidden deprecated spelling of ``new`` (same ``dest``), kept for one release (issue 47:
+    one name per concept across commands)."""
+    kwargs: dict[str, object] = {"default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+    if type is not None:
+        kwargs["type"] = type
+    p.add_argument(old, dest=dest, action=_Deprecated, new=new, flag=flag, **kwargs)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from perftracker.cli import output
+from perftracker.cli.formats import add_format_options, resolve_format
 from perftracker.cli.options import DEFAULT_DATA_DIR
 from perftracker.errors import PerftrackerError, SchemaError, TransportError
 from perftracker.model import Report
@@ -29,7 +30,7 @@ PERFTRACKER_TOKEN, --token-file or PERFTRACKER_TOKEN_FILE), or from a JSON file 
 examples:
   perftracker report                        # the latest report, in the terminal
   perftracker report --brief                # only the headline and each finding's title
-  perftracker report latest --format html -o report.html
+  perftracker report latest -o report.html          # the suffix sets the format
   perftracker report 20261128-020900-c5e6ca --format json
   perftracker report --data-dir /scratch/perftracker-runs latest
   perftracker report --url http://perftracker-localizer:8765 latest
@@ -40,11 +41,10 @@ DEFAULT_STORE = f"{DEFAULT_DATA_DIR}/localizer.sqlite"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("session", nargs="?", default="latest", help="session id, or 'latest' (default latest)")
-    parser.add_argument("--format", choices=("text", "json", "html"), default="text", help="output format (default text)")
-    parser.add_argument("-o", "--output", metavar="FILE", default=None, help="write to FILE (default: stdout)")
-    parser.add_argument("--brief", action="store_true",
-                        help="print only the headline and each finding's title (text; ignores --format)")
+    parser.add_argument("session", nargs="?", default="latest",
+                        help="session id, or 'latest' (default latest); with --file, the file's one report: "
+                             "'latest' or its own id, another id is an error")
+    add_format_options(parser)
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--data-dir", dest="runs_dir", metavar="DIR", default=None,
                      help=f"the embedded localizer's directory: its store DIR/localizer.sqlite (default {DEFAULT_DATA_DIR})")
@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    resolve_format(args)  # -o's suffix sets the format; options that disagree: one line, exit 2
     if args.output:
         output.check_writable(args.output)
     report = load_report(args)

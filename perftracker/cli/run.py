@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_keep_windows(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-windows", action="store_true",
-                   help="keep each rank's raw profile window in <data-dir>/windows/ (the agent's --keep-files), "
+                   help="keep each rank's raw profile window in <data-dir>/windows/ (the agent's too), "
                         "for `perftracker export-trace latest --rank R -o trace.json` (default: deleted after upload)")
 
 
@@ -126,7 +126,7 @@ class LocalAgent:
         run_dir = Path(tempfile.mkdtemp(prefix="perftracker-run-", dir="/tmp"))  # short: AF_UNIX path limit
         cmd = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(run_dir), "--embedded-localizer",
                "--data-dir", str(runs), "--collect-grace-s", str(collect_grace_s), "--poll-timeout-s", "10",
-               *(["--keep-files"] if keep_windows else []), *(extra or [])]
+               *(["--keep-windows"] if keep_windows else []), *(extra or [])]
         if window_s is not None:
             cmd += ["--window-s", str(window_s)]
         env = child_env(AGENT)

@@ -1,4 +1,6 @@
-"""`perftracker status`: what the profile windows of the jobs on this node cost, and the budget left."""
+"""`perftracker status`: the state of the jobs on this node: their newest sessions (the embedded
+localizer's store), the triggers held until worth a window, what the profile windows cost and the
+budget left."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.cli import output
+from perftracker.cli.options import add_data_dir
 from perftracker.model.names import safe_text
 
-HELP = "show what profile windows cost each rank on this node, and the budget left"
-DESCRIPTION = """Per training process on this node (each rank keeps its own ledger under the run dir's
+HELP = "show the jobs' state on this node: newest sessions, held triggers, window costs and the budget left"
+DESCRIPTION = """The newest sessions of the embedded localizer under --data-dir (state, ranks uploaded,
+reason; `perftracker sessions` lists them all), then, per training process on this node (each rank keeps its own ledger under the run dir's
 budget/): the windows of the last hour (how many were manual), the training time the last one
 cost, measured online from iteration times before, during and after it ("partial" when the
 process ended first: measured to its exit), what the windows spent over the trailing hour against
@@ -23,13 +27,40 @@ they are counted.
 
 examples:
   perftracker status
-  perftracker status --run-dir /tmp/perftracker-1000 --format json"""
+  perftracker status --run-dir /tmp/perftracker-1000 --format json   # the ledgers only"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, metavar="DIR",
                    help="the run dir the workers use (default: $PERFTRACKER_RUN_DIR, else /tmp/perftracker-<uid>)")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    add_data_dir(p, "the embedded localizer's directory, whose sessions are shown")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="output format (default: text); json: the ledgers (`perftracker sessions --format json`: "
+                        "the sessions)")
+
+
+SESSIONS_SHOWN = 5
+
+
+def session_lines(runs_dir: Path, n: int = SESSIONS_SHOWN) -> list[str]:
+    """The newest ``n`` sessions of the store under ``runs_dir``, one line each ([] without a store;
+    a store that cannot be read is one warning)."""
+    store_path = runs_dir / "localizer.sqlite"
+    if not store_path.is_file():
+        return []
+    try:
+        from perftracker.localizer.store.sqlite_store import Store
+
+        store = Store(store_path)
+        try:
+            rows = [s.to_dict() for s in store.sessions(limit=1_000_000)][-n:]
+        finally:
+            store.close()
+    except Exception as exc:  # noqa: BLE001 - the budget lines below still show
+        output.warning(f"{safe_text(str(store_path))}: sessions not read ({safe_text(str(exc))[:200]})")
+        return []
+    return [safe_text(f"{s['session']}  {s['job']}  {s['kind']}  {s['state']}  "
+                      f"{s['n_uploaded']}/{s['n_expected']} ranks  {s['error'] or s['reason']}") for s in rows]
 
 
 def load_ledgers(run_dir: Path) -> list[dict[str, Any]]:
@@ -90,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         output.print_json(rows)
         return 0
+    runs_dir = getattr(args, "runs_dir", None)
+    sessions = session_lines(Path(runs_dir)) if runs_dir else []
+    if sessions:
+        output.print_text(f"newest sessions under {safe_text(str(runs_dir))} (`perftracker sessions` for all):")
+        for line in sessions:
+            output.print_text("  " + line)
+    elif runs_dir:
+        output.print_text(f"no sessions recorded under {safe_text(str(runs_dir))}")
     if not rows:
         output.print_text(f"no profile-window costs recorded under {safe_text(str(run_dir / 'budget'))}")
         return 0

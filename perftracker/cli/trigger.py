@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perftracker.cli.exits import EXIT_TIMEOUT
 from perftracker.cli.options import add_data_dir
 from perftracker.errors import ConfigError, PerftrackerError
 from perftracker.model.names import check_name, safe_text
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-s", type=float, default=None, metavar="S", help="profile window, seconds (default: the localizer's)")
     p.add_argument("--reason", default="on-demand (perftracker trigger)", help="recorded in the report (default %(default)r)")
     p.add_argument("--no-wait", action="store_true", help="print the session and return at once")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="give up waiting after this long (default %(default)s)")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="give up waiting after this long, exit code 124 (default %(default)s)")
     add_connection_arguments(p)
 
 
@@ -134,7 +136,7 @@ def wait_for_report(up: Any, session: str, timeout_s: float, runs_dir: Path) -> 
             if s["state"] == "done":
                 break
             if time.monotonic() > end:
-                return 2, f"session {session} still {s['state']} after {timeout_s:.0f} s"
+                return EXIT_TIMEOUT, f"session {session} still {s['state']} after {timeout_s:.0f} s"
             time.sleep(0.5)
     finally:
         progress.done()
