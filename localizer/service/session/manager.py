@@ -37,6 +37,11 @@ from typing import Any
 from perftracker.localizer.service.columns import ColumnCache
 from perftracker.localizer.service.job_limits import TriggerQuota, check_open_sessions
 from perftracker.localizer.service.ownership import Ownership, hash_key
+from perftracker.localizer.service.session.baseline import (
+    BASELINE_REASON,
+    BaselineKeeper,
+    is_baseline,
+)
 from perftracker.localizer.service.session.first_look import FirstLookPhases
 from perftracker.localizer.service.session.hangs import HangSessions
 from perftracker.localizer.service.session.options import SessionOptions
@@ -48,7 +53,7 @@ from perftracker.localizer.service.session.reports import (
     build_hang_report,
 )
 from perftracker.localizer.service.session.uploads import PatternUploads
-from perftracker.localizer.service.validate import Heartbeat, Registration
+from perftracker.localizer.service.validate import Heartbeat, Registration, RequestError
 from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.sqlite_store import (
     HeartbeatRecord,
@@ -117,6 +122,7 @@ class SessionManager:
         self._quota = TriggerQuota(self.options.triggers_per_minute)  # sessions opened per token, per minute
         self._world: dict[str, int] = {}  # job -> registered world (world_of), dropped on registration
         self.uploads.world_of = self.world_of
+        self.baseline = BaselineKeeper(store, now_ns=self.clock.now_ns)  # each job's healthy baseline (issue 49)
 
     @property
     def cache(self) -> ColumnCache:
@@ -210,6 +216,23 @@ class SessionManager:
                 busy.setdefault(r.working_on, set()).add(r.rank)
         if busy:
             self._extend_for_busy(hb.job, busy, now)
+        if self.baseline.heard(hb.job, [(r.rank, r.iteration, r.iteration_ms) for r in hb.ranks if r.alive],
+                               self.world_of(hb.job)):
+            self._take_baseline(hb.job)
+
+    def _take_baseline(self, job: str) -> None:
+        """Open the job's baseline window (perftracker.localizer.service.session.baseline), unless a
+        session of the job is open (the next steady heartbeat asks again)."""
+        with self._lock:
+            if self.store.open_count(job):
+                return
+            try:
+                rec, joined = self.trigger(job, BASELINE_REASON, self.baseline.options.window_s)
+            except RequestError as exc:
+                log.info("job %s: no baseline window now (%s)", job, exc)
+                return
+            if not joined:
+                self.baseline.opened(job, rec.session)
 
     def _extend_for_busy(self, job: str, busy: dict[str, set[int]], now: int) -> None:
         """Keep a slowdown session open while an agent still works on a rank's window (see
@@ -261,7 +284,7 @@ class SessionManager:
                 seq=0, session=_new_session_id(now), job=job, kind=kind, reason=reason, window_s=window,
                 state=OPEN, opened_ns=now, deadline_ns=now + int(wait_s * 1e9),
                 expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks))
-            look = self._first_look(rec, now) if kind == SLOWDOWN else None
+            look = self._first_look(rec, now) if kind == SLOWDOWN and not is_baseline(reason) else None
             if look is not None:  # settled without a window: no agent ever sees the session open
                 rec = dataclasses.replace(rec, state=DONE, closed_ns=now)
             rec = self.store.insert_session(rec)
@@ -382,7 +405,8 @@ class SessionManager:
         if s.kind == HANG:
             return build_hang_report(s, self.store.events.hang_snapshots(s.session), self.store.events.heartbeats(s.job),
                                      self.clock.now_ns())
-        return self.uploads.build_slowdown(s, localize_options)
+        return self.uploads.build_slowdown(s, localize_options,
+                                           lambda arr, report: self.baseline.after_localize(s, arr, report))
 
     def finish(self, session: str, report: Report) -> bool:
         """Store the report and close the session. Returns False when nothing was stored: a hang
@@ -409,6 +433,7 @@ class SessionManager:
             self.store.update_session(session, state=DONE, closed_ns=now)
             self._forget(session)
             self.hangs.stored(report, now)
+            self.baseline.settled(report.job, session)
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
         return True
@@ -417,6 +442,9 @@ class SessionManager:
         with self._lock:
             self.store.update_session(session, state=FAILED, closed_ns=self.clock.now_ns(), error=error[:2000])
             self._forget(session)
+            s = self.store.get_session(session, with_uploaded=False)
+            if s is not None:
+                self.baseline.settled(s.job, session)
         log.error("session %s failed: %s", session, error)
 
     def localize_now(self, session: str, localize_options: object | None = None) -> SessionRecord | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from perftracker.localizer.service.columns import SessionColumns
@@ -24,8 +24,10 @@ PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never
 
 
 def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
-                          localize_options: object | None = None) -> Report:
-    """Localize a slowdown session's uploads (held as arrays); ranks without one are ``ranks_missing``."""
+                          localize_options: object | None = None,
+                          after: Callable[[Any, Report], Report] | None = None) -> Report:
+    """Localize a slowdown session's uploads (held as arrays); ranks without one are ``ranks_missing``.
+    ``after(arrays, report)``: what the report becomes then (the baseline's comparison, issue 49)."""
     arr = columns.to_arrays() if columns is not None else None
     if arr is None or arr.n_workers == 0:
         return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
@@ -38,9 +40,10 @@ def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
 
     missing = tuple(s.expected.without(arr.ranks.tolist()))
     report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
-    return dataclasses.replace(
+    report = dataclasses.replace(
         report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
         ranks_missing=missing, status="partial" if missing else report.status)
+    return after(arr, report) if after is not None else report
 
 
 def silent_ranks(expected: Iterable[int], got: set[int], heartbeats: Sequence[HeartbeatRecord],

@@ -234,7 +234,8 @@ class PatternUploads:
         log.info("session %s: reading %d rank(s) of patterns back from the store", s.session, len(stored))
         return columns_of(s.job, s.session, self.store.patterns.pattern_batches(s.session))
 
-    def build_slowdown(self, s: SessionRecord, localize_options: object | None = None) -> Report:
+    def build_slowdown(self, s: SessionRecord, localize_options: object | None = None,
+                       after: Callable[[Any, Report], Report] | None = None) -> Report:
         from perftracker.localizer.service.session.reports import build_slowdown_report
 
-        return build_slowdown_report(s, self.session_columns(s), localize_options)
+        return build_slowdown_report(s, self.session_columns(s), localize_options, after)
