@@ -42,7 +42,7 @@ import os
 import re
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from perftracker.errors import ConfigError, TraceError
+from perftracker.model.patterns import RANGE_MIN
 from perftracker.model.raw_window import COLUMNS, EventKind, RawWindow, WindowMeta
 
 _loads: Callable[[bytes], Any]
@@ -481,12 +482,16 @@ _PG_MAX_TIME_US = 2**62 / 1000  # as MAX_TIME_US
 _PG_MAX_SPAN_US = 86_400e6  # as MAX_SPAN_US
 
 
-def _pg_ranks(v: Any, size: int = -1) -> tuple[int, ...]:
+def _pg_ranks(v: Any, size: int = -1, world: int = 0) -> Sequence[int]:
     """A member list: a JSON list of ints or its string form "[1, 3]"; () when it is neither.
     PyTorch cuts the string form of a group of more than 30 ranks to its first 30 and ", ...]"
     (``format_list`` in torch/csrc/profiler/util.cpp): when those 30 are an arithmetic run and the
     event's ``Group size`` says how many there are, the run is continued to that size (how
-    Megatron-style data-, pipeline- and tensor-parallel groups are laid out); else ()."""
+    Megatron-style data-, pipeline- and tensor-parallel groups are laid out); else (). The size is
+    the event's word, not data the trace holds (issue 46: a 10 KB trace declaring 9,999,999 members
+    took gigabytes): the run must end inside the trace's world (``world``, when it names one), and
+    one of more than ``RANGE_MIN`` members is kept as a ``range`` (O(1) memory, pickled and
+    sent as three numbers: ``encode_ranks``)."""
     if isinstance(v, str):
         body = v.strip()
         if not (body.startswith("[") and body.endswith("]")):
@@ -498,7 +503,7 @@ def _pg_ranks(v: Any, size: int = -1) -> tuple[int, ...]:
             return ()
         v = [int(p) for p in parts]
         if cut:
-            return _continued(v, size)
+            return _continued(v, size, world)
     if not isinstance(v, list) or len(v) > _PG_MAX_RANK:
         return ()
     if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _PG_MAX_RANK for x in v):
@@ -506,15 +511,19 @@ def _pg_ranks(v: Any, size: int = -1) -> tuple[int, ...]:
     return tuple(v)
 
 
-def _continued(prefix: list[int], size: int) -> tuple[int, ...]:
-    """The members of a cut member list (see ``_pg_ranks``); () when they cannot be known."""
+def _continued(prefix: list[int], size: int, world: int = 0) -> Sequence[int]:
+    """The members of a cut member list (see ``_pg_ranks``); () when they cannot be known or would
+    pass the trace's world (``world`` > 0) or ``_PG_MAX_RANK``."""
     if not 2 <= len(prefix) < size <= _PG_MAX_RANK:
         return ()
     step = prefix[1] - prefix[0]
     if step <= 0 or any(b - a != step for a, b in zip(prefix, prefix[1:], strict=False)):
         return ()
     last = prefix[0] + step * (size - 1)
-    return tuple(range(prefix[0], last + 1, step)) if last < _PG_MAX_RANK else ()
+    if last >= (world if world > 0 else _PG_MAX_RANK):
+        return ()
+    run = range(prefix[0], last + 1, step)
+    return tuple(run) if size <= RANGE_MIN else run
 
 
 def _pg_int(v: Any, default: int = -1) -> int:
@@ -527,11 +536,13 @@ def _pg_int(v: Any, default: int = -1) -> int:
     return default
 
 
-def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int, ...]], ...],
+def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, Sequence[int]], ...],
                                                   tuple[tuple[str, int, int, str, str, int, int, int], ...]]:
     """(groups, comm rows) of a parsed trace document; see ``WindowMeta``."""
     info = doc.get("distributedInfo")
-    groups: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+    world = _pg_int(info.get("world_size"), 0) if isinstance(info, dict) else 0
+    world = world if 0 < world <= _PG_MAX_RANK else 0
+    groups: dict[str, tuple[str, str, Sequence[int]]] = {}
     if isinstance(info, dict) and isinstance(info.get("pg_config"), list):
         for g in info["pg_config"]:
             if not isinstance(g, dict) or not isinstance(g.get("pg_name"), (str, int)) or isinstance(g.get("pg_name"), bool):
@@ -557,7 +568,7 @@ def process_groups(doc: dict[str, Any]) -> tuple[tuple[tuple[str, str, tuple[int
             continue
         name = str(pg)[:200]
         if name not in groups:
-            members = _pg_ranks(args.get("Process Group Ranks"), _pg_int(args.get("Group size")))
+            members = _pg_ranks(args.get("Process Group Ranks"), _pg_int(args.get("Group size")), world)
             desc = args.get("Process Group Description")
             groups[name] = (name, str(desc)[:200] if isinstance(desc, str) else "", members)
         elif not groups[name][1] and isinstance(args.get("Process Group Description"), str):

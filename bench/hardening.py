@@ -1,4 +1,4 @@
-"""The issue-17 and issue-33 reviews' attacks, replayed against a perftracker tree: one line per item
+"""The issue-17, issue-33 and issue-46 reviews' attacks, replayed against a perftracker tree: one line per item
 with what was observed. Run it against an older checkout to see the "before" column:
 
     python bench/hardening.py [--tree /path/to/checkout] [--only 1,33.3,...]   # default: this checkout
@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+from bench.hardening_third import ITEMS as THIRD_ITEMS  # noqa: E402
+
 TOKEN = "probe-token-0123456789abcdef"
 
 
@@ -892,7 +895,9 @@ ITEMS = {"1 run dir": item_run_dir, "2 slow clients": item_slow_clients, "3 sess
          "33.3 planted runs dir": item_planted_runs_dir, "33.4 terminal escapes": item_escapes,
          "33.5 markup": item_markup, "33.6 -o symlink": item_o_symlink, "33.7 trigger path": item_trigger_path,
          "33.8 gzip bomb": item_gzip_bomb, "33.9 trace numbers": item_trace_numbers,
-         "33.10 name newline": item_name_newline, "33.m report file, bidi": item_report_file}
+         "33.10 name newline": item_name_newline, "33.m report file, bidi": item_report_file,
+         # issue 46 (bench/hardening_third.py)
+         **THIRD_ITEMS}
 
 
 def main() -> int:

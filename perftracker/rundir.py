@@ -189,6 +189,28 @@ def read_owned(path: str | os.PathLike[str], what: str = "file", max_bytes: int 
         return fh.read(max_bytes).decode("utf-8", "replace")
 
 
+def write_in_run_dir(run_dir: str | os.PathLike[str], path: str | os.PathLike[str], data: bytes | str) -> None:
+    """``write_private`` of ``path`` inside ``run_dir``, after the run dir's checks (issue 46: the
+    window cost ledger was written through a run dir another user planted). The run dir is
+    created 0700 when missing, else it must pass ``check_dir`` (owned by this user, not writable by
+    group or others; its mode is left as it is: a run dir shared with a group stays shared); each
+    directory between it and ``path`` is ``ensure_private_dir``'s. RunDirError otherwise."""
+    root = Path(run_dir)
+    rel = Path(path).relative_to(root)  # ValueError: not inside
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(root, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RunDirError(f"run dir {root}: cannot create it ({exc.strerror})") from None
+    check_dir(root)
+    d = root
+    for part in rel.parts[:-1]:
+        d = ensure_private_dir(d / part, what="run dir folder")
+    write_private(d / rel.name, data)
+
+
 def write_private(path: str | os.PathLike[str], data: bytes | str) -> None:
     """Atomically replace ``path`` with ``data`` (mode 0600). The temporary file is new
     (O_EXCL | O_NOFOLLOW), and the rename replaces a symlink at ``path`` instead of following it."""

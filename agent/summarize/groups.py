@@ -87,7 +87,7 @@ def worker_groups(meta: WindowMeta, normalize: dict[str, str]) -> tuple[tuple[Pr
     for name, desc, ranks in meta.process_groups:
         if ranks and meta.rank not in ranks:
             continue
-        groups.append(ProcessGroup(name, desc, tuple(ranks), name in p2p))
+        groups.append(ProcessGroup(name, desc, ranks if isinstance(ranks, range) else tuple(ranks), name in p2p))
     return tuple(groups), {k: tuple(sorted(v)) for k, v in sorted(used.items())}
 
 

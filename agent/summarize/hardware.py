@@ -155,6 +155,8 @@ def host_of(rank: int, local_world_size: int) -> int:
 
 def crosses_hosts(members: Iterable[int], local_world_size: int) -> bool | None:
     """Whether a group's members sit on more than one host; None when the layout is unknown."""
+    if isinstance(members, range) and local_world_size > 0 and members.step > 0:  # O(1): increasing
+        return None if not members else host_of(members[0], local_world_size) != host_of(members[-1], local_world_size)
     ms = list(members)
     if local_world_size <= 0 or not ms:
         return None

@@ -119,7 +119,7 @@ def _series_choices(raw: RawWindow, kept: np.ndarray, level_f: np.ndarray, gpu: 
             comm.setdefault(cat.normalize_name(c[0]), set()).add(c[3])
         by_names: dict[tuple[str, ...], list[int]] = {}
         for f in np.flatnonzero(sel).tolist():
-            groups = [tuple(members.get(g, ())) for g in sorted(comm.get(key_of(f), ()))]
+            groups = [members.get(g, ()) for g in sorted(comm.get(key_of(f), ()))]
             by_names.setdefault(link_series(samples, groups, local_world_size, raw.meta.rank), []).append(f)
         for names, funcs in by_names.items():
             present = [s for s in (samples.get(n) for n in names) if s is not None and len(s.t_ns)]

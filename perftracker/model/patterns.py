@@ -113,7 +113,7 @@ class ProcessGroup:
 
     name: str
     desc: str
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]  # a tuple; a range for a large group continued from a cut list (agent/kineto.py)
     p2p: bool = False
 
     def to_list(self) -> list[Any]:
@@ -128,11 +128,16 @@ class ProcessGroup:
 
 
 _MAX_GROUP_RANKS = 10_000_000
+# a group of more members than this that is an arithmetic run is kept as a ``range`` (issue 46: a
+# 10 KB trace or a few bytes of JSON declaring 9,999,999 members took gigabytes as tuples)
+RANGE_MIN = 4096
 
 
-def encode_ranks(ranks: tuple[int, ...]) -> Any:
+def encode_ranks(ranks: Sequence[int]) -> Any:
     """Ranks as ``{"start", "stop", "step"}`` when they are an arithmetic run of at least 3 (a
     data-parallel group of 32 ranks in 3 numbers), else as a list."""
+    if isinstance(ranks, range) and len(ranks) >= 3 and ranks.step > 0:  # without walking it
+        return {"start": ranks.start, "stop": ranks[-1] + ranks.step, "step": ranks.step}
     if len(ranks) >= 3:
         step = ranks[1] - ranks[0]
         if step > 0 and all(b - a == step for a, b in zip(ranks, ranks[1:], strict=False)):
@@ -140,12 +145,13 @@ def encode_ranks(ranks: tuple[int, ...]) -> Any:
     return list(ranks)
 
 
-def decode_ranks(v: Any, where: str) -> tuple[int, ...]:
+def decode_ranks(v: Any, where: str) -> Sequence[int]:
     if isinstance(v, Mapping):
         start, stop, step = (require(v, k, int, where) for k in ("start", "stop", "step"))
         if step <= 0 or start < 0 or stop > _MAX_GROUP_RANKS + step or (stop - start) // step > _MAX_GROUP_RANKS:
             raise SchemaError(f"{where}: bad rank range {start}:{stop}:{step}")
-        return tuple(range(start, stop, step))
+        run = range(start, stop, step)
+        return run if len(run) > RANGE_MIN else tuple(run)
     if not isinstance(v, list) or len(v) > _MAX_GROUP_RANKS:
         raise SchemaError(f"{where}: ranks must be a list or a range")
     for x in v:

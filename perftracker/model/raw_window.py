@@ -18,8 +18,10 @@ JSON metadata entry that carries ``schema_version``.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -29,6 +31,7 @@ import numpy as np
 
 from perftracker.errors import SchemaError, TraceError
 from perftracker.model import SCHEMA_VERSION, check_schema_version
+from perftracker.model.npz_bounds import check_npz
 
 
 class EventKind(IntEnum):
@@ -80,7 +83,8 @@ class WindowMeta:
     file: str = ""  # where it was read from (offline)
     iteration_ms: tuple[float, ...] = ()
     # process groups as the trace names them: (name, description, member ranks); empty: not known
-    process_groups: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+    # (a group of many members continued from a cut list is a ``range``: agent/kineto.py)
+    process_groups: tuple[tuple[str, str, Sequence[int]], ...] = ()
     # one row per communication event that names its group: COMM_FIELDS
     comm: tuple[tuple[str, int, int, str, str, int, int, int], ...] = ()
     # ranks per host (LOCAL_WORLD_SIZE), ranks filling hosts in order; 0: not known. It decides a
@@ -122,6 +126,7 @@ class RawWindow:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         meta = asdict(self.meta)
+        meta["process_groups"] = [(n, d, _ranks_json(r)) for n, d, r in self.meta.process_groups]
         arrays: dict[str, np.ndarray] = {f"col_{k}": np.ascontiguousarray(v) for k, v in self.columns.items()}
         arrays["meta_json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         arrays["names_json"] = np.frombuffer(json.dumps(list(self.names)).encode(), dtype=np.uint8)
@@ -135,11 +140,11 @@ class RawWindow:
     def load(cls, path: str | Path) -> RawWindow:
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with open(path, "rb") as fh, _bounded(fh, f"raw window {path}", RAW_LIMITS, MAX_RAW_BYTES) as z:
                 meta_d = json.loads(bytes(z["meta_json"]).decode())
                 check_schema_version(meta_d, f"raw window {path}")
                 meta_d["iteration_ms"] = tuple(meta_d.get("iteration_ms", ()))
-                meta_d["process_groups"] = tuple((str(g[0]), str(g[1]), tuple(int(r) for r in g[2]))
+                meta_d["process_groups"] = tuple((str(g[0]), str(g[1]), _ranks_from_json(g[2]))
                                                  for g in meta_d.get("process_groups", ()))
                 meta_d["comm"] = tuple((str(c[0]), int(c[1]), int(c[2]), str(c[3]), str(c[4]), int(c[5]), int(c[6]),
                                         int(c[7])) for c in meta_d.get("comm", ()))
@@ -157,13 +162,69 @@ class RawWindow:
 
 
 def _save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> Path:
-    """Write ``arrays`` as an .npz at ``path`` via a temporary file, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        # numpy's stub lets ** fill savez's allow_pickle (a bool, and only since numpy 2.1)
-        np.savez(fh, **arrays)  # type: ignore[arg-type]
-    tmp.replace(path)
+    """Write ``arrays`` as an .npz at ``path`` via a temporary file, so a reader never sees half a file.
+    The temporary file is new, unpredictable and private (``O_CREAT | O_EXCL | O_NOFOLLOW``, 0600:
+    issue 46), and the rename replaces a symlink planted at ``path`` instead of following it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            # numpy's stub lets ** fill savez's allow_pickle (a bool, and only since numpy 2.1)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
+
+
+# What a load accepts, checked on each member's declared shape before it is read (issue 46:
+# ``npz_bounds``). A window's rows: the profiler's events of one window (Kineto's own traces of a
+# minute hold a few million); a series' samples: 1 kHz for over half an hour.
+MAX_WINDOW_ROWS = 20_000_000
+MAX_SERIES_SAMPLES = 2_000_000
+_MAX_JSON_BYTES = 64 << 20
+RAW_LIMITS = {"col_": (MAX_WINDOW_ROWS, 1), "meta_json": (_MAX_JSON_BYTES, 1), "names_json": (_MAX_JSON_BYTES, 1),
+              "stack_frames": (4 * MAX_WINDOW_ROWS, 1), "stack_offsets": (MAX_WINDOW_ROWS + 1, 1)}
+MAX_RAW_BYTES = 4 << 30
+SAMPLE_LIMITS = {"t_": (MAX_SERIES_SAMPLES, 1), "v_": (MAX_SERIES_SAMPLES, 1), "meta_json": (1 << 20, 1)}
+MAX_SAMPLE_BYTES = 64 * MAX_SERIES_SAMPLES * 12
+
+
+class _bounded:  # noqa: N801 - used as a context manager like np.load
+    """``np.load`` of the open ``fh`` after ``check_npz`` accepted it."""
+
+    def __init__(self, fh: Any, where: str, limits: Mapping[str, tuple[int, int]], max_bytes: int) -> None:
+        check_npz(fh, where, limits, max_bytes)
+        self.z = np.load(fh, allow_pickle=False)
+
+    def __enter__(self) -> Any:
+        return self.z
+
+    def __exit__(self, *exc: object) -> None:
+        self.z.close()
+
+
+_MAX_GROUP_RANK = 10_000_000
+
+
+def _ranks_json(ranks: Sequence[int]) -> Any:
+    """A group's members for the meta JSON: a ``range`` as {"start", "stop", "step"}."""
+    if isinstance(ranks, range):
+        return {"start": ranks.start, "stop": ranks.stop, "step": ranks.step}
+    return [int(r) for r in ranks]
+
+
+def _ranks_from_json(v: Any) -> Sequence[int]:
+    if isinstance(v, Mapping):
+        start, stop, step = (int(v[k]) for k in ("start", "stop", "step"))
+        if step <= 0 or not 0 <= start <= stop <= _MAX_GROUP_RANK + step:
+            raise ValueError(f"bad rank range {start}:{stop}:{step}")
+        return range(start, stop, step)
+    return tuple(int(r) for r in v)
 
 
 # Series that are not a utilization, each written by one sampler and read by the summarizer.
@@ -206,7 +267,7 @@ class SampleSet:
     def load(cls, path: str | Path) -> SampleSet:
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with open(path, "rb") as fh, _bounded(fh, f"samples {path}", SAMPLE_LIMITS, MAX_SAMPLE_BYTES) as z:
                 meta = json.loads(bytes(z["meta_json"]).decode())
                 check_schema_version(meta, f"samples {path}")
                 series = {

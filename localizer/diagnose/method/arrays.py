@@ -215,7 +215,7 @@ def job_groups(sets: Sequence[WorkerGroups]) -> JobGroups:
     col = {s.rank: w for w, s in enumerate(sets)}
     index: dict[str, int] = {}
     desc: list[str] = []
-    ranks: list[tuple[int, ...]] = []
+    ranks: list[Sequence[int]] = []
     p2p: list[bool] = []
     users: list[list[int]] = []
     for w, s in enumerate(sets):
@@ -233,7 +233,11 @@ def job_groups(sets: Sequence[WorkerGroups]) -> JobGroups:
             users[i].append(w)
     groups = []
     for name, i in index.items():
-        members = [col[r] for r in ranks[i] if r in col] if ranks[i] else sorted(users[i])
+        rs = ranks[i]
+        if isinstance(rs, range) and rs.step > 0 and len(rs) > len(col):  # a large run: walk the workers
+            members = [col[r] for r in sorted(col) if r in rs]
+        else:
+            members = [col[r] for r in rs if r in col] if rs else sorted(users[i])
         groups.append(GroupInstance(name, desc[i], np.array(members, dtype=np.int64), p2p[i]))
     comm: dict[str, set[int]] = {}
     for s in sets:

@@ -8,7 +8,8 @@ between minus what those iterations would have taken at the median before
 (``window_budget.lost_s``): the slowdown while Kineto records, the profiler's stop, the writing and
 the settling after it. It spends from a ``CostBudget`` (2 % of the training time in the trailing
 hour, with an initial advance; window_budget.py), which accrues from the runtime's first hook
-event (``Runtime.training_started_s``), and writes the ledger to ``<run_dir>/budget/<job>-rank<r>.json`` (``perftracker status`` reads it). The
+event (``Runtime.training_started_s``), and writes the ledger to ``<run_dir>/budget/<job>-rank<r>.json`` (``perftracker status`` reads it), only
+through a run dir that passes ``rundir``'s checks, private (0700 folders, 0600 file). The
 detector's automatic triggers ask the budget first; manual windows are never refused, and counted.
 
 A process that ends before a window's after-phase is over (the job finished) has its window
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from perftracker.rundir import RunDirError, write_in_run_dir
 from perftracker.runtime.trigger.defer import TriggerDeferral
 from perftracker.runtime.window.budget import CostBudget, lost_s, median
 
@@ -82,6 +84,7 @@ class WindowCostMeter:
         self.costs: list[dict[str, Any]] = []  # one per measured window, newest last
         self.deferral = TriggerDeferral()  # triggers held until worth a window
         self.hold = hold  # False: every trigger the budget allows goes out at once
+        self._refused = False  # the ledger's run dir was refused once (logged)
 
     def _know_start(self) -> None:
         """The budget accrues from when training began: learn it from the runtime once."""
@@ -201,15 +204,18 @@ class WindowCostMeter:
                     "held_triggers": self.deferral.to_dict(), "written_unix_s": time.time()}
 
     def _write(self) -> None:
+        """The ledger, written only through a run dir that passes its checks, as a new private
+        file (``rundir.write_in_run_dir``: issue 46); a refused run dir is logged once."""
         if self.ledger is None:
             return
         try:
-            self.ledger.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.ledger.with_name(self.ledger.name + f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.to_dict()))
-            os.replace(tmp, self.ledger)
-        except OSError as exc:
-            log.debug("perftracker: window cost ledger not written: %s", exc)
+            write_in_run_dir(self.ledger.parent.parent, self.ledger, json.dumps(self.to_dict()))
+        except (OSError, ValueError, RunDirError) as exc:
+            if not self._refused:
+                self._refused = True
+                log.warning("perftracker: window cost ledger not written: %s", exc)
+            else:
+                log.debug("perftracker: window cost ledger not written: %s", exc)
 
 
 def report_fields(budget: Mapping[str, Any] | None, window_s: float, blocking_s: float,
