@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perftracker.errors import SchemaError
+from perftracker.model.measured import null_to_zero, samples_measured, unmeasured_to_null
 from perftracker.model.patterns import Category, Triple, parse_category
 from perftracker.model.schema import (
     check_schema_version,
@@ -25,8 +26,12 @@ from perftracker.model.window_cost import window_cost_fields
 # Version 2 (issue 32) adds a finding's ``title``, ``evidence``, ``next_steps`` and ``cause``, the
 # report's ``headline`` and ``step_lanes``; version 1 documents (``sentence`` and ``summary`` only)
 # are still read, and version 2 still writes ``sentence`` and ``summary`` (dropped in version 3).
-REPORT_SCHEMA_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+# Version 3 (issue 47) writes μ and σ that were not measured (offline traces) as null
+# (``measured.py``) and a finding's ``spread`` ("common", "specific", "random": how it spreads over
+# the ranks), the same value as its ``kind``, which is kept for this version and dropped in 4 (a
+# report's ``kind`` is the session's: "slowdown", "hang", ...); ``summary`` and ``sentence`` are kept too.
+REPORT_SCHEMA_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,8 @@ class Finding:
             "label": self.label,
             "category": self.category.value,
             "ranks": list(self.ranks),
-            "kind": self.kind,
+            "kind": self.kind,  # kept for schema version 3: ``spread`` says it (dropped in 4)
+            "spread": self.kind,
             "tests": list(self.tests),
             "observed": self.observed.to_dict(),
             "median": self.median.to_dict(),
@@ -303,6 +309,12 @@ class Report:
     since_fast: SinceFast | None = None
 
     @property
+    def samples_measured(self) -> bool:
+        """Whether μ and σ were measured (offline traces: only with sample files beside them)."""
+        pairs = [(t.mu, t.sigma) for f in self.findings for t in (f.observed, f.median)]
+        return samples_measured(self.kind, pairs + [(t.median.mu, t.median.sigma) for t in self.top_functions])
+
+    @property
     def diagnosis_level(self) -> str:
         return self.level or _LEVELS.get(self.kind, "window")
 
@@ -312,6 +324,10 @@ class Report:
         return self.headline or self.summary
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._dict()
+        return d if self.samples_measured else dict(unmeasured_to_null(d))
+
+    def _dict(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
             "job": self.job,
@@ -340,7 +356,8 @@ class Report:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
         where = "Report"
-        check_schema_version(d, where, _READABLE_VERSIONS)  # a version 1 report is read as version 2
+        check_schema_version(d, where, _READABLE_VERSIONS)
+        d = null_to_zero(d)  # μ, σ not measured: null in version 3, 0.0 in a Report  # a version 1 report is read as version 2
         return cls(
             headline=optional(d, "headline", str, where, ""),
             step_lanes=tuple(Lane.from_dict(x) for x in optional(d, "step_lanes", list, where, [])),

@@ -127,10 +127,13 @@ _watch: _TorchWatch | None = None
 
 
 def start_services(rt: Runtime) -> None:
-    """The first hooked event: link this process to its node agent (a thread; the exit capture and
-    its atexit come with it, perftracker/runtime/channel.py). Never raises."""
+    """The first hooked event: the runtime's trigger policy (hold, budget), and the link to the
+    node agent (a thread; the exit capture and its atexit come with it, perftracker/runtime/channel.py)."""
     from perftracker.runtime.channel import start_channel
+    from perftracker.runtime.trigger.policy import TriggerPolicy
 
+    if rt.trigger_policy is None:
+        rt.trigger_policy = TriggerPolicy(rt, rt.config)  # hold and budget: the runtime's, not the channel's
     start_channel(rt, rt.config)
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from perftracker.config import Config
 from perftracker.runtime.sinks import TriggerSink
+
+if TYPE_CHECKING:
+    from perftracker.runtime.trigger.policy import TriggerPolicy
 
 
 class WorkerIdentity(Protocol):
@@ -94,6 +97,13 @@ class ChannelRuntime(SnapshotRuntime, WindowRuntime, Protocol):
 
     def check_blocked(self, now_ns: int | None = None, notify: bool = True,
                       extra_s: float = 0.0) -> dict[str, object] | None: ...
+
+    # the trigger policy (hold, budget: perftracker/runtime/trigger/policy.py) is the runtime's; the
+    # channel asks it for the window cost meter and, every few seconds, to release a held trigger
+    @property
+    def trigger_policy(self) -> TriggerPolicy | None: ...
+
+    def release_held_trigger(self) -> bool: ...
 
 
 class FinishedWindow(Protocol):

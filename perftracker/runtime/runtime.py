@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
@@ -28,6 +29,9 @@ from perftracker.runtime.detector import KIND_NAMES, STEP, Detector, DetectorOpt
 from perftracker.runtime.identity import RuntimeIdentity, provisional_identity, settle_identity
 from perftracker.runtime.phase_times import PhaseTimes
 from perftracker.runtime.sinks import LoggingSink, TriggerSink
+
+if TYPE_CHECKING:  # created at the first hooked event (perftracker/runtime/activation.py)
+    from perftracker.runtime.trigger.policy import TriggerPolicy
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,9 @@ class Runtime:
         self._blocked_episode_ns = -1  # last_t_ns of the episode already reported to the sink
         self._failed_once: set[str] = set()
         self.triggers: deque[dict[str, object]] = deque(maxlen=100)
+        # hold and budget (perftracker/runtime/trigger/policy.py): set when the process starts
+        # training with an agent channel (perftracker/runtime/activation.py); None: every trigger goes
+        self.trigger_policy: TriggerPolicy | None = None
         self.active = False
         self.error = ""
 
@@ -315,9 +322,25 @@ class Runtime:
     def _deliver(self, reason: str, detail: dict[str, object]) -> None:
         self.triggers.append({"type": "trigger", "reason": reason, **detail})
         try:
-            self._sink.on_trigger(reason, detail)
+            policy = self.trigger_policy
+            if policy is None or policy.admit(reason, detail):
+                self._sink.on_trigger(reason, detail)
         except Exception as exc:
             self._log_once("sink.on_trigger", exc)
+
+    def release_held_trigger(self) -> bool:
+        """Any thread (the agent channel's, every few seconds): send a trigger the policy held once it
+        is worth a window; the detector then restarts its post-window check. Whether one went."""
+        policy = self.trigger_policy
+        due = policy.due() if policy is not None else None
+        if due is None:
+            return False
+        self.detector.trigger_sent_late(time.monotonic_ns())
+        try:
+            self._sink.on_trigger(*due)
+        except Exception as exc:
+            self._log_once("sink.on_trigger", exc)
+        return True
 
     def _log_once(self, where: str, exc: BaseException) -> None:
         if where in self._failed_once:

@@ -21,6 +21,7 @@ import pytest
 
 from perftracker.config import Config
 from perftracker.runtime.channel import AgentChannel, ChannelOptions
+from perftracker.runtime.trigger.policy import TriggerPolicy
 from perftracker.wire import framing as wire
 from perftracker.wire.framing import MessageType
 
@@ -33,6 +34,12 @@ class Runtime:
                                         training_tid=threading.get_native_id(), job="jobX")
         self.iteration = 17
         self.sink: Any = None
+        self.trigger_policy: TriggerPolicy | None = None  # the real one, set by _channel
+        self.released = 0
+
+    def release_held_trigger(self) -> bool:
+        self.released += 1  # the channel asks every stats period; the policy decides (its own tests)
+        return False
 
     def recent_iteration_ms(self) -> list[float]:
         return [10.0, 12.0, 11.0]
@@ -149,6 +156,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 def _channel(run_dir: Path, rt: Runtime, window: Window | None = None) -> AgentChannel:
     cfg = Config(run_dir=str(run_dir), autostart_agent=False)
+    rt.trigger_policy = TriggerPolicy(rt, cfg)  # type: ignore[arg-type]
     ch = AgentChannel(rt, cfg, FAST, window_factory=lambda: window or Window())
     rt.set_sink(ch)
     return ch.start()
@@ -167,6 +175,7 @@ def test_registers_and_sends_heartbeats_and_stats(run_dir: Path) -> None:
         assert beats[-1]["iteration"] == 17 and beats[-1]["last_event"] == "optimizer.step"
         stats = agent.wait_for("iter_stats")
         assert stats[0]["recent_ms"] == [10.0, 12.0, 11.0] and stats[0]["min_ms"] == 10.0
+        assert rt.released >= 1  # every stats period the channel asks the runtime to release a held trigger
     finally:
         ch.stop()
         agent.kill()
