@@ -67,6 +67,7 @@ class Upstream:
         self.options = options
         self.agent_id = agent_id
         self.uplink = uplink
+        self.held: set[str] = set()  # jobs not registered anywhere until their localizer is known
         self.metrics = metrics
         self.workers = workers
         self.spawn = spawn
@@ -113,6 +114,8 @@ class Upstream:
     # ------------------------------------------------------------------ registration and heartbeats
     def schedule_register(self, job: str) -> None:
         """Register ``job``'s workers after a short debounce (workers connecting together: one call)."""
+        if job in self.held:
+            return  # its localizer is not known yet (a multi-node job: AgentDaemon's job link)
         loop = asyncio.get_running_loop()
         handle = self._register_pending.pop(job, None)
         if handle is not None:
@@ -135,7 +138,7 @@ class Upstream:
     async def heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.options.heartbeat_s)
-            for job in sorted({w.job for w in self.workers.values()}):
+            for job in sorted({w.job for w in self.workers.values()} - self.held):
                 workers = select_job(self.workers.values(), job, connected=False)
                 if self._registered.get(job) != frozenset(w.rank for w in workers):
                     if job not in self._register_pending:

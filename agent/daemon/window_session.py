@@ -329,9 +329,11 @@ class WindowRunner:
             await self.uploader.upload_pattern_batch(sets)
         except PerftrackerError as exc:
             self.metrics.upload("patterns", ok=False)
+            kept = sorted({str(f.parent) for r in ranks for f in run.pending[r][1]})
             for r in ranks:
-                run.failed[r] = f"upload of rank {r}'s patterns failed: {exc}"
-            log.warning("session %s: upload of rank(s) %s failed: %s", run.session, ranks, exc)
+                run.failed[r] = f"upload of rank {r}'s patterns failed: {exc} (its window and patterns stay in {', '.join(kept)})"
+            log.warning("session %s: upload of rank(s) %s failed: %s; their windows and patterns stay in %s",
+                        run.session, ranks, exc, ", ".join(kept))
             return
         finally:
             pending, run.pending = run.pending, {}

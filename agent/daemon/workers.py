@@ -7,6 +7,7 @@ heartbeat, iteration statistics); ``liveness`` asks psutil whether its process s
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import math
 import re
 import time
@@ -154,6 +155,29 @@ def check_worker_message(msg: dict[str, Any]) -> None:
         _text(msg, "error", MAX_ERROR_CHARS)
         _integer(msg, "start_ns", 0, 2**63 - 1)
         _integer(msg, "end_ns", 0, 2**63 - 1)
+    elif kind in ("job_serve", "job_route"):  # issue 42: one localizer per job across nodes
+        check_job_link(msg)
+
+
+def check_job_link(msg: dict[str, Any]) -> None:
+    """JOB_SERVE / JOB_ROUTE within bounds: a job name, a literal IP address to bind, a port, a job
+    token of 16 to 200 characters, an http(s) URL of at most 300."""
+    if not NAME_RE.fullmatch(str(msg.get("job"))):
+        raise BadWorkerMessage(f"job: {str(msg.get('job'))[:80]!r} is not a valid job name")
+    token = msg.get("token")
+    if not isinstance(token, str) or not 16 <= len(token) <= 200 or not token.isascii() or not token.isprintable():
+        raise BadWorkerMessage("token: expected 16 to 200 printable ASCII characters")
+    if msg["type"] == "job_serve":
+        try:
+            ipaddress.ip_address(str(msg.get("host")))
+        except ValueError:
+            raise BadWorkerMessage(f"host: {str(msg.get('host'))[:80]!r} is not an IP address") from None
+        _integer(msg, "port", 0, 65535)
+    else:
+        url = msg.get("url")
+        if not isinstance(url, str) or len(url) > 300 or not url.startswith(("http://", "https://")):
+            raise BadWorkerMessage(f"url: {str(url)[:80]!r} is not an http(s) URL of at most 300 characters")
+        _text(msg, "served_by", 253)
 
 
 MAX_PHASE_ROWS = 64

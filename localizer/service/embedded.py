@@ -45,7 +45,11 @@ from perftracker.errors import PerftrackerError
 from perftracker.rundir import check_dir, make_private_dir, open_owned, read_owned, write_private
 
 if TYPE_CHECKING:
-    from perftracker.localizer.service.http_service import ServiceOptions
+    from collections.abc import Callable
+
+    from perftracker.localizer.service.http_service import LocalizerService, ServiceOptions
+
+    from perftracker.model import Report
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +132,48 @@ def discover(runs_dir: str | Path = DEFAULT_RUNS_DIR, timeout_s: float = 0.0) ->
         time.sleep(0.1)
 
 
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+JOBS_NAME = "jobs"  # jobs/<job>.json: where this node's ranks of a multi-node job report (issue 42)
+
+
+def record_served_job(runs_dir: Path, job: str, url: str, token: str = "") -> None:
+    """Leave ``<runs_dir>/jobs/<job>.json`` (0600): the job's localizer URL, and the job's token when
+    it is another node's (``perftracker report`` on this node reads the job's report from there)."""
+    d = runs_dir / JOBS_NAME
+    try:
+        make_private_dir(d)
+        write_private(d / f"{job}.json", json.dumps({"job": job, "url": url, "token": token,
+                                                    "here": not token, "wall_ns": time.time_ns()}))
+    except (OSError, PerftrackerError) as exc:
+        log.warning("cannot record where job %s reports in %s: %s", job, d, exc)
+
+
+def _wall_ns(record: dict[str, object]) -> int:
+    v = record.get("wall_ns")
+    return v if isinstance(v, int) else 0
+
+
+def job_records(runs_dir: str | Path) -> list[dict[str, object]]:
+    """The ``jobs/*.json`` records of ``runs_dir`` (this user's files only), newest first."""
+    d = Path(runs_dir) / JOBS_NAME
+    out: list[dict[str, object]] = []
+    if not d.is_dir():
+        return out
+    for f in sorted(d.glob("*.json")):
+        try:
+            text = read_owned(f, what="job record")
+            rec = json.loads(text) if text else None
+        except (PerftrackerError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("url"), str) and isinstance(rec.get("job"), str):
+            out.append(rec)
+    out.sort(key=_wall_ns, reverse=True)
+    return out
+
+
 class EmbeddedLocalizer:
     """A handle on the runs directory's embedded localizer. ``stop()`` ends it if this handle owns it."""
 
@@ -142,6 +188,38 @@ class EmbeddedLocalizer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._lock_file: IO[str] | None = None
+        self._service: LocalizerService | None = None
+        self._sites: dict[tuple[str, int], str] = {}  # (host, asked port) -> URL other nodes reach
+
+    def serve_job(self, job: str, host: str, port: int, token: str, timeout_s: float = 10.0) -> str:
+        """Serve ``job`` to the job's other nodes (issue 42): listen on ``host`` (the job's own
+        interface), port ``port`` (0: any free one), and accept ``token`` for this job only. Returns
+        the URL. Thread-safe; a second call for the same address reuses its listener. Raises
+        EmbeddedError when this handle does not run the service or the address cannot be bound."""
+        if self._service is None or self._loop is None:
+            raise EmbeddedError("this process does not run the embedded localizer")
+        service = self._service
+
+        async def serve() -> str:
+            service.grant_job(token, job)
+            url = self._sites.get((host, port))
+            if url is None:
+                bound = await service.add_site(host, port)
+                url = f"http://{_url_host(host)}:{bound}"
+                self._sites[(host, port)] = url
+            return url
+
+        try:
+            url = asyncio.run_coroutine_threadsafe(serve(), self._loop).result(timeout_s)
+        except (OSError, PerftrackerError, TimeoutError) as exc:
+            raise EmbeddedError(f"cannot serve job {job!r} on {host}:{port}: {exc}") from None
+        record_served_job(self.runs_dir, job, url)
+        return url
+
+    def on_report(self, callback: Callable[[Report], None]) -> None:
+        """Call ``callback(report)`` (on the localize thread) for each report stored from now on."""
+        if self._service is not None:
+            self._service.localize_runner.on_report.append(callback)
 
     def __enter__(self) -> EmbeddedLocalizer:
         return self
@@ -217,6 +295,7 @@ def start_embedded(runs_dir: str | Path = DEFAULT_RUNS_DIR, *, host: str = "127.
             bound = await service.start(host, port)
             handle.url = f"http://{host}:{bound}"
             handle._loop = asyncio.get_running_loop()
+            handle._service = service
             handle._stop = asyncio.Event()
             ready.set()
             await handle._stop.wait()

@@ -95,7 +95,7 @@ def auth_middleware(token: bytes, max_body_bytes: int,
                     job_tokens: Mapping[str, tuple[str, ...]] | None = None) -> Middleware:
     """Bearer-token check (constant time) and the declared body size limit. The main token may do
     everything (``request["scope"]`` None); a job token only its jobs (``request["scope"]`` its globs)."""
-    scoped = [(t.encode(), jobs) for t, jobs in (job_tokens or {}).items()]
+    live = job_tokens if job_tokens is not None else {}  # read per request: a job may be granted later
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -107,8 +107,8 @@ def auth_middleware(token: bytes, max_body_bytes: int,
         scope: tuple[str, ...] | None = None
         ok = scheme.lower() == "bearer" and hmac.compare_digest(given_b, token)
         if not ok and scheme.lower() == "bearer":
-            for t, jobs in scoped:
-                if hmac.compare_digest(given_b, t):
+            for t, jobs in list(live.items()):
+                if hmac.compare_digest(given_b, t.encode()):
                     ok, scope = True, jobs
         if not ok:
             resp = error_response(401, "missing or wrong bearer token (Authorization: Bearer <token>)")

@@ -266,6 +266,24 @@ class LocalizerService:
         sockets = getattr(server, "sockets", None) or []
         return int(sockets[0].getsockname()[1]) if sockets else port
 
+    async def add_site(self, host: str, port: int = 0) -> int:
+        """Listen on one more address (after ``start``), with the same guard options; the bound port.
+        A job served to other nodes (issue 42) gets its own site on the job's interface."""
+        if self._runner is None:
+            raise PerftrackerError("the localizer service is not started")
+        site = GuardedSite(self._runner, host, port, ssl_context=self._ssl_context(),
+                           guard_options={"header_timeout_s": self.options.header_timeout_s,
+                                          "max_connections": self.options.max_connections})
+        await site.start()
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    def grant_job(self, token: str, job: str) -> None:
+        """Let ``token`` (at least MIN_TOKEN_CHARS, random) read and write ``job`` only, from now on."""
+        check_token(token, what="the job's token")
+        self.options.job_tokens[token] = (job,)
+
     def _ssl_context(self) -> ssl.SSLContext | None:
         o = self.options
         if not o.tls_cert and not o.tls_key:

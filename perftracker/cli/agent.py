@@ -139,9 +139,11 @@ def _embedded_idle(uplink: Uplink) -> bool:
 
 async def serve(args: argparse.Namespace) -> int:
     from perftracker.agent.daemon.daemon import AgentDaemon
+    from perftracker.agent.daemon.job_routes import RoutedUplink
     from perftracker.agent.daemon.localizer_client import Uplink, resolve_token
     from perftracker.agent.daemon.options import AgentOptions
     from perftracker.agent.daemon.window_session import WindowOptions
+    from perftracker.localizer.service.embedded import record_served_job
     from perftracker.runtime.autostart import acquire_agent_lock
 
     lock_fd = acquire_agent_lock(args.run_dir)
@@ -171,14 +173,21 @@ async def serve(args: argparse.Namespace) -> int:
             token = resolve_token(args.token, args.token_file)
             if not token:
                 raise ConfigError("no bearer token: give --token-file, PERFTRACKER_TOKEN or --token")
-        uplink = Uplink(url, token, ca_file=None if embedded else args.ca_file)
+        default = Uplink(url, token, ca_file=None if embedded else args.ca_file)
+        # a job that spans nodes reports to the localizer of its rank 0's node (issue 42)
+        runs_dir = embedded.runs_dir if embedded is not None else None
+        uplink = RoutedUplink(default, lambda u, t: Uplink(u, t, ca_file=args.ca_file),
+                              on_route=(lambda job, u, t: record_served_job(runs_dir, job, u, t)) if runs_dir else None)
         options = AgentOptions(socket_gid=_group_id(args.socket_group),
             run_dir=args.run_dir, agent_id=args.agent_id, host=socket.gethostname(), poll_timeout_s=args.poll_timeout_s,
             idle_exit_s=args.idle_exit_s, metrics_host=args.metrics_host, metrics_port=args.metrics_port,
             window=WindowOptions(samplers=not args.no_samplers, keep_files=args.keep_files),
         )
-        daemon = AgentDaemon(options, uplink, idle_check=(lambda: _embedded_idle(uplink)) if embedded else None)
+        daemon = AgentDaemon(options, uplink, idle_check=(lambda: _embedded_idle(default)) if embedded else None,
+                             job_server=embedded if embedded is not None and embedded.owned else None)
         await daemon.start()
+        if embedded is not None and embedded.owned:
+            embedded.on_report(lambda report: daemon.report_stored(report.job, report.session, report_ready_text(report)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -193,6 +202,13 @@ async def serve(args: argparse.Namespace) -> int:
             await asyncio.to_thread(embedded.stop, 3.0)
         os.close(lock_fd)
     return 0
+
+
+def report_ready_text(report: Any) -> str:
+    """The training log's line for a stored report (rank 0): what it says and where to read it."""
+    title = " ".join(str(report.top_line).split())
+    return (f"perftracker: report of session {report.session} stored: {title[:160]}; read it with "
+            f"`perftracker report {report.session}` (on any node of the job)")
 
 
 def _group_id(group: str | None) -> int | None:

@@ -104,7 +104,42 @@ def load_report(args: argparse.Namespace) -> Report:
         from perftracker.localizer.service.embedded import check_runs_dir
 
         check_runs_dir(Path(DEFAULT_STORE).parent, other="pass --store PATH of your own")
-    return _from_store(Path(store or DEFAULT_STORE), args.session)
+    path = Path(store or DEFAULT_STORE)
+    if args.store or (os.environ.get("PERFTRACKER_STORE") and not getattr(args, "runs_dir", None)):
+        return _from_store(path, args.session)
+    return _from_node(path, args.session)
+
+
+def _from_node(path: Path, session: str) -> Report:
+    """The report from this node's store, or from the localizer of a multi-node job whose ranks on
+    this node report to another node (``<runs dir>/jobs/<job>.json``, issue 42): for ``latest``, the
+    newest of them. A job localizer that does not answer is a warning while another source has it."""
+    from perftracker.localizer.service.embedded import job_records
+
+    remote = [r for r in job_records(path.parent) if r.get("token")]
+    if not remote:
+        return _from_store(path, session)
+    found: list[Report] = []
+    problems: list[str] = []
+    if path.is_file():
+        try:
+            found.append(_from_store(path, session))
+        except PerftrackerError as exc:
+            problems.append(str(exc))
+    if session != "latest" and found:
+        return found[0]
+    for rec in remote:
+        url, job, token = str(rec["url"]), str(rec["job"]), str(rec["token"])
+        try:
+            found.append(_from_url(url, session, token, job=job))
+        except PerftrackerError as exc:
+            problems.append(f"job {job}'s localizer at {url} (the node of its rank 0): {exc}")
+    if not found:
+        raise PerftrackerError("; ".join(problems) or f"no report at {path}")
+    for line in problems:
+        if "no session has a report" not in line and "unknown session" not in line:
+            output.message(line, level="warning")
+    return max(found, key=lambda r: r.created_ns)
 
 
 def _no_constant(name: str) -> Any:
@@ -197,12 +232,13 @@ def _get_json(url: str, token: str) -> tuple[int, Any]:
         raise TransportError(f"GET {url}: {getattr(exc, 'reason', exc)}") from None
 
 
-def _from_url(url: str, session: str, token: str) -> Report:
+def _from_url(url: str, session: str, token: str, job: str = "") -> Report:
     if not url.startswith(("http://", "https://")):
         raise PerftrackerError(f"--url {url!r} must start with http:// or https://")
     base = url.rstrip("/")
     if session == "latest":
-        _, listing = _get_json(f"{base}/v1/sessions?state=done&order=desc&limit=1", token)  # the newest
+        of_job = f"&job={urllib.parse.quote(job, safe='')}" if job else ""
+        _, listing = _get_json(f"{base}/v1/sessions?state=done&order=desc&limit=1{of_job}", token)  # the newest
         done = [s for s in listing.get("sessions", []) if s.get("state") == "done"]
         if not done:
             raise PerftrackerError(f"{base}: no session has a report yet")

@@ -74,6 +74,9 @@ def connect(args: argparse.Namespace) -> Any:
             raise ConfigError(f"no localizer: pass --url or set PERFTRACKER_LOCALIZER_URL, or start one "
                               f"(`perftracker run ...` runs an embedded localizer under {runs}/)")
         url, embedded_token = found
+        routed = _job_route(runs, getattr(args, "job", None) or os.environ.get("PERFTRACKER_JOB_ID") or None)
+        if routed is not None:  # a multi-node job whose localizer runs on another node (issue 42)
+            return Uplink(routed[0], routed[1], retries=2, backoff_s=0.3)
     token = resolve_token(args.token, args.token_file) or embedded_token
     if not token and runs.exists():
         from perftracker.localizer.service.embedded import read_token
@@ -82,6 +85,20 @@ def connect(args: argparse.Namespace) -> Any:
     if not token:
         raise ConfigError("no bearer token: pass --token-file or set PERFTRACKER_TOKEN")
     return Uplink(url, token, retries=2, backoff_s=0.3)
+
+
+def _job_route(runs: Path, job: str | None) -> tuple[str, str] | None:
+    """(url, job token) of ``job``'s localizer on another node, from ``<runs>/jobs/<job>.json``
+    (the agent leaves it when this node's ranks of a multi-node job report there); without a job
+    name, the one job so recorded, if there is exactly one."""
+    from perftracker.localizer.service.embedded import job_records
+
+    records = [r for r in job_records(runs) if r.get("token")]
+    if job is not None:
+        records = [r for r in records if r.get("job") == job]
+    if len(records) != 1:
+        return None
+    return str(records[0]["url"]), str(records[0]["token"])
 
 
 def pick_job(up: Any, job: str | None) -> str:

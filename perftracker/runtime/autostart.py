@@ -82,14 +82,18 @@ def acquire_agent_lock(run_dir: str) -> int | None:
     return fd
 
 
-def agent_command(run_dir: str, idle_exit_s: float = DEFAULT_IDLE_EXIT_S) -> list[str]:
-    return [sys.executable, "-m", "perftracker", "agent", "--run-dir", run_dir, "--embedded-localizer",
+def agent_command(run_dir: str, idle_exit_s: float = DEFAULT_IDLE_EXIT_S, localizer_url: str = "") -> list[str]:
+    """The node agent's command line: with its embedded localizer, or reporting to ``localizer_url``
+    (``PERFTRACKER_LOCALIZER_URL``, a shared service: it wins when set; the token comes from the
+    environment, ``PERFTRACKER_TOKEN`` or ``PERFTRACKER_TOKEN_FILE``)."""
+    where = ["--localizer-url", localizer_url] if localizer_url else ["--embedded-localizer"]
+    return [sys.executable, "-m", "perftracker", "agent", "--run-dir", run_dir, *where,
             "--idle-exit-s", str(idle_exit_s)]
 
 
-def spawn_agent(run_dir: str, command: Sequence[str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_agent(run_dir: str, command: Sequence[str] | None = None, localizer_url: str = "") -> subprocess.Popen[bytes]:
     """Start a detached agent process; its output goes to <run_dir>/agent.log (or nowhere if that fails)."""
-    cmd = list(command or agent_command(run_dir, _idle_exit_s()))
+    cmd = list(command or agent_command(run_dir, _idle_exit_s(), localizer_url))
     env = child_env(AGENT)
     env["PERFTRACKER_AUTOSTART_AGENT"] = "0"
     env["PERFTRACKER_RUN_DIR"] = run_dir
@@ -173,7 +177,7 @@ def ensure_agent(config: Config, wait_s: float = 15.0, announce: bool = True) ->
         if socket_alive(path):
             return True
         if not lock_held(os.path.join(run_dir, AGENT_LOCK)):
-            proc = spawn_agent(run_dir)
+            proc = spawn_agent(run_dir, localizer_url=config.localizer_url)
             log.info("perftracker: started a node agent (pid %d) in %s", proc.pid, run_dir)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:

@@ -42,8 +42,10 @@ from perftracker.runtime.channel_messages import (
     window_done_message,
     window_failed_message,
 )
+from perftracker.runtime.job_link import JobLink
 from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
-from perftracker.runtime.window.cost import WindowCostMeter, report_fields
+from perftracker.runtime.window.budget import CostBudget
+from perftracker.runtime.window.cost import WindowCostMeter, ledger_path, report_fields
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import framing as wire
 from perftracker.wire.framing import MessageType
@@ -108,12 +110,16 @@ class AgentChannel:
         self._cost: WindowCostMeter | None = None
         self.connects = 0  # successful registrations, for status and tests
         self.sent_triggers = 0
+        # one localizer per job across nodes (issue 42): what this worker tells its agent
+        self._job_link = JobLink(lambda: self.runtime.identity, config.localizer_url)
+        self._ack: dict[str, Any] = {}
 
     # --- TriggerSink ---------------------------------------------------------------------------
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
-        """A trigger the runtime's policy let out (perftracker/runtime/trigger/policy.py): carried as is."""
         try:
+            if self._held(reason, detail) or not self._budget_allows(reason):
+                return
             self._enqueue(trigger_message(reason, detail, self._window_s_override()))
         except Exception as exc:  # never raise into the caller
             self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
@@ -268,12 +274,14 @@ class AgentChannel:
 
     def _serve(self, sock: socket.socket) -> None:
         opts = self.options
-        wire.send_message(sock, register_message(self.runtime))
+        wire.send_message(sock, register_message(self.runtime, self._job_link.pending()))
         sock.settimeout(opts.ack_timeout_s)
         ack = wire.recv_message(sock)
         if ack.get("type") != MessageType.ACK.value or not ack.get("ok"):
             raise TransportError(f"agent refused the registration: {ack.get('error', ack)}")
         sock.settimeout(opts.connect_timeout_s)
+        self._ack = ack
+        self._job_link.agent_changed()
         self.connects += 1
         self._connected.set()
         log.info("perftracker: registered with the node agent at %s", self.path)
@@ -288,6 +296,8 @@ class AgentChannel:
                 if self._exiting:  # after at_exit: a later beat must not undo "exited" (a death)
                     beat["phase"] = "exited"
                 self._send(sock, beat)
+                for link_msg in self._job_link.messages(self._ack):  # issue 42, at once and then each beat
+                    self._send(sock, link_msg)
                 next_beat = now + opts.heartbeat_s
             if now >= next_stats:
                 stats = iter_stats_message(self.runtime, opts.recent_iterations)
@@ -362,6 +372,10 @@ class AgentChannel:
                 self._snapshot_wanted.append(str(msg["session"]))
         elif kind == MessageType.NOTICE.value:
             self._notice(str(msg["key"]), str(msg["text"]))
+        elif kind == MessageType.JOB_SERVED.value:
+            self._job_link.on_served(msg)
+        elif kind == MessageType.REPORT_READY.value:
+            log.warning("%s", " ".join(str(msg["text"]).split())[:600])
         else:
             log.debug("perftracker: ignoring %s from the agent", kind)
 
@@ -388,22 +402,58 @@ class AgentChannel:
         """window_s only when set explicitly: it overrides the localizer's default."""
         return float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
 
-    def _send_due_trigger(self) -> None:
-        """Channel thread, every stats period: the runtime sends a held trigger that is now worth a
-        window (its policy decides; the trigger comes back through ``on_trigger``)."""
+    def _held(self, reason: str, detail: Mapping[str, object]) -> bool:
+        """A detector's slowdown not yet worth a window (window_budget.worth_window) is held by the
+        meter and sent later if it lasts; a failure of the meter sends it."""
         try:
-            self.runtime.release_held_trigger()
+            meter = self.cost_meter()
+            if meter.hold_if_not_worth(reason, detail):
+                log.info("perftracker: %s trigger held until the slowdown is worth a window (%s)", reason,
+                         meter.budget.to_dict(time.monotonic()))
+                return True
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
+        return False
+
+    def _send_due_trigger(self) -> None:
+        """Channel thread, every stats period: a held trigger that is now worth a window goes out."""
+        try:
+            if self._cost is None:
+                return
+            due = self._cost.due_held_trigger()
+            if due is None or not self._budget_allows(due[0]):
+                return
+            log.info("perftracker: %s trigger sent after %.1f s held (ratio now %.2f)", due[0],
+                     due[1].get("deferred_s", 0.0), due[1].get("ratio_when_sent", 0.0))
+            self._enqueue(trigger_message(due[0], due[1], self._window_s_override()))
+            det = getattr(self.runtime, "detector", None)
+            if det is not None and hasattr(det, "trigger_sent_late"):
+                det.trigger_sent_late(time.monotonic_ns())
         except Exception as exc:  # noqa: BLE001 - never into training
             self._warn_once("held-trigger", "perftracker: could not send a held trigger: %r", exc)
 
+    def _budget_allows(self, reason: str) -> bool:
+        """The window budget (window_cost.py, issue 30) for a trigger; a failure of the meter allows it."""
+        try:
+            meter = self.cost_meter()
+            if meter.allows_trigger(reason):
+                return True
+            self._warn_once("budget", "perftracker: %s trigger not sent: the profile-window budget is spent (%s)",
+                            reason, meter.budget.to_dict(time.monotonic()))
+            return False
+        except Exception as exc:  # noqa: BLE001
+            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
+            return True
+
     def cost_meter(self) -> WindowCostMeter:
-        """What this process's windows cost: the meter of the runtime's trigger policy (the budget
-        and the hold read the same ledger)."""
+        """What this process's windows cost, and the budget (created on first use: the ledger file
+        is named after the job and rank, settled by then)."""
         if self._cost is None:
-            policy = self.runtime.trigger_policy
-            if policy is None:
-                raise PerftrackerError("the runtime has no trigger policy (its services have not started)")
-            self._cost = policy.meter()
+            ident = self.runtime.identity
+            self._cost = WindowCostMeter(self.runtime, ledger_path(self.config.run_dir, str(ident.job), int(ident.rank)),
+                                         CostBudget(fraction=self.config.window_budget,
+                                                    initial_s=self.config.window_budget_initial_s),
+                                         hold=self.config.window_hold)
         return self._cost
 
     def _start_window(self, session: str, window_s: float, reason: str = "") -> None:

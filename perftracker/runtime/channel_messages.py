@@ -59,8 +59,12 @@ def json_safe(detail: Mapping[str, object]) -> dict[str, Any]:
     return out
 
 
-def register_message(runtime: WorkerState) -> dict[str, Any]:
-    return wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **identity_fields(runtime))
+def register_message(runtime: WorkerState, job_link_pending: bool = False) -> dict[str, Any]:
+    """REGISTER; ``job_link_pending``: the job spans nodes and its ranks will name its one localizer
+    (perftracker/runtime/job_link.py), so the agent registers it nowhere until then."""
+    extra: dict[str, Any] = {"job_link": "pending"} if job_link_pending else {}
+    return wire.make_message(MessageType.REGISTER, protocol=wire.PROTOCOL_VERSION, **identity_fields(runtime),
+                             **extra)
 
 
 def trigger_message(reason: str, detail: Mapping[str, object], window_s: float | None = None) -> dict[str, Any]:

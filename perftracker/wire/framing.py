@@ -53,11 +53,15 @@ class MessageType(StrEnum):
     BLOCKED = "blocked"
     HANG_SNAPSHOT = "hang_snapshot"
     WINDOW_DONE = "window_done"
+    JOB_SERVE = "job_serve"  # global rank 0: serve this job's localizer to the other nodes (issue 42)
+    JOB_ROUTE = "job_route"  # a rank on another node: the job's localizer is at this URL (issue 42)
     # agent -> worker
     ACK = "ack"
     START_WINDOW = "start_window"
     SNAPSHOT = "snapshot"
     NOTICE = "notice"  # an agent-side failure that means no report will come (logged once by the worker)
+    JOB_SERVED = "job_served"  # the answer to JOB_SERVE: the URL the other nodes reach, or why not
+    REPORT_READY = "report_ready"  # a report of this job is stored: where to find it (logged by global rank 0)
 
 
 # field -> accepted types; ints are also accepted where floats are expected
@@ -76,6 +80,10 @@ REQUIRED_FIELDS: dict[MessageType, dict[str, tuple[type, ...]]] = {
     MessageType.START_WINDOW: {"session": (str,), "window_s": (float, int)},
     MessageType.SNAPSHOT: {"session": (str,)},
     MessageType.NOTICE: {"key": (str,), "text": (str,)},
+    MessageType.JOB_SERVE: {"job": (str,), "host": (str,), "port": (int,), "token": (str,)},
+    MessageType.JOB_ROUTE: {"job": (str,), "url": (str,), "token": (str,), "served_by": (str,)},
+    MessageType.JOB_SERVED: {"job": (str,), "url": (str,), "agent_id": (str,), "error": (str,)},
+    MessageType.REPORT_READY: {"job": (str,), "session": (str,), "text": (str,)},
 }
 
 
