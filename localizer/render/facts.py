@@ -100,11 +100,7 @@ def brief_lines(report: Report) -> list[str]:
 def has_samples(report: Report) -> bool:
     """Whether the window had utilization samples: an offline trace has none, so μ and σ are all 0
     and a renderer leaves them out rather than show zeros as if they were measured."""
-    if report.kind != "offline":
-        return True
-    triples = [f.observed for f in report.findings] + [f.median for f in report.findings]
-    triples += [t.median for t in report.top_functions]
-    return any(t.mu > 0 or t.sigma > 0 for t in triples)
+    return report.samples_measured
 
 
 def impact_text(f: Finding) -> str:

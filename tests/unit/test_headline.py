@@ -249,7 +249,7 @@ def test_the_demo_fixture_names_rank_2_in_a_short_headline_with_evidence_and_ste
         assert 0 < len(f.title) <= MAX_TITLE_CHARS and f.evidence and f.next_steps and f.cause
     d = report.to_dict()
     jsonschema.validate(d, load_schema())
-    assert d["schema_version"] == 2 and d["findings"][0]["sentence"]  # the old sentence is kept
+    assert d["schema_version"] == 3 and d["findings"][0]["sentence"]  # the old sentence is kept (issue 47: 3)
     again = Report.from_dict(json.loads(json.dumps(d)))
     assert again.headline == report.headline and again.findings[0].evidence == report.findings[0].evidence
     assert [(x.rank, x.role) for x in again.step_lanes] == [(x.rank, x.role) for x in report.step_lanes]
@@ -271,9 +271,9 @@ def test_a_version_1_report_is_read_and_shows_its_summary() -> None:
             del f[k]
     old = Report.from_dict(d)
     assert old.top_line == old.summary and old.findings[0].headline == old.findings[0].sentence
-    assert old.to_dict()["schema_version"] == 2
-    d["schema_version"] = 3
-    with pytest.raises(Exception, match="unsupported schema_version 3"):
+    assert old.to_dict()["schema_version"] == 3  # written as the current version (issue 47)
+    d["schema_version"] = 4
+    with pytest.raises(Exception, match="unsupported schema_version 4"):
         Report.from_dict(d)
 
 

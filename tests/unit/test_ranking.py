@@ -138,3 +138,24 @@ def test_every_renderer_lists_the_findings_in_the_reports_order() -> None:
         assert where == sorted(where), fmt
     numbers = [int(n) for n in re.findall(r"#(\d) ", out["text"])]
     assert numbers == [2, 3]
+
+
+def test_unmeasured_mu_and_sigma_are_null_and_read_back() -> None:
+    """Offline traces without samples: μ, σ null in the JSON (not 0.0), read back as a Report equal to it;
+    a report with one measured μ keeps its numbers; a finding's spread is its own field."""
+    import jsonschema
+    from perftracker.localizer.render.json import load_schema
+
+    f = dataclasses.replace(_f("aten::mm"), points=((2, 0.2, 0.0), (3, 0.05, 0.0)))
+    offline = dataclasses.replace(_report([f]), kind="offline")
+    d = offline.to_dict()
+    jsonschema.validate(d, load_schema())
+    g = d["findings"][0]
+    assert g["observed"]["mu"] is None and g["median"]["sigma"] is None and g["points"][0][2] is None
+    assert g["expected"]["hi"]["mu"] == 1  # configured, not measured: kept
+    assert g["spread"] == g["kind"] == "specific" and d["kind"] == "offline"
+    assert Report.from_dict(d) == offline and not offline.samples_measured
+    measured = dataclasses.replace(offline, findings=(dataclasses.replace(f, observed=Triple(0.2, 0.4, 0.0)),))
+    assert measured.samples_measured and measured.to_dict()["findings"][0]["median"]["mu"] == 0.0
+    live = _report([f])  # a window always measures (0 is a measured 0)
+    assert live.to_dict()["findings"][0]["observed"]["mu"] == 0.0
