@@ -65,11 +65,35 @@ class _SessionsCollector(Collector):
         yield family
 
 
+class _CulpritsCollector(Collector):
+    """Hosts named as the culprit (issue 49; perftracker.localizer.store.culprit_store), from the store:
+    sessions within the last 7 days that named each (host, cause)."""
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("perftracker_localizer_culprit_sessions",
+                                   "Sessions of the last 7 days whose report named the host as the culprit, by cause.",
+                                   labels=["host", "cause"])
+        try:
+            counts = self._counts()
+        except Exception as exc:  # noqa: BLE001 - a failing store must not fail the scrape
+            log.warning("/metrics: cannot count culprit hosts: %s", exc)
+            counts = {}
+        for (host, cause), n in sorted(counts.items()):
+            family.add_metric([host, cause], n)
+        yield family
+
+
 class LocalizerMetrics:
-    def __init__(self, session_counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+    def __init__(self, session_counts: Callable[[], dict[tuple[str, str], int]],
+                 culprit_counts: Callable[[], dict[tuple[str, str], int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_SessionsCollector(session_counts))
+        if culprit_counts is not None:
+            r.register(_CulpritsCollector(culprit_counts))
         self.reports = Counter("perftracker_localizer_reports", "Reports stored by this localizer process.",
                                ["kind", "status"], registry=r)
         self.findings = Counter("perftracker_localizer_findings", "Findings of the stored reports, by category.",
@@ -126,7 +150,8 @@ class MeteredService(Protocol):
 
 def install(service: MeteredService) -> LocalizerMetrics:
     """Serve ``GET /metrics`` on ``service.app`` (a LocalizerService whose app is not yet started)."""
-    metrics = LocalizerMetrics(service.store.session_counts)
+    store = service.store
+    metrics = LocalizerMetrics(store.session_counts, lambda: store.culprits.counts(time.time_ns()))
     service.app.middlewares.append(metrics.middleware)
     service.app.router.add_get(METRICS_PATH, metrics.handle)
     service.localize_runner.on_report.append(metrics.on_report)

@@ -8,7 +8,8 @@ Tables: ``agents`` and ``workers`` (registrations), ``sessions``, ``pattern_batc
 columnar bytes) and ``patterns`` (which batch holds each rank's latest patterns:
 ``perftracker.localizer.store.pattern_store``), ``hang_snapshots``, ``heartbeats`` (latest per rank) and ``reports``
 (``perftracker.localizer.store.event_store``), ``baselines`` (each job's healthy baseline:
-``perftracker.localizer.store.baseline_store``). The Store keeps the registrations and sessions and
+``perftracker.localizer.store.baseline_store``) and ``culprits`` (hosts named as the culprit:
+``perftracker.localizer.store.culprit_store``). The Store keeps the registrations and sessions and
 owns two parts for the rest, ``patterns`` (``PatternTables``) and ``events`` (``EventTables``), which
 share its connection and write through its transactions (perftracker.localizer.store.access). Nothing read back is unpickled: bodies are JSON, zlib-compressed JSON
 or the columnar wire form, and are validated as they are on arrival.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.localizer.store.baseline_store import BASELINE_DDL, BaselineTables
+from perftracker.localizer.store.culprit_store import CULPRIT_DDL, CulpritTables
 from perftracker.localizer.store.event_store import EventTables
 from perftracker.localizer.store.pattern_store import (
     PATTERN_DDL,
@@ -76,6 +78,7 @@ class Store:
         self.patterns = PatternTables(self.transaction, self._query)  # uploads (columnar)
         self.events = EventTables(self.transaction, self._query)  # heartbeats, hang snapshots, reports
         self.baselines = BaselineTables(self.transaction, self._query)  # each job's healthy baseline (issue 49)
+        self.culprits = CulpritTables(self.transaction, self._query)  # hosts named as the culprit (issue 49)
         try:
             make_private_dir(self.path.parent)  # 0700 when we create it
             self._private_files()  # 0600 (sqlite gives its -wal and -shm files the database's mode)
@@ -83,7 +86,7 @@ class Store:
                                        timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={synchronous}")
-            self._db.executescript(STORE_DDL + PATTERN_DDL + BASELINE_DDL)
+            self._db.executescript(STORE_DDL + PATTERN_DDL + BASELINE_DDL + CULPRIT_DDL)
             self._check_version()
             self._add_columns()
             # WAL: readers see the last commit and never wait for a writer's fsync

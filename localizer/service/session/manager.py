@@ -434,6 +434,10 @@ class SessionManager:
             self._forget(session)
             self.hangs.stored(report, now)
             self.baseline.settled(report.job, session)
+            try:  # the hosts it blames (perftracker hosts); the report stands without them
+                self.store.culprits.record(report, now)
+            except Exception:  # noqa: BLE001
+                log.exception("session %s: the culprit hosts were not recorded", session)
         log.info("session %s localized: %s report, %d finding(s), missing ranks %s", session,
                  report.status, len(report.findings), list(report.ranks_missing))
         return True
