@@ -143,6 +143,8 @@ def _header(report: Report) -> str:
     steps = step_times_text(report)
     if steps:
         rows.append(("step time", escape(steps)))
+    if report.since_fast is not None:  # the job's healthy baseline (issue 49)
+        rows.append(("since it was fast", escape(report.since_fast.note)))
     meta = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     summary = f"<h1>{escape(report.top_line)}</h1>" if report.top_line else ""
     return f'<header><div class="brand">perftracker report</div>{summary}<dl class="meta">{meta}</dl></header>'
@@ -368,6 +370,10 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
     if not series:
         return ""
     n_max = max(len(s) for s in series.values())
+    if n_max < 2:  # one step per rank (offline traces): no line to draw, and the header lists the step times
+        return ('<section><h2>Iteration time</h2><p class="note">No chart: each rank has one step in the '
+                f'{"traces" if report.kind == "offline" else "window"}, so there is no series to draw; '
+                "the step time of each rank is in the header above.</p></section>")
     values = sorted(v for s in series.values() for v in s)
     clip = values[min(len(values) - 1, int(0.98 * len(values)))] * 1.25  # past this: an outlier, drawn at the top
     base = baseline_ms(report.trigger_reason)
@@ -388,11 +394,14 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
         parts.append(f'<line x1="{ml}" y1="{y:.1f}" x2="{ml + pw}" y2="{y:.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{_fmt_tick(t)}</text>')
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
-    parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">iteration in the profile window '
-                 f'(it opens after the trigger)</text>')
+    triggered = report.kind != "offline"  # offline traces have no trigger and no window after one
+    parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 8}" text-anchor="middle">'
+                 + ("iteration in the profile window (it opens after the trigger)" if triggered
+                    else "iteration in the traces") + "</text>")
     parts.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#2c7fb8" fill-opacity="0.04"/>')
-    parts.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333" stroke-width="2"/>'
-                 f'<text x="{ml + 4}" y="{mt + 12}" style="font-weight:700">trigger → window</text>')
+    if triggered:
+        parts.append(f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{mt + ph}" stroke="#333" stroke-width="2"/>'
+                     f'<text x="{ml + 4}" y="{mt + 12}" style="font-weight:700">trigger → window</text>')
     if base is not None:
         yb = sy(base)
         parts.append(f'<line x1="{ml}" y1="{yb:.1f}" x2="{ml + pw}" y2="{yb:.1f}" stroke="#333" stroke-dasharray="6 4"/>'
@@ -425,6 +434,29 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
     if len(ranks) > len(shown):
         note += f'<p class="note">{len(ranks) - len(shown)} more ranks not drawn: {escape(compress_ranks(ranks[len(shown):]))}</p>'
     return f"<section><h2>Iteration time in the window</h2>{''.join(parts)}{note}</section>"
+
+
+def _luminance(color: str) -> float:
+    """WCAG 2 relative luminance of a "#rrggbb" colour."""
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+    r, g, b = (int(color[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(fg: str, bg: str) -> float:
+    """WCAG 2 contrast ratio of two "#rrggbb" colours (1 to 21; AA asks 4.5 for normal text)."""
+    hi, lo = sorted((_luminance(fg), _luminance(bg)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def label_ink(background: str) -> str:
+    """White or near-black, whichever reads better on ``background`` (a label on a coloured bar)."""
+    return "#ffffff" if contrast("#ffffff", background) >= contrast(INK, background) else INK
+
+
+INK = "#1d2330"  # the page's text colour
 
 
 # the step picture's parts, in drawing order, with their colours
@@ -475,8 +507,9 @@ def _step_svg(report: Report, width: int = 900) -> str:
                          f'fill="{_PART_COLORS.get(name, "#999")}"><title>rank {lane.rank} {escape(name)}: '
                          f'{ms:.3g} ms</title></rect>')
             if w > 44:
+                ink = label_ink(_PART_COLORS.get(name, "#999"))
                 parts.append(f'<text x="{x + w / 2:.1f}" y="{y + lane_h / 2 + 4:.1f}" text-anchor="middle" '
-                             f'style="fill:#fff">{ms:.3g}</text>')
+                             f'style="fill:{ink}">{ms:.3g}</text>')
             x += w
         parts.append(f'<text x="{x + 4:.1f}" y="{y + lane_h / 2 + 4:.1f}">{lane.step_ms:.3g} ms</text>')
     parts.append("</svg>")

@@ -113,6 +113,8 @@ def _header(report: Report) -> Panel:
     steps = step_times_text(report)
     if steps:
         grid.add_row("step time", _t(steps))
+    if report.since_fast is not None:  # the job's healthy baseline (issue 49)
+        grid.add_row("since it was fast", _t(report.since_fast.note))
     parts: list[RenderableType] = [grid]
     if report.top_line:
         parts = [_t(report.top_line, style="bold"), Text(""), grid]
