@@ -8,6 +8,8 @@ GPU counters: only one tool may hold CUPTI or the GPU profiling counters at a ti
 sampler takes a node-wide lock per GPU (``gpu_lock_dir``), yields to a running DCGM host engine,
 and when nsys cannot get the counters the NVML sampler (which reads the driver's own utilization
 counters, not the profiling counters) runs instead. See ``perftracker.agent.samplers.nsys``.
+Where nsys runs (NGC containers ship it), NVML still samples the clocks, throttle reasons and
+power beside it (``NvmlSampler(health_only=True)``, "nvml_health"): nsys reads none of them.
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             reason = cand.unavailable_reason()
             if reason is None:
                 out.append(cand)
+                if cand.name == "nsys" and nvml_ok:  # nsys reads no clocks, throttle reasons or power
+                    health = NvmlSampler(nsys_index, pid=pid, health_only=True, nvml=nvml._nvml)
+                    if health.unavailable_reason() is None:
+                        out.append(health)
                 break
             log.info("sampler %s unavailable: %s", cand.name, reason)
     return out

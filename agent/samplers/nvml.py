@@ -8,16 +8,20 @@ NOT VERIFIED ON HARDWARE: built against nvidia-ml-py's API and tested with a rep
   GPU), timestamped in CLOCK_REALTIME µs; converted to CLOCK_MONOTONIC with the offset measured at
   start (as the profiler's times are).
 - ``pcie``: ``nvmlDeviceGetPcieThroughput`` TX and RX (KB/s over the driver's 20 ms window), max of
-  the two over the link's peak: max link speed per lane (MT/s ≈ Mbit/s per lane) × max width / 8
-  × 128/130 encoding.
+  the two over the link's peak per direction (``nvml_links.pcie_peak``: generation × width, the
+  max-speed enum decoded, or sysfs).
 - ``nvlink``: ``nvmlDeviceGetFieldValues`` NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX (KiB counters,
-  all links), rate over NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON × NVML_FI_DEV_NVLINK_LINK_COUNT.
+  all links), rate over the active links' peak (``nvml_links.nvlink_peak``: each field's return
+  code checked, per-link speeds, else the link version's rate).
 - ``sm_clock``, ``throttle_thermal``/``throttle_power``/``throttle_sw``, ``power``: SM clock over its
-  maximum, the clock-throttle reasons by class, power draw over the limit, every period
-  (``perftracker.agent.samplers.nvml_health.ClockReader``).
-- GPM (Hopper and later; ``nvml_health.GpmReader``): ``sm`` from SM activity, ``sm_occupancy``,
-  ``mem`` from DRAM bandwidth, ``pcie`` and ``nvlink`` from GPM throughput; they replace the
-  series above where GPM reads them. Older GPUs keep the utilization samples and field values.
+  maximum, the clock-throttle reasons by class, instant power draw over the limit, every period
+  (``perftracker.agent.samplers.nvml_health.ClockReader``). ``health_only`` (beside nsys, which
+  reads utilization but no clocks) samples these alone, as the sampler "nvml_health".
+- GPM (Hopper and later; ``nvml_health.GpmReader``), at its own cadence (every 200 ms: NVML asks
+  for more than 100 ms between GPM samples) and period: ``sm_active`` (share of SMs busy),
+  ``sm_occupancy``, ``mem`` (DRAM bandwidth), ``gpm_pcie``, ``gpm_nvlink``. They never replace
+  ``sm``, ``pcie`` or ``nvlink``: the compute pattern's μ/σ are calibrated on the driver's
+  utilization (share of time a kernel ran), which GPM's SM activity is not.
 NVML reads the driver's counters, not the GPU profiling counters, so it never conflicts with
 CUPTI, nsys or DCGM profiling: it is the fallback when those hold the counters. (GPM shares the
 profiling hardware with DCGM's profiling module on some drivers; a refused GPM call costs only its
@@ -33,7 +37,15 @@ from typing import Any
 
 import numpy as np
 from perftracker.agent.samplers.base import WindowBounds, rate_series
-from perftracker.agent.samplers.nvml_health import ClockReader, GpmReader, gpm_series_values
+from perftracker.agent.samplers.nvml_health import (
+    GPM_NVLINK,
+    GPM_PCIE,
+    GPM_SM_ACTIVE,
+    ClockReader,
+    GpmReader,
+    gpm_series_values,
+)
+from perftracker.agent.samplers.nvml_links import LinkPeaks, link_peaks
 
 from perftracker.model.hardware import SM_CLOCK, clock_source
 from perftracker.model.raw_window import UtilSeries
@@ -59,8 +71,12 @@ def realtime_offset_ns() -> int:
 class NvmlSampler:
     name = "nvml"
 
-    def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0, pid: int = 0) -> None:
+    def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0, pid: int = 0,
+                 health_only: bool = False) -> None:
         self.gpu_index = gpu_index  # < 0: the GPU process ``pid`` uses, picked when the window starts
+        self.health_only = health_only  # clocks, throttle reasons and power only (beside nsys)
+        if health_only:
+            self.name = "nvml_health"
         self.pid = pid
         self._auto = gpu_index < 0
         self._nvml = nvml
@@ -99,16 +115,6 @@ class NvmlSampler:
         self.gpu_index = pick.index
         return pick.index
 
-    def _pcie_peak_bytes_per_s(self) -> float:
-        nv = self._nvml
-        try:
-            per_lane_mbps = float(nv.nvmlDeviceGetPcieLinkMaxSpeed(self._handle))
-            width = float(nv.nvmlDeviceGetMaxPcieLinkWidth(self._handle))
-            return per_lane_mbps * 1e6 / 8 * width * 128 / 130
-        except Exception as exc:
-            log.info("nvml: no PCIe link speed (%s)", exc)
-            return 0.0
-
     def _nvlink_fields(self) -> tuple[float, float] | None:
         nv = self._nvml
         try:
@@ -122,16 +128,6 @@ class NvmlSampler:
         except Exception:
             return None
 
-    def _nvlink_peak_bytes_per_s(self) -> float:
-        nv = self._nvml
-        try:
-            vals = nv.nvmlDeviceGetFieldValues(self._handle, [nv.NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON,
-                                                              nv.NVML_FI_DEV_NVLINK_LINK_COUNT])
-            speed, links = float(vals[0].value.uiVal), float(vals[1].value.uiVal)
-            return speed * 1e6 * links
-        except Exception:
-            return 0.0
-
     def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
         if not bounds.wait_for_start():
             return {}
@@ -141,8 +137,21 @@ class NvmlSampler:
         h = self._handle
         offset = realtime_offset_ns()
         period_ns = int(self.period_ms * 1e6)
-        pcie_peak = self._pcie_peak_bytes_per_s()
-        nvl_peak = self._nvlink_peak_bytes_per_s()
+        clocks = ClockReader(nv, h)
+        extra: dict[str, tuple[list[int], list[float]]] = {}
+
+        def put(name: str, t_ns: int, value: float) -> None:
+            ts, vs = extra.setdefault(name, ([], []))
+            ts.append(t_ns)
+            vs.append(value)
+
+        if self.health_only:  # beside nsys: clocks, throttle reasons and power only
+            gpm = GpmReader(nv, h, supported=False)
+            peaks = LinkPeaks()
+        else:
+            peaks = link_peaks(nv, h)
+            gpm = GpmReader(nv, h)
+        pcie_peak, nvl_peak = peaks.pcie_bytes_per_s, peaks.nvlink_bytes_per_s
         sm_t: list[int] = []
         sm_v: list[float] = []
         pc_t: list[int] = []
@@ -151,15 +160,6 @@ class NvmlSampler:
         nl_tx: list[float] = []
         nl_rx: list[float] = []
         last_us = (time.time_ns() // 1000) - 1_000_000
-        clocks = ClockReader(nv, h)
-        gpm = GpmReader(nv, h)
-        extra: dict[str, tuple[list[int], list[float]]] = {}
-
-        def put(name: str, t_ns: int, value: float) -> None:
-            ts, vs = extra.setdefault(name, ([], []))
-            ts.append(t_ns)
-            vs.append(value)
-
         while True:
             now = time.monotonic_ns()
             if bounds.done(now):
@@ -171,8 +171,12 @@ class NvmlSampler:
                 put(name, now, 1.0 if held else 0.0)
             if cs.power is not None:
                 put("power", now, cs.power)
-            for name, v in gpm_series_values(gpm.read(), pcie_peak, nvl_peak).items():
-                put(name, now, v)
+            if self.health_only:
+                time.sleep(self.period_ms / 1000)
+                continue
+            if gpm.due(now):  # its own cadence (more than 100 ms), not every period
+                for name, v in gpm_series_values(gpm.read(now), pcie_peak, nvl_peak).items():
+                    put(name, now, v)
             try:
                 _, samples = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, last_us)
                 for s in samples:
@@ -182,7 +186,7 @@ class NvmlSampler:
                         last_us = int(s.timeStamp)
             except Exception as exc:  # NVML_ERROR_NOT_FOUND: no new sample yet
                 log.debug("nvml samples: %s", exc)
-            if pcie_peak > 0 and "pcie" not in extra:
+            if pcie_peak > 0:
                 try:
                     tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES)
                     rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES)
@@ -190,7 +194,7 @@ class NvmlSampler:
                     pc_v.append(max(tx, rx) * 1000.0 / pcie_peak)
                 except Exception as exc:
                     log.debug("nvml pcie: %s", exc)
-            if nvl_peak > 0 and "nvlink" not in extra:
+            if nvl_peak > 0:
                 f = self._nvlink_fields()
                 if f is not None:
                     nl_t.append(now)
@@ -211,14 +215,11 @@ class NvmlSampler:
             tx = rate_series("nvlink", t, np.array(nl_tx), nvl_peak, period_ns, "nvml")
             rx = rate_series("nvlink", t, np.array(nl_rx), nvl_peak, period_ns, "nvml")
             out["nvlink"] = UtilSeries("nvlink", tx.t_ns, np.maximum(tx.value, rx.value), period_ns, "nvml")
-        for name, (ts, vs) in extra.items():  # GPM's sm/pcie/nvlink replace the older reads
-            src = clock_source("nvml", clocks.max_mhz or 0.0) if name == SM_CLOCK else ("nvml gpm" if name in (
-                "sm", "sm_occupancy", "mem", "pcie", "nvlink") else "nvml")
-            if name == "sm" and gpm.supported:
-                out.pop("sm", None)
-            if name in out and src != "nvml gpm":
-                continue
-            out[name] = UtilSeries(name, np.array(ts, np.int64), np.clip(np.array(vs, np.float32), 0, 1), period_ns, src)
+        for name, (ts, vs) in extra.items():  # clocks, reasons, power; GPM's series under their own names
+            gpm_series = name in (GPM_SM_ACTIVE, "sm_occupancy", "mem", GPM_PCIE, GPM_NVLINK)
+            src = clock_source("nvml", clocks.max_mhz or 0.0) if name == SM_CLOCK else ("nvml gpm" if gpm_series else "nvml")
+            out[name] = UtilSeries(name, np.array(ts, np.int64), np.clip(np.array(vs, np.float32), 0, 1),
+                                   gpm.interval_ns if gpm_series else period_ns, src)
         return {k: bounds.trim(v) for k, v in out.items()}
 
 

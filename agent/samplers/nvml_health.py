@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from perftracker.model.hardware import THROTTLE_POWER, THROTTLE_SW, THROTTLE_THE
 log = logging.getLogger(__name__)
 
 NVML_CLOCK_SM = 1
+NVML_FI_DEV_POWER_INSTANT = 186  # mW, instant (nvml.h); NVML_FI_DEV_POWER_AVERAGE = 185 is the 1 s mean
 # nvmlClocksEventReason* (= nvmlClocksThrottleReason*), NVML's values
 REASON_GPU_IDLE = 0x001
 REASON_APPLICATIONS_CLOCKS = 0x002
@@ -55,12 +57,26 @@ GPM_NVLINK_TOTAL_TX_PER_SEC = 61
 GPM_METRICS = (GPM_SM_UTIL, GPM_SM_OCCUPANCY, GPM_DRAM_BW_UTIL, GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC,
                GPM_NVLINK_TOTAL_RX_PER_SEC, GPM_NVLINK_TOTAL_TX_PER_SEC)
 NVML_GPM_METRICS_GET_VERSION = 1
+# NVML's GPM reference (nvmlGpmMetricsGet) notes that the two nvmlGpmSampleGet calls should be more
+# than 100 ms apart (GPM's internal refresh). The sampler reads GPM every GPM_INTERVAL_MS (its own
+# cadence and series period, not the 20 ms of the driver's counters), never below the minimum.
+GPM_MIN_INTERVAL_MS = 110.0
+GPM_INTERVAL_MS = 200.0
 MIB = 1 << 20
 
 
+KNOWN_REASONS = REASON_GPU_IDLE | REASON_CLASSES[THROTTLE_THERMAL] | REASON_CLASSES[THROTTLE_POWER] | REASON_CLASSES[
+    THROTTLE_SW]
+
+
 def decode_reasons(mask: int) -> dict[str, bool]:
-    """{throttle series: held} for a clock-event-reasons bitmask."""
-    return {name: bool(mask & bits) for name, bits in REASON_CLASSES.items()}
+    """{throttle series: held} for a clock-event-reasons bitmask. Every bit has a class: GPU idle is
+    none; a bit NVML added after these (not named in nvml.h 13.x) counts as a software slowdown, so
+    that a clock held down for a reason this code does not know still shows as held."""
+    out = {name: bool(mask & bits) for name, bits in REASON_CLASSES.items()}
+    if mask & ~KNOWN_REASONS:
+        out[THROTTLE_SW] = True
+    return out
 
 
 class _Once:
@@ -90,8 +106,36 @@ class ClockReader:
         self.once = _Once()
         self.max_mhz = self._call("max SM clock", lambda: float(nv.nvmlDeviceGetMaxClockInfo(handle, NVML_CLOCK_SM)))
         self.power_limit_mw = self._call("power limit", lambda: float(nv.nvmlDeviceGetEnforcedPowerLimit(handle)))
-        self._reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._reasons_fn = self._pick_reasons_fn()
+        self._power_instant = self._instant_power_mw() is not None
+
+    def _pick_reasons_fn(self) -> Any:
+        """The clock-reasons call the driver exports: nvidia-ml-py 12.535+ has
+        ``nvmlDeviceGetCurrentClocksEventReasons`` whatever the driver, and a driver older than R535
+        has no such symbol (NVMLError_FunctionNotFound on every call): try each and keep the first
+        that answers."""
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(self.nv, name, None)
+            if fn is None:
+                continue
+            try:
+                int(fn(self.h))
+            except Exception as exc:  # noqa: BLE001 - FunctionNotFound, NotSupported: try the other
+                log.info("nvml: %s: %s: %s", name, type(exc).__name__, exc)
+                continue
+            return fn
+        return None
+
+    def _instant_power_mw(self) -> float | None:
+        """Instant power (NVML_FI_DEV_POWER_INSTANT) where the field answers: on Ampere (but GA100)
+        and later, ``nvmlDeviceGetPowerUsage`` is a 1 s average, too slow for a 20 ms series."""
+        try:
+            v = self.nv.nvmlDeviceGetFieldValues(self.h, [NVML_FI_DEV_POWER_INSTANT])[0]
+            if int(v.nvmlReturn) != 0:
+                return None
+            return float(v.value.uiVal)
+        except Exception:  # noqa: BLE001 - an old driver or nvidia-ml-py without the field
+            return None
 
     def _call(self, what: str, fn: Any) -> Any:
         try:
@@ -113,7 +157,9 @@ class ClockReader:
             reasons = None if mask is None else decode_reasons(mask)
         power = None
         if self.power_limit_mw:
-            mw = self._call("power draw", lambda: float(nv.nvmlDeviceGetPowerUsage(h)))
+            mw = self._instant_power_mw() if self._power_instant else None
+            if mw is None:
+                mw = self._call("power draw", lambda: float(nv.nvmlDeviceGetPowerUsage(h)))
             power = None if mw is None else min(max(mw / self.power_limit_mw, 0.0), 1.0)
         return ClockSample(clock, reasons, power)
 
@@ -122,28 +168,41 @@ class GpmReader:
     """GPM metrics between consecutive samples (Hopper and later). ``supported`` is False (and
     nothing is read) where the GPU, driver or nvidia-ml-py lacks GPM."""
 
-    def __init__(self, nv: Any, handle: Any) -> None:
+    def __init__(self, nv: Any, handle: Any, interval_ms: float = GPM_INTERVAL_MS, supported: bool = True) -> None:
         self.nv, self.h = nv, handle
         self.once = _Once()
         self.supported = False
+        self.interval_ns = int(max(interval_ms, GPM_MIN_INTERVAL_MS) * 1e6)
         self._prev: Any = None
         self._spare: Any = None
+        self._prev_ns = 0
+        if not supported:  # not asked for
+            return
         try:
             self.supported = bool(nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
             if self.supported:
                 self._prev = nv.nvmlGpmSampleGet(handle, nv.nvmlGpmSampleAlloc())
+                self._prev_ns = time.monotonic_ns()
                 self._spare = nv.nvmlGpmSampleAlloc()
         except Exception as exc:
             self.once("GPM", exc)
             self.supported = False
 
-    def read(self) -> dict[int, float]:
-        """{metric id: value} over the interval since the previous call; {} when unsupported or failed."""
-        if not self.supported:
+    def due(self, now_ns: int) -> bool:
+        """Whether a GPM interval has passed since the previous sample (NVML asks for more than
+        100 ms between two ``nvmlGpmSampleGet``: closer samples read stale zeros and clipped ratios)."""
+        return self.supported and now_ns - self._prev_ns >= self.interval_ns
+
+    def read(self, now_ns: int | None = None) -> dict[int, float]:
+        """{metric id: value} over the interval since the previous sample; {} when unsupported,
+        failed, or sooner than ``interval_ns`` after it (the previous sample is kept)."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        if not self.due(now_ns):
             return {}
         nv = self.nv
         try:
             cur = nv.nvmlGpmSampleGet(self.h, self._spare)
+            self._prev_ns = now_ns
             mg = nv.c_nvmlGpmMetricsGet_t()
             mg.version = NVML_GPM_METRICS_GET_VERSION
             mg.numMetrics = len(GPM_METRICS)
@@ -168,10 +227,17 @@ class GpmReader:
         self._prev = self._spare = None
 
 
+GPM_PCIE = "gpm_pcie"  # GPM's PCIe and NVLink throughput, kept beside the driver's "pcie" and "nvlink"
+GPM_NVLINK = "gpm_nvlink"
+GPM_SM_ACTIVE = "sm_active"  # GPM's share of SMs busy: NOT the driver's "sm" (share of time a kernel ran)
+
+
 def gpm_series_values(metrics: dict[int, float], pcie_peak_bytes_per_s: float,
                       nvlink_peak_bytes_per_s: float) -> dict[str, float]:
     """{series: value in [0, 1]} from one interval's GPM metrics; a metric the GPU returns as NaN or
-    infinite (the DRAM bandwidth of an H200 read NaN in every interval on the device check) is left out."""
+    infinite (the DRAM bandwidth of an H200 read NaN in every interval on the device check) is left out.
+    GPM's SM activity is ``sm_active``, never ``sm``: the compute pattern's μ/σ are calibrated on the
+    driver's utilization (the H200 device check read GPM 0.20 under a saturating matmul, at 20 ms)."""
     metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
     out: dict[str, float] = {}
 
@@ -179,15 +245,15 @@ def gpm_series_values(metrics: dict[int, float], pcie_peak_bytes_per_s: float,
         return min(max(x, 0.0), 1.0)
 
     if GPM_SM_UTIL in metrics:
-        out["sm"] = clip(metrics[GPM_SM_UTIL] / 100.0)
+        out[GPM_SM_ACTIVE] = clip(metrics[GPM_SM_UTIL] / 100.0)
     if GPM_SM_OCCUPANCY in metrics:
         out["sm_occupancy"] = clip(metrics[GPM_SM_OCCUPANCY] / 100.0)
     if GPM_DRAM_BW_UTIL in metrics:
         out["mem"] = clip(metrics[GPM_DRAM_BW_UTIL] / 100.0)
     pcie = [metrics[m] for m in (GPM_PCIE_TX_PER_SEC, GPM_PCIE_RX_PER_SEC) if m in metrics]
     if pcie and pcie_peak_bytes_per_s > 0:
-        out["pcie"] = clip(max(pcie) * MIB / pcie_peak_bytes_per_s)
+        out[GPM_PCIE] = clip(max(pcie) * MIB / pcie_peak_bytes_per_s)
     nvl = [metrics[m] for m in (GPM_NVLINK_TOTAL_RX_PER_SEC, GPM_NVLINK_TOTAL_TX_PER_SEC) if m in metrics]
     if nvl and nvlink_peak_bytes_per_s > 0:
-        out["nvlink"] = clip(max(nvl) * MIB / nvlink_peak_bytes_per_s)
+        out[GPM_NVLINK] = clip(max(nvl) * MIB / nvlink_peak_bytes_per_s)
     return out

@@ -72,13 +72,14 @@ def test_gpm_metric_ids_are_nvmls_and_become_series() -> None:
     assert GPM_NVLINK_TOTAL_RX_PER_SEC == pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
     v = gpm_series_values({2: 95.0, 3: 41.5, 10: 63.0, 20: 1024.0, 21: 8192.0, 60: 120000.0, 61: 60000.0},
                           pcie_peak_bytes_per_s=64e9, nvlink_peak_bytes_per_s=450e9)
-    assert v["sm"] == pytest.approx(0.95) and v["sm_occupancy"] == pytest.approx(0.415)
+    assert v["sm_active"] == pytest.approx(0.95) and v["sm_occupancy"] == pytest.approx(0.415)
+    assert "sm" not in v  # GPM's SM activity never stands for the driver's utilization (issue 43)
     assert v["mem"] == pytest.approx(0.63)  # `mem` now has a writer: GPM DRAM bandwidth
-    assert v["pcie"] == pytest.approx(8192 * MIB / 64e9) and v["nvlink"] == pytest.approx(120000 * MIB / 450e9)
+    assert v["gpm_pcie"] == pytest.approx(8192 * MIB / 64e9) and v["gpm_nvlink"] == pytest.approx(120000 * MIB / 450e9)
     assert gpm_series_values({}, 64e9, 450e9) == {}
     # the H200's DRAM bandwidth read NaN on the device check: that series is left out, the others stay
     nan = gpm_series_values({2: 20.0, 10: float("nan"), 21: float("inf")}, 64e9, 450e9)
-    assert nan == {"sm": pytest.approx(0.20)}
+    assert nan == {"sm_active": pytest.approx(0.20)}
 
 
 # --------------------------------------------------------------------------- NVML, replayed
@@ -193,10 +194,12 @@ def test_nvml_reads_clock_reasons_power_and_gpm_from_the_replay() -> None:
     assert out[THROTTLE_POWER].value[6] == 1 and out[THROTTLE_THERMAL].value[6] == 0
     assert not out[THROTTLE_THERMAL].value[7] and not out[THROTTLE_POWER].value[7]  # idle: no reason
     assert out["power"].value[1] == pytest.approx(690 / 700, rel=1e-3)
-    # GPM replaces the older reads: sm from SM activity, mem from DRAM bandwidth
-    assert out["sm"].source == "nvml gpm" and out["sm"].value[0] == pytest.approx(0.95)
+    # GPM beside the driver's reads (issue 43): SM activity as sm_active, DRAM bandwidth as mem, at
+    # GPM's own cadence; "sm" stays the driver's (none in this replay) and "pcie" the driver's counter
+    assert out["sm_active"].source == "nvml gpm" and out["sm_active"].value[0] == pytest.approx(0.95)
     assert out["mem"].value[0] == pytest.approx(0.63) and out["sm_occupancy"].value[0] == pytest.approx(0.415)
-    assert out["pcie"].source == "nvml gpm"
+    assert "sm" not in out and out["pcie"].source == "nvml"
+    assert out["sm_active"].period_ns == 200_000_000 and len(out["sm_active"].t_ns) <= 2
     assert nv.freed == 2  # the two GPM sample buffers are given back
 
 
