@@ -37,7 +37,7 @@ from perftracker.model import Finding, RankState, Report, compress_ranks
 from perftracker.model.names import safe_text
 
 ABNORMAL = "#d62728"
-NORMAL = "#5b7fa6"
+NORMAL = "#55779d"  # also a label colour on white: WCAG AA (4.5:1), tests/unit/test_ranking.py
 MAX_SERIES = 64  # iteration-time lines drawn; the rest are named in a note
 MAX_POINT_LABELS = 12
 
@@ -63,7 +63,7 @@ h3 { font-size: 14px; margin: 10px 0 2px; color: var(--muted); text-transform: u
 details { font-size: 13px; color: var(--muted); margin: 6px 0; }
 .chips span { display: inline-block; background: #eef1f5; border-radius: 12px; padding: 1px 10px;
               margin: 0 6px 6px 0; font-size: 13px; }
-.chips span.r { background: #fde8e8; color: var(--bad); font-weight: 600; }
+.chips span.r { background: #fde8e8; color: #b71c1c; font-weight: 600; }
 .row { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
 table { border-collapse: collapse; font-size: 14px; }
 th, td { padding: 4px 10px; border-bottom: 1px solid var(--line); text-align: left; }
@@ -72,7 +72,7 @@ td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .key { font-family: "DejaVu Sans Mono", Menlo, monospace; font-size: 12px; color: var(--muted);
        word-break: break-all; margin: 0 0 8px; }
 .state-culprit { color: var(--bad); font-weight: 700; } .state-silent { color: #9c27b0; font-weight: 700; }
-.state-waiting { color: #b26a00; } .note { color: var(--muted); font-size: 13px; }
+.state-waiting { color: #955700; } .note { color: var(--muted); font-size: 13px; }
 svg text { font: 12px "DejaVu Sans", Arial, sans-serif; fill: #333; }
 """
 
@@ -315,7 +315,7 @@ def _scatter(f: Finding, width: int = 460, height: int = 340) -> str:
     if (lo.beta, lo.mu, hi.beta, hi.mu) != (0.0, 0.0, 1.0, 1.0):
         x0, x1, y0, y1 = sx(lo.beta), sx(hi.beta), sy(hi.mu), sy(lo.mu)
         parts.append(f'<rect x="{x0:.1f}" y="{y0:.1f}" width="{x1 - x0:.1f}" height="{y1 - y0:.1f}" fill="#2ca02c" fill-opacity="0.10" stroke="#2ca02c" stroke-dasharray="4 3"/>')
-        parts.append(f'<text x="{x0 + 4:.1f}" y="{y1 - 6:.1f}" style="fill:#2ca02c">expected range</text>')
+        parts.append(f'<text x="{x0 + 4:.1f}" y="{y1 - 6:.1f}" style="fill:#258625">expected range</text>')
     # axes and grid
     for t in _ticks(x_top):
         x = sx(t)
@@ -460,8 +460,8 @@ INK = "#1d2330"  # the page's text colour
 
 
 # the step picture's parts, in drawing order, with their colours
-_PART_COLORS = {"host": "#9467bd", "compute": "#2c7fb8", "waiting": "#e6550d", "communication": "#31a354",
-                "other": "#c7c7c7"}
+_PART_COLORS = {"host": "#8f60ba", "compute": "#2a79b0", "waiting": "#cb4b0b", "communication": "#288444",
+                "other": "#c7c7c7"}  # each with a label ink of AA contrast (``label_ink``)
 
 
 def _step_section(report: Report) -> str:

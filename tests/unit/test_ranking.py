@@ -159,3 +159,64 @@ def test_unmeasured_mu_and_sigma_are_null_and_read_back() -> None:
     assert measured.samples_measured and measured.to_dict()["findings"][0]["median"]["mu"] == 0.0
     live = _report([f])  # a window always measures (0 is a measured 0)
     assert live.to_dict()["findings"][0]["observed"]["mu"] == 0.0
+
+
+def _hex6(c: str) -> str:
+    return c if len(c) == 7 else "#" + "".join(ch * 2 for ch in c[1:])
+
+
+def test_every_html_label_meets_wcag_aa_contrast() -> None:
+    """White labels on the green and grey lanes failed AA (3.2 and 1.7); every text colour of the page
+    and of its charts, on what it is drawn on, is now at least 4.5:1."""
+    from perftracker.localizer.render import html
+
+    from perftracker.model import Lane
+
+    lanes = tuple(Lane(r, "culprit" if r == 2 else "typical", 100.0,
+                       tuple((name, 20.0) for name in html._PART_COLORS)) for r in (2, 3))
+    f = dataclasses.replace(_f("aten::mm"), points=((2, 0.2, 0.5), (3, 0.05, 0.4)),
+                            expected=Box(Triple(0, 0, 0), Triple(0.1, 0.9, 1)))
+    report = dataclasses.replace(_report([dress(f, 8)]), step_lanes=lanes,
+                                 iteration_ms={2: (10.0, 20.0, 21.0), 3: (10.0, 11.0, 10.5)})
+    buf = io.StringIO()
+    html.render(report, buf)
+    page = buf.getvalue()
+    on_bar = re.findall(r'<rect [^>]*fill="(#[0-9a-f]{6})"><title>[^<]*</title></rect><text [^>]*style="fill:(#[0-9a-f]{6})"',
+                        page)
+    assert len(on_bar) == 2 * len(html._PART_COLORS), on_bar  # every part of both lanes is labelled
+    for bg, fg in on_bar:
+        assert html.contrast(fg, bg) >= 4.5, (fg, bg)
+    on_white = [c for c in re.findall(r'<text [^>]*style="fill:(#[0-9a-f]{6})', page)
+                if not any(c == fg for _, fg in on_bar)]
+    on_white += [html.ABNORMAL, html.NORMAL, "#333333"]  # the chart labels' own colours and the default
+    for fg in on_white:
+        assert html.contrast(fg, "#ffffff") >= 4.5, fg
+    css = dict(re.findall(r"--(\w+):(#[0-9a-f]{3,6})", html._CSS))
+    bg_page = _hex6(css["bg"])
+    for name in ("fg", "muted", "bad"):
+        for bg in ("#ffffff", bg_page):
+            assert html.contrast(_hex6(css[name]), bg) >= 4.5, (name, bg)
+    chip_red = re.search(r"\.chips span\.r \{ background: (#[0-9a-f]{6}); color: (#[0-9a-f]{6})", html._CSS)
+    assert chip_red is not None and html.contrast(chip_red.group(2), chip_red.group(1)) >= 4.5
+    for state in re.findall(r"\.state-\w+ \{ color: (#[0-9a-f]{6})", html._CSS):
+        assert html.contrast(state, "#ffffff") >= 4.5, state
+    # the check can fail: the old white on the communication lane
+    assert html.contrast("#ffffff", "#31a354") < 4.5
+
+
+def test_an_offline_report_draws_no_empty_iteration_chart() -> None:
+    from perftracker.localizer.render import html
+
+    one = dataclasses.replace(_report([]), kind="offline", iteration_ms={0: (14.5,), 1: (19.9,)})
+    buf = io.StringIO()
+    html.render(one, buf)
+    page = buf.getvalue()
+    assert "No chart: each rank has one step" in page and "polyline" not in page and "trigger →" not in page
+    many = dataclasses.replace(one, iteration_ms={0: (14.5, 15.0), 1: (19.9, 20.1)})
+    buf = io.StringIO()
+    html.render(many, buf)
+    assert "polyline" in buf.getvalue() and "trigger →" not in buf.getvalue()
+    live = dataclasses.replace(many, kind="slowdown")
+    buf = io.StringIO()
+    html.render(live, buf)
+    assert "trigger →" in buf.getvalue()
