@@ -71,7 +71,7 @@ def _run_one(sc: Scenario, args: argparse.Namespace, netns: bool, workdir: Path)
     hosts_cm = EmulatedHosts(sc.workers) if netns else None
     try:
         hosts = hosts_cm.__enter__().hosts if hosts_cm else None
-        with JobRun(sc, job, token, run_dir, hosts, iters_cap=args.iterations_cap) as run:
+        with JobRun(sc, job, token, run_dir, hosts, iters_cap=args.iterations_cap, zero_setup=args.zero_setup) as run:
             result = run.execute(timeout_s=args.timeout_s)
         return Outcome(sc, result, score(sc, list(result.reports)))
     except Exception as exc:  # noqa: BLE001 - one scenario's failure is reported, the suite goes on
@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=240.0, help="per-scenario time limit")
     p.add_argument("--iterations-cap", type=int, default=None, help="cap each scenario's iterations")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--zero-setup", action="store_true",
+                   help="start no localizer or agent and pass no URL: each emulated host's workers start their own "
+                        "agent and the job finds its one localizer through its rendezvous store (issue 42)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
 
@@ -206,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": len(ran),
         "skipped": len(outcomes) - len(ran),
         "mode": "netns" if netns else "single-host",
+        "localizer": "zero-setup" if args.zero_setup else "explicit-url",
         "precision": round(tp / (tp + fp), 4) if tp + fp else 1.0,
         "recall": round(found / expected, 4) if expected else 1.0,
         "headline_correct": round(sum(heads) / len(heads), 4) if heads else 1.0,

@@ -57,9 +57,14 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 class JobRun:
     def __init__(
-        self, sc: Scenario, job: str, token: str, run_dir: Path, hosts: list[Host] | None, iters_cap: int | None = None
+        self, sc: Scenario, job: str, token: str, run_dir: Path, hosts: list[Host] | None, iters_cap: int | None = None,
+        zero_setup: bool = False,
     ) -> None:
+        """``zero_setup``: start no localizer and no agent and pass no URL: each emulated host's
+        workers start their own agent (own run dir and working dir), and the job finds its one
+        localizer through its rendezvous store (issue 42); the harness reads it from host 0."""
         self.sc, self.job, self.token, self.run_dir, self.hosts = sc, job, token, run_dir, hosts
+        self.zero_setup = zero_setup
         self.iterations = min(sc.iterations, iters_cap) if iters_cap else sc.iterations
         self.procs: list[subprocess.Popen[bytes]] = []
         # the workers write their iteration here every iteration: keep that off the disk (tmpfs),
@@ -86,21 +91,31 @@ class JobRun:
             # window before the fault does not use up its advance (docs/window-cost.md, the budget)
             PERFTRACKER_WINDOW_BUDGET_INITIAL_S="72",
         )
+        if zero_setup:  # the user's setup: nothing but `import perftracker`
+            for var in ("PERFTRACKER_TOKEN", "PERFTRACKER_LOCALIZER_URL", "PERFTRACKER_AUTOSTART_AGENT"):
+                self.env.pop(var, None)
+            self.url = ""
+        if sc.baseline:  # the localizer takes the job's healthy baseline once it runs steadily (issue 49)
+            self.env["PERFTRACKER_BASELINE"] = "1"
         if sc.trigger != "detector":
             # only the CLI (or nothing) triggers: keep the detector from opening a session on its own
             self.env["PERFTRACKER_TRIGGER_COOLDOWN_S"] = "100000"
             self.env["PERFTRACKER_SLOWDOWN_THRESHOLD"] = "1000"
 
     # -- process management ------------------------------------------------------------------
-    def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None,
+               cwd: Path | None = None) -> subprocess.Popen[bytes]:
         logf = open(self.run_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the stack
         self.stack.callback(logf.close)
-        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env or self.env, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env or self.env, start_new_session=True,
+                                cwd=cwd)
         self.procs.append(proc)
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
         return proc
 
     def __enter__(self) -> JobRun:
+        if self.zero_setup:
+            return self
         store = self.run_dir / "store.db"
         self._spawn(
             [sys.executable, "-m", "perftracker", "localizer", "--host", self.addr, "--port", str(self.port),
@@ -120,6 +135,7 @@ class JobRun:
             except psutil.Error:
                 pass
         victims.update(pid for pid in (self._worker_pid(r) for r in range(self.sc.workers)) if pid)
+        victims.update(self._autostarted_agents())
         for pid in victims:
             for sig in (signal.SIGCONT, signal.SIGKILL):
                 try:
@@ -145,6 +161,33 @@ class JobRun:
             for f in self.progress_dir.glob("*.times"):  # iteration end times: kept with the run
                 shutil.copy(f, self.run_dir / f.name)
             shutil.rmtree(self.progress_dir, ignore_errors=True)
+
+    def _autostarted_agents(self) -> list[int]:
+        out = []
+        for rank in range(self.sc.workers):
+            try:
+                out.append(int(json.loads((self.run_dir / f"host{rank}" / "agent.json").read_text())["pid"]))
+            except (OSError, ValueError, KeyError):
+                pass
+        return out
+
+    def _discover(self) -> bool:
+        """Zero-setup: the job's localizer, from host 0's runs dir (the job record its agent left,
+        else its embedded localizer's file) and that runs dir's token. False until it is there."""
+        if self.url:
+            return True
+        runs = self.run_dir / "host0" / "work" / "perftracker-runs"
+        try:
+            token = (runs / "token").read_text().strip()
+            if self.hosts and self.sc.workers > 1:  # a job of several hosts: the URL its rank 0's agent serves
+                url = json.loads((runs / "jobs" / f"{self.job}.json").read_text())["url"]
+            else:  # one host: its embedded localizer, on loopback
+                url = json.loads((runs / "localizer.json").read_text())["url"]
+        except (OSError, ValueError, KeyError):
+            return False
+        self.url, self.token = str(url), token
+        log.info("zero-setup: the job's localizer is %s", self.url)
+        return True
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -186,13 +229,18 @@ class JobRun:
             # gloo picks its address from the hostname, which every namespace shares: name the link
             env = dict(self.env, PERFTRACKER_RUN_DIR=str(rdir), GLOO_SOCKET_IFNAME="eth0" if host else "lo")
             agent = [sys.executable, "-m", "perftracker", "agent", "--run-dir", str(rdir),
-                     "--localizer-url", self.url, "--keep-files"]  # token: PERFTRACKER_TOKEN in env
+                     "--url", self.url, "--keep-windows"]  # token: PERFTRACKER_TOKEN in env
             master = self.hosts[0].addr if self.hosts else "127.0.0.1"
             train = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(n), "--node_rank", str(rank),
                      "--nproc_per_node", "1", "--master_addr", master, "--master_port", str(master_port),
                      str(TRAIN), *self._script_args(rank)]
             if host:
                 agent, train = host.wrap(agent, keep_sysfs=True), host.wrap(train)
+            if self.zero_setup:  # its own agent (autostarted: own run dir) and ./perftracker-runs/
+                work = rdir / "work"
+                work.mkdir(exist_ok=True)
+                self._spawn(train, f"train{rank}", env, cwd=work)
+                continue
             self._spawn(agent, f"agent{rank}", env)
             self._spawn(train, f"train{rank}", env)
 
@@ -296,11 +344,13 @@ class JobRun:
                     # detection delay counts from where it really began (oom begins in the script)
                     if f.kind != "oom":
                         applied_at.append(max(at, progress.get(r, at)))
+            if not self._discover():
+                continue
             if sc.trigger == "cli" and cli_iter is None and it_max >= sc.trigger_at_iter:
                 subprocess.run(
                     [sys.executable, "-m", "perftracker", "trigger", "--job", self.job, "--url", self.url,
                      "--window-s", str(sc.window_s), "--no-wait"],
-                    env=self.env, check=True, capture_output=True,
+                    env=dict(self.env, PERFTRACKER_TOKEN=self.token), check=True, capture_output=True,
                 )
                 cli_iter = it_max
                 log.info("CLI trigger at iteration %d", it_max)
