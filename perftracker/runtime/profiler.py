@@ -18,7 +18,9 @@ thread's, which we map to the OS id. Other threads keep a negative id (-RecordFu
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +134,9 @@ class KinetoCapture:
             raise ProfilerError("another profiler is already active in this process")
         try:
             cfg, acts = self._config()
+            if self.cuda:
+                for k, v in cupti_env(torch.version.cuda, cuda_graphs_in_use()).items():
+                    os.environ.setdefault(k, v)  # read by Kineto; a value the user set stays
             torch.autograd._prepare_profiler(cfg, acts)
             torch.autograd._enable_profiler(cfg, acts)
         except Exception as exc:
@@ -192,6 +197,9 @@ class KinetoRows:
     end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     python_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # tracer mode; else -1
     python_parent_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # over every event of the profile, before the window's clip (``gpu_events_lost``)
+    launches: int = 0  # CUDA runtime/driver calls that put work on the GPU
+    gpu_events: int = 0  # kernels, memcpys, memsets
 
     def __len__(self) -> int:
         return len(self.name_idx)
@@ -346,6 +354,60 @@ def kineto_rows(
     if main_rf is None:
         log.warning("window marker missing from the profile: training-thread events keep RecordFunction ids")
     table = list(name_ids)
+    gpu_kinds = np.isin(kind_of_act, (int(EventKind.KERNEL), int(EventKind.MEMCPY), int(EventKind.MEMSET)))
+    gpu_events = int(gpu_kinds[act_col].sum()) if n else 0
+    launch_ids = np.array([i for x, i in name_ids.items() if x.startswith(LAUNCH_PREFIXES)], np.int64)
+    runtime = np.isin(act_col, [i for a, i in act_ids.items() if a in ("cuda_runtime", "cuda_driver")])
+    launches = int((runtime & np.isin(name_col, launch_ids)).sum()) if n else 0
     return KinetoRows(kind=kind, name_idx=name_col[keep], name_table=table, tid=tid, device=device,
                       start_ns=k_start, end_ns=np.maximum(k_end, k_start), python_id=py_id,
-                      python_parent_id=py_parent)
+                      python_parent_id=py_parent, launches=launches, gpu_events=gpu_events)
+
+
+# CUDA calls that put work on the GPU (each gives a kernel, memcpy or memset event when CUPTI records)
+LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaGraphLaunch", "cuGraphLaunch", "cudaMemcpy", "cuMemcpy",
+                   "cudaMemset", "cuMemset")
+
+
+def gpu_events_lost(rows: KinetoRows) -> str:
+    """Why the window's GPU events are missing, or "": the training thread launched work on the GPU
+    and the profile holds no kernel, memcpy or memset. Such a window is not a CPU window: CUPTI lost
+    its GPU activity (a later window after a CUPTI teardown, full activity buffers); summarized, it
+    would blame the host for what the GPU did."""
+    if rows.launches > 0 and rows.gpu_events == 0:
+        return (f"GPU events lost: {rows.launches} CUDA launches and no kernel, memcpy or memset in the "
+                "profile (CUPTI recorded no GPU activity)")
+    return ""
+
+
+CUDA_GRAPH_SAFE_CUDA = (12, 6)  # torch's own bound: below it, no CUPTI teardown where CUDA graphs run
+
+
+def cupti_env(cuda_version: str | None, cuda_graphs: bool) -> dict[str, str]:
+    """The CUPTI settings torch's own profiler sets before a trace (torch/profiler/profiler.py,
+    ``prepare_trace``; read in torch 2.13 and 2.3.1): with CUDA graphs on CUDA < 12.6, no lazy
+    re-init and no teardown (CUPTI teardown with graphs crashes at the first lazy re-init on CUDA
+    11 and at the second re-init on CUDA 12). Elsewhere Kineto's default (teardown after each
+    window: no lasting CUPTI overhead between windows)."""
+    if not cuda_graphs or not cuda_version:
+        return {}
+    try:
+        major, minor = (int(x) for x in cuda_version.split(".")[:2])
+    except ValueError:
+        return {}
+    if (major, minor) >= CUDA_GRAPH_SAFE_CUDA:
+        return {}
+    return {"DISABLE_CUPTI_LAZY_REINIT": "1", "TEARDOWN_CUPTI": "0"}
+
+
+def cuda_graphs_in_use() -> bool:
+    """Whether this process may run CUDA graphs, as torch judges it (inductor's ``triton.cudagraphs``,
+    read only where inductor is already imported), or as the user says (PERFTRACKER_CUDA_GRAPHS=1:
+    graphs captured by hand with ``torch.cuda.graph`` leave no flag to read)."""
+    if os.environ.get("PERFTRACKER_CUDA_GRAPHS", "") == "1":
+        return True
+    cfg = sys.modules.get("torch._inductor.config")
+    try:
+        return bool(cfg is not None and cfg.triton.cudagraphs)  # type: ignore[attr-defined]
+    except AttributeError:
+        return False

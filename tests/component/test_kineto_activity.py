@@ -176,3 +176,71 @@ def test_rows_from_torch_231_events() -> None:
     from perftracker.model.raw_window import EventKind
 
     assert rows.kind.tolist() == [EventKind.CPU_OP, EventKind.ANNOTATION, EventKind.CPU_OP]
+
+
+class _Ev213:
+    """A ``_KinetoEvent`` of torch 2.13's shape, with Kineto's activity names ("cuda_runtime", "kernel")."""
+
+    def __init__(self, name: str, act: str, start_ns: int, dur_ns: int, device: Any = CPU) -> None:
+        self._n, self._a, self._s, self._d, self._dev = name, act, start_ns, dur_ns, device
+
+    def name(self) -> str:
+        return self._n
+
+    def activity_type(self) -> str:
+        return self._a
+
+    def start_ns(self) -> int:
+        return self._s
+
+    def end_ns(self) -> int:
+        return self._s + self._d
+
+    def start_thread_id(self) -> int:
+        return 1
+
+    def device_type(self) -> Any:
+        return self._dev
+
+    def device_resource_id(self) -> int:
+        return 7  # the stream
+
+    def device_index(self) -> int:
+        return 0
+
+
+def _gpu_window(kernels: bool) -> Any:
+    from perftracker.runtime.profiler import MARKER
+
+    t = 1_700_000_000_000_000_000
+    ev = [_Ev213(MARKER, "user_annotation", t, 1)]
+    for i in range(5):
+        ev += [_Ev213("aten::mm", "cpu_op", t + i * 1000, 500), _Ev213("cudaLaunchKernel", "cuda_runtime", t + i * 1000 + 10, 5)]
+        if kernels:
+            ev.append(_Ev213("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32", "kernel", t + i * 1000 + 20, 400, CUDA))
+    ev.append(_Ev213("cudaStreamSynchronize", "cuda_runtime", t + 6000, 5))  # not a launch
+    return SimpleNamespace(events=lambda: ev)
+
+
+def test_a_window_with_launches_and_no_kernels_says_gpu_events_lost() -> None:
+    """CUPTI lost the GPU activity (the second window after a teardown): the training thread launched
+    five kernels and the profile has none. Said, never a CPU window; the twin keeps its kernels."""
+    from perftracker.runtime.profiler import gpu_events_lost, kineto_rows
+
+    lost = kineto_rows(_gpu_window(kernels=False), 0, 99, 0, 2**62)
+    assert (lost.launches, lost.gpu_events) == (5, 0)
+    assert gpu_events_lost(lost).startswith("GPU events lost: 5 CUDA launches")
+    kept = kineto_rows(_gpu_window(kernels=True), 0, 99, 0, 2**62)
+    assert (kept.launches, kept.gpu_events) == (5, 5) and gpu_events_lost(kept) == ""
+    # a CPU job: no launch, nothing lost
+    cpu = SimpleNamespace(events=lambda: [e for e in _gpu_window(False).events() if e.activity_type() != "cuda_runtime"])
+    assert gpu_events_lost(kineto_rows(cpu, 0, 99, 0, 2**62)) == ""
+
+
+def test_cupti_settings_follow_torchs_policy() -> None:
+    from perftracker.runtime.profiler import cupti_env
+
+    off = {"DISABLE_CUPTI_LAZY_REINIT": "1", "TEARDOWN_CUPTI": "0"}
+    assert cupti_env("12.4", True) == off and cupti_env("11.8", True) == off
+    assert cupti_env("12.6", True) == {} and cupti_env("12.8", True) == {} and cupti_env("13.0", True) == {}
+    assert cupti_env("12.4", False) == {} and cupti_env(None, True) == {}  # no graphs, or a CPU build

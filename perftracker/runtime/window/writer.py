@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from perftracker.errors import ProfilerError
 from perftracker.model.raw_window import WindowMeta
 from perftracker.runtime import stack_sampler as stacks_mod
-from perftracker.runtime.profiler import kineto_rows
+from perftracker.runtime.profiler import gpu_events_lost, kineto_rows
 from perftracker.runtime.protocols import WorkerIdentity
 from perftracker.runtime.raw_window_build import build_raw_window
 from perftracker.runtime.throttle import Cancelled, Detached, Throttle
@@ -251,6 +252,9 @@ class WindowWriter:
         tid = self.training_tid()
         krows = (kineto_rows(result, cur.capture.offset_ns, tid, cur.start_ns, end_ns, throttle)
                  if result is not None and cur.capture is not None else None)  # a result: a capture ran
+        lost = gpu_events_lost(krows) if krows is not None else ""
+        if lost:  # said, never summarized as a CPU window (issue 43)
+            raise ProfilerError(lost)
         pyexec = None
         if cur.pystacks_path is not None:
             got = _load_remote_stacks(cur.pystacks_path, cur.session)
