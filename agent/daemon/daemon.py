@@ -32,6 +32,7 @@ from perftracker.agent.daemon.job_routes import JobServer, RoutedUplink
 from perftracker.agent.daemon.localizer_client import TriggerNotice
 from perftracker.agent.daemon.localizer_link import LocalizerUplink, Upstream
 from perftracker.agent.daemon.options import AgentOptions
+from perftracker.agent.daemon.peer import PeerCred, peer_cred
 from perftracker.agent.daemon.window_session import SessionRun, WindowRunner, send
 from perftracker.agent.daemon.worker_exits import (
     ExitStatus,
@@ -63,6 +64,8 @@ from perftracker.wire.framing import MessageType
 log = logging.getLogger(__name__)
 
 AGENT_INFO = "agent.json"
+MAX_WORKERS = 256  # connected workers per agent (issue 46); a node runs one per GPU or a few dozen CPU ranks
+MAX_RANKS_PER_PROCESS = 4  # a training process is one rank (a test harness may hold a few)
 JOB_LINK_WAIT_S = 30.0  # a multi-node job's ranks name its localizer within this, else the agent's own
 
 
@@ -78,7 +81,7 @@ def death_snapshot(w: Worker, status: ExitStatus | None, oom: bool, failed_ns: i
         end, code, what = status.kind, status.code, status.describe()
     else:
         end, code, what = "dead", 0, "process died (exit status not seen)"
-    message, _ = read_error_file(w.error_file)
+    message, _ = read_error_file(w.error_file, owner=w.uid)  # only a file of the worker's own uid (issue 46)
     if message and not oom:  # torchrun's @record wrote the exception the process died of
         end, what = "exception", f"{message} ({what})"
     return HangSnapshot(job=w.job, rank=w.rank, world_size=w.world_size, host=w.host, pid=w.pid,
@@ -229,6 +232,12 @@ class AgentDaemon:
                                                                    error=f"register refused: {exc}"))
                 self._warn_once("bad-register", "refused a worker registration: %s", exc)
                 return
+            cred = peer_cred(writer.get_extra_info("socket"))
+            refusal = self._peer_refusal(msg, cred)
+            if refusal:
+                await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=False, error=refusal))
+                self._warn_once(f"peer-{msg['pid']}", "refused a worker registration: %s", refusal)
+                return
             holder = self.workers.get((msg["job"], msg["rank"]))
             if holder is not None and holder.connected and holder.pid != msg["pid"] and liveness(holder.pid, holder.started)[0]:
                 # two live processes claim one rank of one job (e.g. two runs of the same script): keep
@@ -239,7 +248,7 @@ class AgentDaemon:
                 self._warn_once(f"dup-{msg['job']}-{msg['rank']}", "refused pid %d: rank %d of job %s is already "
                                 "connected from pid %d", msg["pid"], msg["rank"], msg["job"], holder.pid)
                 return
-            worker = self._register_worker(msg, writer)
+            worker = self._register_worker(msg, writer, uid=cred.uid if cred is not None else -1)
             features = ["job_link"] if self.job_server is not None or self.routes is not None else []
             await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=True, agent_id=self.agent_id,
                                                                features=features))
@@ -273,7 +282,25 @@ class AgentDaemon:
                     self._spawn(self._on_disconnect(worker, time.monotonic(), time.time_ns()), "disconnect")
             writer.close()
 
-    def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter) -> Worker:
+    def _peer_refusal(self, msg: dict[str, Any], cred: PeerCred | None) -> str:
+        """Why a registration is refused, "" when it is not. The worker's pid is the kernel's
+        (``SO_PEERCRED``: ``msg["pid"]`` is replaced), at most ``MAX_RANKS_PER_PROCESS`` live
+        registrations per process and ``MAX_WORKERS`` connected workers per agent (issue 46: 30
+        registrations naming one pid started 30 samplers processes, 825 MB)."""
+        if cred is not None and cred.pid > 0:
+            if cred.pid != msg["pid"]:
+                self._warn_once(f"pid-{cred.pid}", "a worker declared pid %d but the kernel says %d: using %d",
+                                msg["pid"], cred.pid, cred.pid)
+            msg["pid"] = cred.pid
+        key = (msg["job"], msg["rank"])
+        connected = [(k, w) for k, w in self.workers.items() if w.connected]
+        if sum(1 for k, w in connected if w.pid == msg["pid"] and k != key) >= MAX_RANKS_PER_PROCESS:
+            return f"process {msg['pid']} already holds {MAX_RANKS_PER_PROCESS} ranks"
+        if len(connected) >= MAX_WORKERS and all(k != key for k, _ in connected):
+            return f"this agent already serves {len(connected)} workers (at most {MAX_WORKERS})"
+        return ""
+
+    def _register_worker(self, msg: dict[str, Any], writer: asyncio.StreamWriter, uid: int = -1) -> Worker:
         key = (msg["job"], msg["rank"])
         old = self.workers.get(key)
         if old is not None and old.writer is not None and old.writer is not writer:
@@ -285,7 +312,7 @@ class AgentDaemon:
             started = started_at(msg["pid"])
         w = Worker(job=msg["job"], rank=msg["rank"], world_size=msg["world_size"], local_rank=msg["local_rank"],
                    pid=msg["pid"], training_tid=msg["training_tid"], host=msg["host"], started=started,
-                   writer=writer, cgroup=memory_cgroup(msg["pid"]), error_file=error_file_of(msg["pid"]))
+                   writer=writer, cgroup=memory_cgroup(msg["pid"]), error_file=error_file_of(msg["pid"]), uid=uid)
         self.workers[key] = w
         self._last_connected = time.monotonic()
         self._update_worker_metrics(w.job)

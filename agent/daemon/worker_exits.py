@@ -16,7 +16,8 @@
   (v2 ``memory.peak``/``memory.max``, v1 ``memory.max_usage_in_bytes``/``memory.limit_in_bytes``).
 - **torchrun's error file**: ``TORCHELASTIC_ERROR_FILE`` from the worker's environment
   (psutil's ``environ``, read at registration); a worker whose ``@record``-decorated entry point
-  failed wrote its exception there.
+  failed wrote its exception there. The path is the worker's word: the file is read only when it
+  is a regular file of the worker's uid (``read_error_file``).
 
 Every reader returns a neutral value when the file is missing or unreadable; none raises.
 """
@@ -27,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,15 +245,35 @@ def error_file_of(pid: int) -> str:
         return ""
 
 
-def read_error_file(path: str, max_bytes: int = 1 << 20) -> tuple[str, int]:
-    """(message, wall ns) of a torchelastic error file, ("", 0) if absent or unreadable."""
-    if not path:
+def read_error_file(path: str, max_bytes: int = 1 << 20, owner: int | None = None) -> tuple[str, int]:
+    """(message, wall ns) of a torchelastic error file, ("", 0) if absent, unreadable or not the
+    worker's own (issue 46: the path comes from the worker's environment, and the agent may run as
+    root): read only when it is a regular file (a FIFO would block the agent's event loop; it is
+    opened non-blocking and never read unless regular; a symlink is not followed) owned by
+    ``owner``, the worker's uid as the kernel gave it at registration (None: this process's uid;
+    < 0: not known, nothing is read), at most ``max_bytes``."""
+    uid = os.geteuid() if owner is None else owner
+    if not path or uid < 0:
         return "", 0
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return "", 0
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            log.warning("not reading the worker's error file %s: %s", path[:200],
+                        "not a regular file" if not stat.S_ISREG(st.st_mode) else f"owned by uid {st.st_uid}, "
+                        f"not by the worker's uid {uid}")
+            return "", 0
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
             data = json.loads(fh.read(max_bytes) or b"{}")
     except (OSError, ValueError):
         return "", 0
+    finally:
+        if fd >= 0:
+            os.close(fd)
     msg = data.get("message") if isinstance(data, dict) else None
     if isinstance(msg, dict):
         text = str(msg.get("message", ""))

@@ -45,6 +45,7 @@ class Worker:
     last_seen: float = field(default_factory=time.monotonic)
     cgroup: MemoryCgroup | None = None  # its memory cgroup and OOM kill count when last read
     error_file: str = ""  # TORCHELASTIC_ERROR_FILE from its environment
+    uid: int = -1  # its uid as the kernel gave it (SO_PEERCRED); -1 not known: no file it names is read
     crash_sent: bool = False  # it sent its own crash snapshot (an uncaught exception)
 
     @property
