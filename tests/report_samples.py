@@ -9,6 +9,7 @@ code while the others wait in a collective).
 from __future__ import annotations
 
 from perftracker.model import Box, Category, Finding, RankState, Report, TopFunction, Triple
+from perftracker.model.trigger import Detection
 
 WORLD = 8
 SLOW_RANK = 3
@@ -70,7 +71,9 @@ def slow_compute_report() -> Report:
         session="s-20261122-125301-7f3a",
         kind="slowdown",
         created_ns=1_795_351_981_000_000_000,
-        trigger_reason="slowdown: mean of last 50 iterations 208 ms > 1.05 x shortest 101 ms (rank 3)",
+        trigger_reason="rank 3: slowdown at iteration 850 (+106% over 101.0 ms)",
+        trigger=Detection(rank=3, reason="slowdown", test="paper", iteration=850, baseline_ms=101.0, slow_ms=208.0,
+                          ratio=208.0 / 101.0),
         window_s=20.0,
         ranks_reported=tuple(range(WORLD)),
         ranks_missing=(),

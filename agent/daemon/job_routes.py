@@ -81,8 +81,9 @@ class RoutedUplink:
     def heartbeat(self, job: str, agent_id: str, ranks: Sequence[Mapping[str, Any]]) -> None:
         self.for_job(job).heartbeat(job, agent_id, ranks)
 
-    def create_trigger(self, job: str, reason: str = "on-demand", window_s: float | None = None) -> tuple[str, bool]:
-        return self.for_job(job).create_trigger(job, reason, window_s)
+    def create_trigger(self, job: str, reason: str = "on-demand", window_s: float | None = None,
+                       detection: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+        return self.for_job(job).create_trigger(job, reason, window_s, detection)
 
     def upload_hang_snapshot(self, snap: HangSnapshot) -> object:
         return self.for_job(snap.job).upload_hang_snapshot(snap)

@@ -216,11 +216,15 @@ class Uplink:
         return self.request("POST", "/v1/hang-snapshots", snap.to_dict(),
                             agent_key=self.agent_key(snap.job, snap.rank))[1]
 
-    def create_trigger(self, job: str, reason: str = "on-demand", window_s: float | None = None) -> tuple[str, bool]:
-        """Open (or join) a session for the job. Returns (session, joined)."""
+    def create_trigger(self, job: str, reason: str = "on-demand", window_s: float | None = None,
+                       detection: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+        """Open (or join) a session for the job. Returns (session, joined). ``detection``: a worker's
+        typed detection (``Detection.to_dict``), kept with the session."""
         body: dict[str, Any] = {"reason": reason}
         if window_s is not None:
             body["window_s"] = window_s
+        if detection is not None:
+            body["detection"] = dict(detection)
         _, d = self.request("POST", f"/v1/jobs/{urllib.parse.quote(job, safe='')}/triggers", body)
         return str(d["session"]), bool(d["joined"])
 

@@ -23,6 +23,7 @@ from perftracker.agent.daemon.workers import SILENT_AFTER_S, Worker, liveness, s
 
 from perftracker.errors import PerftrackerError
 from perftracker.model import HangSnapshot, PatternSet
+from perftracker.model.trigger import Detection
 from perftracker.warnonce import WarnOnce
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class LocalizerUplink(Protocol):
 
     def heartbeat(self, job: str, agent_id: str, ranks: Sequence[Mapping[str, Any]]) -> None: ...
 
-    def create_trigger(self, job: str, reason: str = ..., window_s: float | None = ...) -> tuple[str, bool]: ...
+    def create_trigger(self, job: str, reason: str = ..., window_s: float | None = ...,
+                       detection: Mapping[str, Any] | None = ...) -> tuple[str, bool]: ...
 
     def upload_hang_snapshot(self, snap: HangSnapshot) -> object: ...
 
@@ -174,8 +176,9 @@ class Upstream:
     async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
         try:
-            session, joined = await self.call(self.uplink.create_trigger, w.job,
-                                              describe_trigger(w.rank, reason, detail), window_s)
+            detection = Detection.from_detail(w.rank, reason, detail)  # the worker's detail, read once
+            session, joined = await self.call(self.uplink.create_trigger, w.job, detection.reason_text(),
+                                              window_s, detection.to_dict())
             log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)
         except PerftrackerError as exc:
             self.warn_once("trigger", "cannot forward a trigger to the localizer: %s", exc)
@@ -222,12 +225,6 @@ class Upstream:
 
 
 def describe_trigger(rank: int, reason: str, detail: dict[str, Any]) -> str:
-    """The trigger reason the report shows, e.g. "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)"."""
-    text = f"rank {rank}: {reason}"
-    it = detail.get("iteration")
-    if isinstance(it, int) and not isinstance(it, bool):
-        text += f" at iteration {it}"
-    ratio, base = detail.get("ratio"), detail.get("baseline_ms")
-    if isinstance(ratio, (int, float)) and isinstance(base, (int, float)) and ratio > 0 and base > 0:
-        text += f" ({100 * (ratio - 1):+.0f}% over {base:.1f} ms)"
-    return text
+    """The session's reason line, e.g. "rank 2: slowdown at iteration 312 (+18% over 45.1 ms)"
+    (``Detection.reason_text``; the report carries the Detection itself)."""
+    return Detection.from_detail(rank, reason, detail).reason_text()

@@ -2,37 +2,27 @@
 
 from __future__ import annotations
 
-import re
 import statistics
 
 from perftracker.model import Finding, Report, compress_ranks
 from perftracker.model.shares import pct
 
 _MAX_RANKS_SHOWN = 16
-_RANK_FIRST = re.compile(r"^rank (\d+): (.+)$", re.DOTALL)
-_RANK_LAST = re.compile(r"^(.+?) \(rank (\d+)\)$", re.DOTALL)
 
 
-def trigger_text(reason: str) -> str:
-    """"slowdown at iteration 268 (+49% over 42.9 ms), detected on rank 2": where the detector
-    fired, said so, so that it does not read as the culprit ("rank 2: slowdown …")."""
-    m = _RANK_FIRST.match(reason)
-    if m is not None:
-        return f"{m.group(2)}, detected on rank {m.group(1)}"
-    m = _RANK_LAST.match(reason)
-    if m is not None:
-        return f"{m.group(1)}, detected on rank {m.group(2)}"
-    return reason or "-"
+def trigger_text(report: Report) -> str:
+    """"slowdown at iteration 268 (+49% over 42.9 ms), detected on rank 2": the typed detection that
+    opened the session (perftracker/model/trigger.py), where the rank reads as the one that noticed,
+    not as the culprit; a trigger without one (manual, a hang, a crash, a report stored before
+    issue 48) is shown as its reason."""
+    if report.trigger is not None:
+        return report.trigger.text()
+    return report.trigger_reason or "-"
 
 
-_BASELINE = re.compile(r"(?:over|shortest) (\d+(?:\.\d+)?) ms")
-
-
-def baseline_ms(reason: str) -> float | None:
-    """The iteration time before the slowdown, where the trigger reason states it
-    ("… (+49% over 42.9 ms)", "… > 1.05 x shortest 101 ms"); None otherwise."""
-    m = _BASELINE.search(reason)
-    return float(m.group(1)) if m is not None else None
+def baseline_ms(report: Report) -> float | None:
+    """The iteration time before the slowdown, from the report's detection; None without one."""
+    return report.trigger.baseline_ms if report.trigger is not None else None
 
 
 _LEVEL_TEXT = {

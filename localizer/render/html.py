@@ -136,7 +136,7 @@ def _header(report: Report) -> str:
     together = together_text(report)
     if together:
         rows.append(("fixing all", escape(together)))
-    rows.append(("trigger", escape(trigger_text(report.trigger_reason))))
+    rows.append(("trigger", escape(trigger_text(report))))
     rows.append(("ranks reported", escape(_ranks(report.ranks_reported))))
     missing = escape(_ranks(report.ranks_missing))
     rows.append(("ranks missing", f'<span class="bad">{missing}</span>' if report.ranks_missing else missing))
@@ -376,7 +376,7 @@ def _iteration_section(report: Report, width: int = 900, height: int = 300) -> s
                 "the step time of each rank is in the header above.</p></section>")
     values = sorted(v for s in series.values() for v in s)
     clip = values[min(len(values) - 1, int(0.98 * len(values)))] * 1.25  # past this: an outlier, drawn at the top
-    base = baseline_ms(report.trigger_reason)
+    base = baseline_ms(report)
     y_top = _nice_max(max(min(values[-1], clip), base or 0.0) * 1.05)
     clipped = sum(1 for v in values if v > y_top)
 

@@ -106,7 +106,7 @@ def _header(report: Report) -> Panel:
     together = together_text(report)
     if together:
         grid.add_row("fixing all", _t(together))
-    grid.add_row("trigger", _t(trigger_text(report.trigger_reason)))
+    grid.add_row("trigger", _t(trigger_text(report)))
     grid.add_row("ranks reported", _t(_ranks_text(report.ranks_reported)))
     missing = Text(_ranks_text(report.ranks_missing), style="bold red" if report.ranks_missing else "")
     grid.add_row("ranks missing", missing)

@@ -360,7 +360,7 @@ class LocalizerService:
         scope = request.get(SCOPE)  # a job-scoped token's triggers count against that token
         quota = f"the token for {', '.join(scope)[:80]!r}" if scope is not None else None
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind,
-                                                                    quota_key=quota))
+                                                                    quota_key=quota, detection=req.detection))
         self._wake(job)
         if not joined and s.state == "done":  # settled by the first look: no window, its report is stored
             await asyncio.to_thread(self.localize_runner.settled, s.session)

@@ -16,6 +16,7 @@ from typing import Any
 from perftracker.errors import ConfigError, SchemaError
 from perftracker.model.names import MAX_NAME_CHARS, NAME_CHARS, is_name
 from perftracker.model.names import NAME_RE as _NAME_RE  # noqa: F401 - the one pattern (full match)
+from perftracker.model.trigger import Detection
 
 MAX_WORKERS_PER_AGENT = 4096
 MAX_WINDOW_S = 600.0
@@ -72,6 +73,7 @@ class Heartbeat:
 class TriggerRequest:
     reason: str
     window_s: float | None  # None: the service default
+    detection: Detection | None = None  # a worker's typed detection (perftracker/model/trigger.py)
 
 
 def _obj(d: Any, where: str) -> Mapping[str, Any]:
@@ -200,7 +202,14 @@ def parse_trigger(body: Any) -> TriggerRequest:
     where = "trigger"
     d = _obj(body, where)
     window = None if d.get("window_s") is None else _float(d, "window_s", where, lo=0.1, hi=MAX_WINDOW_S)
-    return TriggerRequest(reason=_str(d, "reason", where, default="on-demand"), window_s=window)
+    detection = None
+    if d.get("detection") is not None:
+        try:
+            detection = Detection.from_dict(_obj(d["detection"], f"{where}.detection"), f"{where}.detection")
+        except SchemaError as exc:
+            raise RequestError(str(exc)) from None
+    return TriggerRequest(reason=_str(d, "reason", where, default="on-demand"), window_s=window,
+                          detection=detection)
 
 
 def parse_name(value: str, what: str) -> str:

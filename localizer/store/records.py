@@ -8,6 +8,8 @@ from typing import Any
 
 from perftracker.localizer.store.rank_ranges import RankRanges
 
+from perftracker.model.trigger import Detection
+
 STORE_SCHEMA_VERSION = 1
 
 
@@ -49,6 +51,9 @@ class SessionRecord:
     joins: int = 0
     error: str = ""
     uploaded: tuple[int, ...] = field(default=())
+    # the worker's typed detection that opened the session (perftracker/model/trigger.py); None for
+    # a manual trigger, a hang or a crash
+    detection: Detection | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.expected, RankRanges):
@@ -81,6 +86,7 @@ class SessionRecord:
             "n_expected": len(self.expected), "n_uploaded": len(self.uploaded), "n_missing": len(missing),
             "missing_ranges": pairs[:max_ranges], "missing_more": len(pairs) > max_ranges,
             "joins": self.joins, "error": self.error,
+            **({"detection": self.detection.to_dict()} if self.detection is not None else {}),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,7 +118,7 @@ class HeartbeatRecord:
 
 
 SESSION_COLUMNS = ("seq, session, job, kind, reason, window_s, state, opened_ns, deadline_ns, "
-                 "closed_ns, expected, joins, error")
+                 "closed_ns, expected, joins, error, detection")
 
 # the registration, session and event tables (perftracker.localizer.store.sqlite_store, event_store)
 STORE_DDL = """
@@ -130,7 +136,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     kind TEXT NOT NULL, reason TEXT NOT NULL, window_s REAL NOT NULL, state TEXT NOT NULL,
     opened_ns INTEGER NOT NULL, deadline_ns INTEGER NOT NULL, closed_ns INTEGER NOT NULL DEFAULT 0,
     expected TEXT NOT NULL, joins INTEGER NOT NULL DEFAULT 0, error TEXT NOT NULL DEFAULT '',
-    schema_version INTEGER NOT NULL);
+    schema_version INTEGER NOT NULL, detection TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS sessions_job ON sessions (job, state);
 CREATE TABLE IF NOT EXISTS hang_snapshots (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL, session TEXT NOT NULL,

@@ -50,6 +50,7 @@ from perftracker.localizer.store.records import (  # noqa: F401 - re-exported: t
 
 from perftracker.errors import PerftrackerError, SchemaError
 from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model.trigger import Detection
 from perftracker.rundir import make_private_dir, open_private
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class Store:
 
     def _add_columns(self) -> None:
         """Columns added after schema 1 was released (additive: older stores gain them on open)."""
+        if "detection" not in {r[1] for r in self._db.execute("PRAGMA table_info(sessions)")}:
+            self._db.execute("ALTER TABLE sessions ADD COLUMN detection TEXT NOT NULL DEFAULT ''")
         cols = {r[1] for r in self._db.execute("PRAGMA table_info(agents)")}
         if "key_hash" not in cols:
             self._db.execute("ALTER TABLE agents ADD COLUMN key_hash TEXT NOT NULL DEFAULT ''")
@@ -263,10 +266,11 @@ class Store:
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO sessions (session, job, kind, reason, window_s, state, opened_ns, "
-                "deadline_ns, closed_ns, expected, joins, error, schema_version) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "deadline_ns, closed_ns, expected, joins, error, schema_version, detection) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (s.session, s.job, s.kind, s.reason, s.window_s, s.state, s.opened_ns, s.deadline_ns,
-                 s.closed_ns, json.dumps(s.expected.to_json()), s.joins, s.error, STORE_SCHEMA_VERSION))
+                 s.closed_ns, json.dumps(s.expected.to_json()), s.joins, s.error, STORE_SCHEMA_VERSION,
+                 json.dumps(s.detection.to_dict()) if s.detection is not None else ""))
             seq = int(cur.lastrowid or 0)
             self._changed(s.session)
         return dataclasses.replace(s, seq=seq)
@@ -329,7 +333,7 @@ class Store:
         return SessionRecord(seq=r[0], session=r[1], job=r[2], kind=r[3], reason=r[4], window_s=r[5],
                              state=r[6], opened_ns=r[7], deadline_ns=r[8], closed_ns=r[9],
                              expected=self._expected(r[1], r[10]), joins=r[11], error=r[12],
-                             uploaded=uploaded)
+                             uploaded=uploaded, detection=_detection(r[13]))
 
     def get_session(self, session: str, *, with_uploaded: bool = True) -> SessionRecord | None:
         """One session; ``with_uploaded=False`` skips the uploaded-ranks query (``uploaded`` is empty)."""
@@ -468,3 +472,14 @@ class Store:
 
     def get_report_dict(self, session: str) -> dict[str, Any] | None:
         return self.events.get_report_dict(session)
+
+
+def _detection(text: str) -> Detection | None:
+    """A session's stored detection ('' for none); one that cannot be read is left out (logged)."""
+    if not text:
+        return None
+    try:
+        return Detection.from_dict(json.loads(text), "session.detection")
+    except (ValueError, SchemaError) as exc:
+        log.warning("a session's stored detection is unreadable (%s); its report shows the reason only", exc)
+        return None

@@ -21,6 +21,7 @@ from perftracker.model.schema import (
     rounded,
 )
 from perftracker.model.since_fast import SinceFast
+from perftracker.model.trigger import Detection
 from perftracker.model.window_cost import window_cost_fields
 
 # Version 2 (issue 32) adds a finding's ``title``, ``evidence``, ``next_steps`` and ``cause``, the
@@ -307,6 +308,9 @@ class Report:
     saves_together: JointSaving | None = None  # fixing every replayed cause at once, where there are several
     # the comparison with the job's healthy baseline (issue 49); None: not made (offline, hang, crash)
     since_fast: SinceFast | None = None
+    # the detection that opened the session, typed (perftracker/model/trigger.py); None for a manual
+    # trigger from the CLI, a hang, a crash or offline traces: ``trigger_reason`` says what it was
+    trigger: Detection | None = None
 
     @property
     def samples_measured(self) -> bool:
@@ -351,6 +355,7 @@ class Report:
             "window_cost": {k: rounded(v) for k, v in self.window_cost.items()},
             **({"saves_together": self.saves_together.to_dict()} if self.saves_together is not None else {}),
             **({"since_fast": self.since_fast.to_dict()} if self.since_fast is not None else {}),
+            **({"trigger": self.trigger.to_dict()} if self.trigger is not None else {}),
         }
 
     @classmethod
@@ -380,6 +385,7 @@ class Report:
             window_cost=window_cost_fields(optional(d, "window_cost", dict, where, {}), f"{where}.window_cost"),
             saves_together=_joint(optional(d, "saves_together", dict, where, {})),
             since_fast=_since_fast(optional(d, "since_fast", dict, where, {})),
+            trigger=_detection(optional(d, "trigger", dict, where, {})),
         )
 
 
@@ -393,6 +399,10 @@ def _stored_level(level: str, kind: str) -> str:
 
 def _since_fast(d: Mapping[str, Any]) -> SinceFast | None:
     return SinceFast.from_dict(d) if d else None
+
+
+def _detection(d: Mapping[str, Any]) -> Detection | None:
+    return Detection.from_dict(d, "Report.trigger") if d else None
 
 
 def _joint(d: Mapping[str, Any]) -> JointSaving | None:

@@ -111,7 +111,7 @@ class _TorchWatch(importlib.abc.MetaPathFinder):
                 pass
             self.then()
 
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module
         return spec
 
     def remove(self) -> None:

@@ -27,7 +27,7 @@ from perftracker.localizer.diagnose.words.headline import (
 )
 from perftracker.localizer.diagnose.words.next_steps import CAUSES, cause_kind, next_steps
 from perftracker.localizer.render import html
-from perftracker.localizer.render.facts import brief_lines, trigger_text
+from perftracker.localizer.render.facts import baseline_ms, brief_lines, trigger_text
 from perftracker.localizer.render.json import load_schema
 
 from perftracker.model import (
@@ -40,6 +40,7 @@ from perftracker.model import (
     Triple,
     Wait,
 )
+from perftracker.model.trigger import Detection
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OPEN = Box(Triple(0, 0, 0), Triple(1, 1, 1))
@@ -326,12 +327,14 @@ def test_html_has_a_well_formed_step_picture_and_drops_an_empty_scatter() -> Non
 
 
 def test_trigger_reads_detected_on_and_brief_lists_titles() -> None:
-    assert trigger_text("rank 3: slowdown at iteration 268 (+49% over 42.9 ms)") == \
-        "slowdown at iteration 268 (+49% over 42.9 ms), detected on rank 3"
-    assert trigger_text("slowdown: mean 208 ms > 1.05 x shortest 101 ms (rank 3)") == \
-        "slowdown: mean 208 ms > 1.05 x shortest 101 ms, detected on rank 3"
-    assert trigger_text("hang: rank 0 blocked 5 s") == "hang: rank 0 blocked 5 s"
     report = _demo_report()
+    detection = Detection.from_detail(3, "slowdown", {"iteration": 268, "ratio": 1.49, "baseline_ms": 42.9,
+                                                      "recent_ms": 63.9, "test": "cusum"})
+    typed = dataclasses.replace(report, trigger=detection, trigger_reason="rank 3: whatever the sentence says")
+    assert trigger_text(typed) == "slowdown at iteration 268 (+49% over 42.9 ms), detected on rank 3"
+    assert baseline_ms(typed) == 42.9  # from the detection, not from a sentence
+    untyped = dataclasses.replace(report, trigger=None, trigger_reason="hang: rank 0 blocked 5 s")
+    assert trigger_text(untyped) == "hang: rank 0 blocked 5 s" and baseline_ms(untyped) is None
     lines = brief_lines(report)
     assert lines[0] == report.headline
     assert len(lines) == 1 + len(report.findings)

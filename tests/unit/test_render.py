@@ -36,7 +36,7 @@ def test_text_header_and_findings_grouped_by_function() -> None:
     report = slow_compute_report()
     out = _text(report, width=200)
     assert "\x1b[" not in out  # no color codes when writing to a file
-    trigger = "slowdown: mean of last 50 iterations 208 ms > 1.05 x shortest 101 ms, detected on rank 3"
+    trigger = "slowdown at iteration 850 (+106% over 101.0 ms), detected on rank 3"  # the typed detection, formatted
     for needle in (report.job, report.session, "20 s", trigger, "ranks reported", "0-7 (8)"):
         assert needle in out, needle
     # one panel per function, titled with category and label, in report order

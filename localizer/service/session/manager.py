@@ -64,6 +64,7 @@ from perftracker.localizer.store.sqlite_store import (
 
 from perftracker.clock import Clock
 from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model.trigger import Detection
 from perftracker.wire.patterns import PatternBatch
 
 log = logging.getLogger(__name__)
@@ -258,10 +259,13 @@ class SessionManager:
 
     # ---------------------------------------------------------------- triggers
     def trigger(self, job: str, reason: str, window_s: float | None = None,
-                kind: str = SLOWDOWN, quota_key: str | None = None) -> tuple[SessionRecord, bool]:
+                kind: str = SLOWDOWN, quota_key: str | None = None,
+                detection: Detection | None = None) -> tuple[SessionRecord, bool]:
         """Open a session for the job, or join the open one. Returns (session, joined). A trigger
         that would open one past the job's limits gets 429 (perftracker.localizer.service.job_limits;
-        ``quota_key``: whose triggers per minute it counts against, by default the job's)."""
+        ``quota_key``: whose triggers per minute it counts against, by default the job's).
+        ``detection``: the worker's typed detection, kept with a session it opens (its report's
+        ``trigger``)."""
         now = self.clock.now_ns()
         key = quota_key or f"job {job!r}"
         with self._lock:
@@ -283,10 +287,12 @@ class SessionManager:
             rec = SessionRecord(
                 seq=0, session=_new_session_id(now), job=job, kind=kind, reason=reason, window_s=window,
                 state=OPEN, opened_ns=now, deadline_ns=now + int(wait_s * 1e9),
-                expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks))
+                expected=expected_ranks(self.store.workers(job), self.options.max_expected_ranks),
+                detection=detection if kind == SLOWDOWN else None)
             look = self._first_look(rec, now) if kind == SLOWDOWN and not is_baseline(reason) else None
             if look is not None:  # settled without a window: no agent ever sees the session open
                 rec = dataclasses.replace(rec, state=DONE, closed_ns=now)
+                look = dataclasses.replace(look, trigger=rec.detection)
             rec = self.store.insert_session(rec)
             if look is not None:
                 self.store.events.put_report(look)

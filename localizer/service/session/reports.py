@@ -31,7 +31,7 @@ def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
     arr = columns.to_arrays() if columns is not None else None
     if arr is None or arr.n_workers == 0:
         return Report(job=s.job, session=s.session, kind=SLOWDOWN, created_ns=time.time_ns(),
-                      trigger_reason=s.reason, window_s=s.window_s, ranks_reported=(),
+                      trigger_reason=s.reason, trigger=s.detection, window_s=s.window_s, ranks_reported=(),
                       ranks_missing=tuple(s.expected), status="partial",
                       summary="no worker uploaded patterns before the deadline")
     from perftracker.localizer.diagnose.localize import (
@@ -41,7 +41,7 @@ def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
     missing = tuple(s.expected.without(arr.ranks.tolist()))
     report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
     report = dataclasses.replace(
-        report, job=s.job, session=s.session, trigger_reason=s.reason, window_s=s.window_s,
+        report, job=s.job, session=s.session, trigger_reason=s.reason, trigger=s.detection, window_s=s.window_s,
         ranks_missing=missing, status="partial" if missing else report.status)
     return after(arr, report) if after is not None else report
 

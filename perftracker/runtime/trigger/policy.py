@@ -32,10 +32,13 @@ log = logging.getLogger(__name__)
 
 
 class PolicyRuntime(Protocol):
-    """What the policy reads of the runtime: who it is (the ledger's name) and its recent iterations."""
+    """What the policy reads of the runtime: who it is (the ledger's name), its iterations."""
 
     @property
     def identity(self) -> WorkerIdentity: ...
+
+    @property
+    def iteration(self) -> int: ...
 
     def recent_iteration_ms(self) -> list[float]: ...
 
