@@ -108,6 +108,7 @@ class Scenario:
     faults: tuple[Fault, ...]
     expect: tuple[Match, ...]
     allow: tuple[Match, ...]
+    baseline: bool = False  # the localizer takes the job's healthy baseline (PERFTRACKER_BASELINE=1, issue 49)
 
     @property
     def network(self) -> bool:
@@ -162,7 +163,8 @@ def parse_scenario(text: str, path: str = "<string>", workers_override: int | No
         d = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _err(path, f"invalid TOML: {exc}") from None
-    known = {"name", "workers", "iterations", "window_s", "trigger", "trigger_at_iter", "seed", "fault", "expect", "allow"}
+    known = {"name", "workers", "iterations", "window_s", "trigger", "trigger_at_iter", "seed", "fault", "expect", "allow",
+             "baseline"}
     unknown = set(d) - known
     if unknown:
         raise _err(path, f"unknown keys {sorted(unknown)}")
@@ -211,7 +213,11 @@ def parse_scenario(text: str, path: str = "<string>", workers_override: int | No
         faults.append(Fault(kind, ranks, start, params))
     expect = tuple(_match(m, workers, path, f"expect[{i}]", seed) for i, m in enumerate(d.get("expect", [])))
     allow = tuple(_match(m, workers, path, f"allow[{i}]", seed) for i, m in enumerate(d.get("allow", [])))
-    return Scenario(name, path, workers, iterations, float(window_s), trigger, trigger_at, seed, tuple(faults), expect, allow)
+    baseline = d.get("baseline", False)
+    if not isinstance(baseline, bool):
+        raise _err(path, f"baseline must be true or false, got {baseline!r}")
+    return Scenario(name, path, workers, iterations, float(window_s), trigger, trigger_at, seed, tuple(faults), expect, allow,
+                    baseline)
 
 
 def load_scenario(path: str | Path, workers_override: int | None = None) -> Scenario:

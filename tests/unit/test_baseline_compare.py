@@ -202,3 +202,14 @@ def test_rule_is_tunable() -> None:
     then = arrays(STEP, RANKS, seed=25, noise=0.0, session="base")
     now = arrays(slowed("optimizer", 3.6), RANKS, seed=26, noise=0.0)
     assert compare(then, now, BaselineRule(min_delta=0.05)) == []
+
+
+def test_waits_and_collectives_are_not_named() -> None:
+    """A collective's share grows with any rank's lateness and CPU wait with the host's load: the
+    baseline names what a rank runs itself (the first real run named ddp.reducer::wait on a loaded host)."""
+    waits = {**STEP, "CPU wait (runnable, no core)": 5.0}
+    then = arrays(waits, RANKS, seed=27, session="base")
+    now = arrays({**waits, "allreduce": 60.0, "CPU wait (runnable, no core)": 50.0}, RANKS, seed=28)
+    assert compare(then, now) == []
+    assert {c.label for c in compare(then, now, BaselineRule(own_work_only=False))} == {
+        "allreduce", "CPU wait (runnable, no core)"}

@@ -127,3 +127,12 @@ def test_hang_states_score_as_hang_findings() -> None:
     wrong = (RankState(1, "culprit", "perftracker/examples/train.py:88 in forward"),)
     sc = score(s, _report(hang=wrong))
     assert sc.fp == {(1, "hang")} and sc.recall == 0.0
+
+
+def test_baseline_key() -> None:
+    """``baseline = true``: the harness's localizer takes the job's healthy baseline (issue 49)."""
+    assert parse_scenario(BASE).baseline is False
+    assert parse_scenario("baseline = true\n" + BASE).baseline is True
+    with pytest.raises(ConfigError, match="baseline must be true or false"):
+        parse_scenario('baseline = "yes"\n' + BASE, "x.toml")
+    assert load_scenario(Path(__file__).resolve().parents[2] / "bench" / "scenarios" / "onset-slow-op-all.toml").baseline
