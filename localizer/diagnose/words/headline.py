@@ -235,8 +235,10 @@ def title_of(f: Finding, n_workers: int, limit: int = MAX_TITLE_CHARS) -> tuple[
     tail = f" — {phrase}" if phrase else ""
     saves = f"; fixing it saves ~{pct(f.saves_share)} of the window" if f.saves_share >= 0.01 else ""
     short = _compact(core)  # once fixing it has a price, that is the cost the title gives
+    brief = f"; saves ~{pct(f.saves_share)} of the window" if saves else ""  # the saving kept, in fewer words
     for candidate in (core + waits + tail + saves, short + waits + tail + saves if saves else "",
                       core + tail + saves if saves else "", short + tail + saves if saves else "",
+                      core + tail + brief if saves else "", short + tail + brief if saves else "",
                       core + waits + tail, core + tail, short + waits + tail, short + tail):
         if not candidate:
             continue
