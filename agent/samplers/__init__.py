@@ -46,6 +46,7 @@ class SamplerOptions:
 def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]:
     """The samplers that can run here, in order; GPU samplers fall back nsys -> nvml."""
     out: list[Sampler] = []
+    gpu_bus = ""  # the GPU's PCI bus id once NVML picked it: the RDMA sampler takes the NIC nearest it
     for name in options.samplers:
         candidates: list[Sampler] = []
         if name == "procfs":
@@ -53,7 +54,7 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
         elif name == "rdma":  # after procfs: its NIC series replaces /proc/net/dev's (RDMA bypasses the kernel)
             from perftracker.agent.samplers.rdma import RdmaSampler
 
-            candidates = [RdmaSampler(options.rdma_ports)]
+            candidates = [RdmaSampler(options.rdma_ports, pid=pid, gpu_bus_id=gpu_bus)]
         elif name in ("gpu", "nsys", "nvml"):
             if options.gpu_index == GPU_OFF or options.gpu_index < GPU_AUTO:
                 continue
@@ -65,6 +66,7 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             nsys_index = options.gpu_index
             if nsys_index == GPU_AUTO:  # nsys needs the index now: NVML's pick at the sampler's start
                 nsys_index = nvml.pick_now() if nvml_ok else GPU_OFF
+            gpu_bus = nvml.pci_bus_id() if nvml_ok else ""
             nsys = NsysSampler(nsys_index, options.nsys_frequency_hz, options.gpu_lock_dir,
                                fallback=nvml if nvml_ok else None)
             by_name: dict[str, list[Sampler]] = {"gpu": [nsys, nvml], "nsys": [nsys], "nvml": [nvml]}

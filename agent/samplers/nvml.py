@@ -115,6 +115,14 @@ class NvmlSampler:
         self.gpu_index = pick.index
         return pick.index
 
+    def pci_bus_id(self) -> str:
+        """The sysfs name of the GPU's PCI device ("0000:18:00.0"), or "" before a GPU is picked."""
+        if self._handle is None:
+            return ""
+        from perftracker.agent.samplers.nvml_links import sysfs_bus_id
+
+        return sysfs_bus_id(self._nvml, self._handle) or ""
+
     def _nvlink_fields(self) -> tuple[float, float] | None:
         nv = self._nvml
         try:

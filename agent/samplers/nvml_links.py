@@ -89,6 +89,11 @@ def _bus_id(nv: Any, h: Any, raw: dict[str, Any]) -> str | None:
     return f"{dom[-4:]}:{rest}" if rest else None  # NVML's 8-digit domain -> sysfs's 4
 
 
+def sysfs_bus_id(nv: Any, h: Any) -> str | None:
+    """The GPU's PCI device as sysfs names it, or None."""
+    return _bus_id(nv, h, {})
+
+
 def pcie_peak(nv: Any, h: Any, pci_root: Path = PCI_ROOT, raw: dict[str, Any] | None = None) -> tuple[float, str]:
     """(bytes/s per direction, the source used) of the GPU's PCIe link."""
     raw = {} if raw is None else raw

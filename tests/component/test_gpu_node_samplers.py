@@ -265,3 +265,70 @@ def test_every_reason_bit_has_a_class() -> None:
 def test_power_is_the_instant_field_where_the_driver_has_it() -> None:
     assert ClockReader(_H100(), "gpu0").read().power == pytest.approx(690 / 700)
     assert ClockReader(_H100(instant_mw=None), "gpu0").read().power == pytest.approx(350 / 700)  # the twin
+
+
+# ------------------------------------------------------------------------------------ item 6
+def _ib_tree(tmp_path: Path) -> Path:
+    import shutil
+
+    root = tmp_path / "infiniband"
+    shutil.copytree(Path(__file__).parents[1] / "fixtures" / "sysfs_infiniband", root)
+    (root / "mlx5_1" / "ports" / "1" / "state").write_text("4: ACTIVE\n")
+    return root
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_a_saturated_xmit_wait_is_unavailable_not_healthy(tmp_path: Path, stuck: bool) -> None:
+    """port_xmit_wait is 32 bits in sysfs even with the extended counters, and IBTA counters stop at
+    their maximum: a stuck 4294967295 reads "no wait" forever. link_downed (8 bits) stops at 255."""
+    from perftracker.agent.samplers.rdma import find_ports, port_series, read_port
+
+    from perftracker.model.hardware import IB_LINK_ERRORS, IB_XMIT_WAIT
+
+    root = _ib_tree(tmp_path)
+    c = root / "mlx5_0" / "ports" / "1" / "counters"
+    (c / "port_xmit_wait").write_text(f"{2**32 - 1 if stuck else 2**32 - 2}\n")
+    (c / "link_downed").write_text(f"{255 if stuck else 254}\n")
+    port = find_ports(root, ["mlx5_0"])[0]
+    first = read_port(port, 0)
+    (c / "port_xmit_data").write_text(f"{int((c / 'port_xmit_data').read_text()) + 1000}\n")
+    second = read_port(port, 10_000_000)
+    assert first is not None and second is not None
+    out = port_series([first, second], port.peak_bytes_per_s, 10_000_000)
+    assert (IB_XMIT_WAIT in out) is (not stuck) and IB_LINK_ERRORS in out and "nic" in out
+    assert (first.errors == 0) is stuck  # a stuck link_downed counts nothing; 254 still counts
+
+
+def test_each_rank_gets_the_nic_nearest_its_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two active HCAs: mlx5_0 behind the GPU's own PCIe switch, mlx5_1 (a storage NIC) on the other
+    socket. The layout is sysfs's: /sys/bus/pci/devices/<id> and infiniband/<hca>/device link to the
+    device's directory under /sys/devices/pci<domain>:<bus>/..."""
+    from perftracker.agent.samplers.rdma import (
+        RdmaSampler,
+        find_ports,
+        nearest_ports,
+        select_by_nccl,
+    )
+
+    root = _ib_tree(tmp_path)
+    dev = tmp_path / "devices"
+    switch = dev / "pci0000:00" / "0000:00:01.0" / "0000:01:00.0"
+    gpu, nic0, nic1 = switch / "0000:02:00.0", switch / "0000:02:01.0", dev / "pci0000:80" / "0000:80:01.0" / "0000:81:00.0"
+    for d in (gpu, nic0, nic1):
+        d.mkdir(parents=True)
+    pci = tmp_path / "bus_pci_devices"
+    pci.mkdir()
+    (pci / "0000:02:00.0").symlink_to(gpu)
+    (root / "mlx5_0" / "device").symlink_to(nic0)
+    (root / "mlx5_1" / "device").symlink_to(nic1)
+    ports = find_ports(root)
+    assert [p.name for p in ports] == ["mlx5_0/1", "mlx5_1/1"]  # what every rank merged before
+    assert [p.name for p in nearest_ports(ports, root, "0000:02:00.0", pci)] == ["mlx5_0/1"]
+    assert [p.name for p in nearest_ports(ports, root, "0000:99:00.0", pci)] == ["mlx5_0/1", "mlx5_1/1"]  # unknown GPU
+    # NCCL_IB_HCA's forms: prefix, exact, exclusion, with a port
+    assert [p.name for p in select_by_nccl(ports, "mlx5_1")] == ["mlx5_1/1"]
+    assert [p.name for p in select_by_nccl(ports, "^mlx5_1")] == ["mlx5_0/1"]
+    assert [p.name for p in select_by_nccl(ports, "=mlx5_0:1")] == ["mlx5_0/1"]
+    assert [p.name for p in select_by_nccl(ports, "mlx5_0:2")] == []
+    s = RdmaSampler(root=root, gpu_bus_id="0000:02:00.0", pci_root=pci)
+    assert s.unavailable_reason() is None and [p.name for p in s.ports] == ["mlx5_0/1"]
