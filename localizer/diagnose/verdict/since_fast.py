@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from perftracker.localizer.diagnose.evidence.baseline import BaselineRule, compare, median_step_ms
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
-from perftracker.localizer.diagnose.words.explain import pct
 from perftracker.localizer.diagnose.words.headline import fit, report_headline
 
 from perftracker.model import Box, Finding, Report, compress_ranks
+from perftracker.model.shares import pct
 from perftracker.model.since_fast import Change, SinceFast
 
 CAUSE = "since_baseline"
@@ -141,9 +141,9 @@ def with_since_fast(report: Report, arr: PatternArrays, base: JobBaseline | None
         same = [i for i, f in enumerate(findings) if f.key == c.key or c.key in {k for k, _ in f.parts}]
         if same:
             i = same[0]
-            line = (f"since it was fast: {pct(c.then.beta)} at the baseline ({age} ago), {pct(c.now.beta)} now, "
+            said = (f"since it was fast: {pct(c.then.beta)} at the baseline ({age} ago), {pct(c.now.beta)} now, "
                     f"on ranks {compress_ranks(c.ranks)}")
-            findings[i] = dataclasses.replace(findings[i], evidence=findings[i].evidence + (line,))
+            findings[i] = dataclasses.replace(findings[i], evidence=findings[i].evidence + (said,))
         else:
             findings = placed(findings, change_finding(c, arr, base, age, then_ms, now_ms))
     line = SinceFast(note=note_of(changes, base, age, then_ms, now_ms), baseline_session=base.session,
