@@ -151,12 +151,48 @@ class Metrics:
         return time.monotonic() - self._tick <= stale_after_s
 
 
+MAX_CONNECTIONS = 32  # open connections (threads) at once; past it a new one is closed at once (issue 46)
+READ_TIMEOUT_S = 5.0  # a connection that sends no complete request in this long is closed
+
+
 class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` (issue 46: 1,009 idle connections gave
+    the agent 1,024 fds and 1,011 threads, and /healthz timed out); the rest are closed at once,
+    counted in ``refused``. A failing connection is not logged (it was 69,000 lines)."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away or timed out: nothing to log
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_S  # applied to the connection's socket: an idle client is dropped
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
 

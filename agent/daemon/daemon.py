@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 AGENT_INFO = "agent.json"
 MAX_WORKERS = 256  # connected workers per agent (issue 46); a node runs one per GPU or a few dozen CPU ranks
 MAX_RANKS_PER_PROCESS = 4  # a training process is one rank (a test harness may hold a few)
+REGISTER_TIMEOUT_S = 10.0  # a worker connection sends REGISTER within this, or is closed
 JOB_LINK_WAIT_S = 30.0  # a multi-node job's ranks name its localizer within this, else the agent's own
 
 
@@ -111,6 +112,7 @@ class AgentDaemon:
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._first_death: dict[str, tuple[int, float]] = {}  # job -> (rank, monotonic s) of its first death
         self._stopped = asyncio.Event()
+        self._unregistered = 0  # worker connections open that have not registered yet
         self.upstream = Upstream(options, self.agent_id, uplink, self.metrics, self.workers, self._spawn,
                                  self._on_notice)
         self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream)
@@ -217,8 +219,19 @@ class AgentDaemon:
     # ------------------------------------------------------------------ workers
     async def _handle_worker(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         worker: Worker | None = None
+        self._unregistered += 1
         try:
-            msg = await wire.read_message(reader)
+            if self._unregistered > MAX_WORKERS:  # connections that have not registered yet (issue 46)
+                self._unregistered -= 1
+                self._warn_once("too-many-connections", "closing worker connections past %d unregistered ones",
+                                MAX_WORKERS)
+                return
+            try:  # a connection that never registers does not hold an fd forever
+                msg = await asyncio.wait_for(wire.read_message(reader), REGISTER_TIMEOUT_S)
+            except TimeoutError:
+                return
+            finally:
+                self._unregistered -= 1
             if msg["type"] != MessageType.REGISTER.value:
                 raise wire.WireError(f"first message must be register, got {msg['type']}")
             if msg["protocol"] != wire.PROTOCOL_VERSION:

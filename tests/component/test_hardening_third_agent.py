@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,52 @@ def test_a_root_only_file_named_by_another_uids_worker_is_not_read(tmp_path: Pat
     w = Worker(job="j", rank=0, world_size=1, local_rank=0, pid=1, training_tid=1, host="h", error_file=str(secret),
                uid=10001)
     assert "secret" not in death_snapshot(w, None, False, 1).error
+
+
+# ---------------------------------------------------------------- item 5: the agent's metrics listener
+def _get(port: int, path: str, timeout: float = 3.0) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_the_metrics_listener_caps_connections_and_drops_idle_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's 1,009 idle connections, scaled: cap 8, read timeout 0.5 s. Just below the cap
+    /healthz answers at once; at and past it the extra connections are closed at once (no thread,
+    no fd kept); once the idle ones time out /healthz answers again."""
+    from perftracker.agent.daemon import agent_metrics as am
+
+    monkeypatch.setattr(am, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(am._QuietHandler, "timeout", 0.5)
+    metrics = am.Metrics()
+    server = am.MetricsServer(metrics, "127.0.0.1", 0)
+    idle: list[socket.socket] = []
+    try:
+        base = threading.active_count()
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(7)]
+        time.sleep(0.1)
+        assert _get(server.port, "/healthz") == 200  # the 8th slot
+        more = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+        idle += more
+        time.sleep(0.2)
+        assert threading.active_count() <= base + 8
+        closed = 0
+        for s in more:  # refused ones were closed by the server: recv gives b"" at once
+            s.settimeout(2.0)
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed >= 39 and server._httpd.refused >= 39
+        time.sleep(0.8)  # the 7 idle ones time out
+        assert _get(server.port, "/healthz") == 200
+        assert threading.active_count() <= base + 1
+    finally:
+        for s in idle:
+            s.close()
+        server.close()

@@ -1,7 +1,8 @@
 """Issue 46 (third red-team round), items 4 and 8 on a real agent process: a worker that names a
 FIFO as its ``TORCHELASTIC_ERROR_FILE`` and dies does not freeze the agent (it still ACKs the next
 worker and ends on SIGTERM); the pid a worker declares is replaced by the kernel's (``SO_PEERCRED``);
-one process holds at most ``MAX_RANKS_PER_PROCESS`` ranks. The checks themselves:
+one process holds at most ``MAX_RANKS_PER_PROCESS`` ranks; a connection that never registers is
+closed after ``REGISTER_TIMEOUT_S``. The checks themselves:
 tests/component/test_hardening_third_agent.py.
 """
 
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from agent_helpers import REPO, AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir
-from perftracker.agent.daemon.daemon import MAX_RANKS_PER_PROCESS
+from perftracker.agent.daemon.daemon import MAX_RANKS_PER_PROCESS, REGISTER_TIMEOUT_S
+
+from perftracker.wire import framing as wire
 
 _DYING = r"""
 import os, socket, sys
@@ -35,6 +39,9 @@ def test_a_fifo_error_file_does_not_freeze_the_agent_and_the_kernel_pid_is_used(
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
         agent.wait_ready()
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # connects, never registers
+        idle.connect(str(wire.socket_path(run_dir)))
+        t_idle = time.monotonic()
         fifo = tmp_path / "error.fifo"
         os.mkfifo(fifo)
         # a worker that names a FIFO as its error file, declares the sleep's pid, then dies (exit 1)
@@ -59,6 +66,10 @@ def test_a_fifo_error_file_does_not_freeze_the_agent_and_the_kernel_pid_is_used(
         finally:
             for h in held:
                 h.close()
+        idle.settimeout(REGISTER_TIMEOUT_S + 10)
+        assert idle.recv(1) == b""  # closed by the agent
+        assert REGISTER_TIMEOUT_S - 1 <= time.monotonic() - t_idle <= REGISTER_TIMEOUT_S + 10
+        idle.close()
         agent.proc.send_signal(signal.SIGTERM)
         assert agent.proc.wait(20) is not None  # SIGTERM still ends it
     finally:
