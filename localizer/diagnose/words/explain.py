@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY, is_host_op
 
 from perftracker.model import LINK_KEY, Box, Category, Triple, Wait, compress_ranks
-from perftracker.model.shares import pct  # noqa: F401 - the words import pct from here too
+from perftracker.model.shares import pct as pct  # re-exported: the words import pct from here too
 
 _DATA_LOADING = re.compile(r"(?i)dataloader|_next_data|dataset|collate|fetch|prefetch|pin_memory")
 _SLEEP = re.compile(r"(?i)\bsleep\b|nanosleep")
