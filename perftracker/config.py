@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perftracker.errors import ConfigError
+from perftracker.model.window_length import DEFAULT_WINDOW_S, window_s_error
 
 
 def _default_run_dir() -> str:
@@ -48,7 +49,7 @@ class Config:
     changepoint_ref_iters: int = 300  # changepoint mode: reference window (iterations)
 
     # --- profile window (docs/design.md section 4) ----------------------------------------------
-    window_s: float = 20.0
+    window_s: float = DEFAULT_WINDOW_S  # perftracker/model/window_length.py
     # Python stacks in a window: "sample" (a 1 ms sampler thread, the default), "tracer" (torch's
     # Python tracer: exact, much slower) or "off". See docs/profile-window.md, "Known risk".
     window_stacks: str = "sample"
@@ -96,6 +97,8 @@ class Config:
                               "expected 0 to 3600 seconds")
         if not 0.0 < self.window_tolerance <= 1.0:
             raise ConfigError(f"PERFTRACKER_WINDOW_TOLERANCE={self.window_tolerance}: expected a fraction in (0, 1]")
+        if window_s_error(self.window_s):
+            raise ConfigError(f"PERFTRACKER_WINDOW_S={self.window_s}: {window_s_error(self.window_s)}")
         if not 100 <= self.window_stack_period_us <= 100_000:
             raise ConfigError(f"PERFTRACKER_WINDOW_STACK_PERIOD_US={self.window_stack_period_us}: expected 100 to 100000")
         if self.window_stacks not in WINDOW_STACKS:

@@ -18,6 +18,7 @@ from typing import Any
 from perftracker.agent.daemon.worker_exits import MemoryCgroup
 
 from perftracker.model.names import NAME_RE
+from perftracker.model.window_length import window_s_error
 
 SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
 FOLLOW_S = 2.0  # a worker dying this soon after another of its job died was stopped because of it
@@ -146,7 +147,8 @@ def check_worker_message(msg: dict[str, Any]) -> None:
             _number(msg, key)
     elif kind == "trigger":
         _text(msg, "reason", MAX_TEXT_CHARS)
-        _number(msg, "window_s", 600.0)
+        if msg.get("window_s") is not None and window_s_error(msg["window_s"]):
+            raise BadWorkerMessage(f"window_s: {window_s_error(msg['window_s'])}")
     elif kind == "window_done":
         session = msg.get("session")
         if not isinstance(session, str) or not SESSION_RE.fullmatch(session):

@@ -17,9 +17,9 @@ from perftracker.errors import ConfigError, SchemaError
 from perftracker.model.names import MAX_NAME_CHARS, NAME_CHARS, is_name
 from perftracker.model.names import NAME_RE as _NAME_RE  # noqa: F401 - the one pattern (full match)
 from perftracker.model.trigger import Detection
+from perftracker.model.window_length import window_s_error
 
 MAX_WORKERS_PER_AGENT = 4096
-MAX_WINDOW_S = 600.0
 
 
 class RequestError(SchemaError):
@@ -201,7 +201,11 @@ def _phase_rows(d: Mapping[str, Any], key: str, where: str) -> tuple[tuple[float
 def parse_trigger(body: Any) -> TriggerRequest:
     where = "trigger"
     d = _obj(body, where)
-    window = None if d.get("window_s") is None else _float(d, "window_s", where, lo=0.1, hi=MAX_WINDOW_S)
+    window = None
+    if d.get("window_s") is not None:
+        if window_s_error(d["window_s"]):
+            raise RequestError(f"{where}.window_s: {window_s_error(d['window_s'])}")
+        window = float(d["window_s"])
     detection = None
     if d.get("detection") is not None:
         try:

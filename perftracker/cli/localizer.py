@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 from perftracker.errors import ConfigError
+from perftracker.model.window_length import DEFAULT_WINDOW_S
 
 HELP = "run the localizer service"
 DESCRIPTION = """Run the localizer: agents register, long-poll for triggers and upload patterns;
@@ -38,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="file holding the bearer token (default $PERFTRACKER_TOKEN_FILE, else `token` beside the store, "
                         "made once)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024, help="request size limit (default %(default)s)")
-    p.add_argument("--window-s", type=float, default=20.0, help="default profile window of a session (default %(default)s)")
+    p.add_argument("--window-s", type=float, default=DEFAULT_WINDOW_S,
+                   help="default profile window of a session (default %(default)s)")
     p.add_argument("--collect-grace-s", type=float, default=45.0,
                    help="a session waits window + this for uploads before it localizes partial (default %(default)s)")
     p.add_argument("--hang-collect-s", type=float, default=20.0,

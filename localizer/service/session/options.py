@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from perftracker.errors import ConfigError
+from perftracker.model.window_length import DEFAULT_WINDOW_S, window_s_error
+
 
 @dataclass(frozen=True)
 class SessionOptions:
-    default_window_s: float = 20.0
+    default_window_s: float = DEFAULT_WINDOW_S  # perftracker/model/window_length.py
     collect_grace_s: float = 45.0  # after the window: time for the boundary wait, summarizing, upload
     hang_collect_s: float = 20.0  # a hang session waits this long for snapshots
     hang_recheck_s: float = 5.0  # a session whose ranks all pause is looked at again after this
@@ -40,3 +43,7 @@ class SessionOptions:
     # heartbeats' phase times name closes at once with a "first look" report, no window
     first_look: bool = field(default_factory=lambda: os.environ.get("PERFTRACKER_FIRST_LOOK", "") == "1")
     triggers_per_minute: int = 12
+
+    def __post_init__(self) -> None:
+        if window_s_error(self.default_window_s):  # the one check (perftracker/model/window_length.py)
+            raise ConfigError(f"--window-s {self.default_window_s}: {window_s_error(self.default_window_s)}")
