@@ -141,6 +141,33 @@ def _command(name: str, parser: argparse.ArgumentParser, summary: str) -> list[s
     return lines
 
 
+def _names(commands: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """Every option, the commands it belongs to and its one name (issue 47): one row per visible
+    spelling, its old (hidden) spellings beside it."""
+    rows: dict[str, tuple[list[str], set[str]]] = {}
+    for cmd, parser in commands.items():
+        visible = {a.dest: max(a.option_strings, key=len) for a in parser._actions
+                   if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)}
+        for a in parser._actions:
+            if not a.option_strings or isinstance(a, argparse._HelpAction) or a.dest == "verbose_sub":
+                continue
+            if a.help == argparse.SUPPRESS:
+                if a.dest in visible:
+                    rows.setdefault(visible[a.dest], ([], set()))[1].update(a.option_strings)
+                continue
+            entry = rows.setdefault(max(a.option_strings, key=len), ([], set()))
+            if cmd not in entry[0]:
+                entry[0].append(cmd)
+    lines = ["## One name per option", "",
+             "Every option of every command under its one name, and the old spellings each command still "
+             "accepts for one release (hidden from `--help`, with a warning).", "",
+             "| option | commands | old spellings |", "|---|---|---|"]
+    for name in sorted(rows, key=lambda n: n.lstrip("-").lower()):
+        cmds, old = rows[name]
+        lines.append(f"| `{name}` | {', '.join(cmds)} | {', '.join(f'`{o}`' for o in sorted(old)) or '-'} |")
+    return lines + [""]
+
+
 def generate() -> str:
     for key in [k for k in os.environ if k.startswith("PERFTRACKER_")]:
         del os.environ[key]
@@ -163,6 +190,7 @@ def generate() -> str:
     for name in COMMANDS:
         summary = getattr(_load(name), "HELP", _SUMMARIES[name])
         lines += _command(name, sub.choices[name], summary)
+    lines += _names(dict(sub.choices))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

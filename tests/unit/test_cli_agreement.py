@@ -122,3 +122,19 @@ def test_status_shows_the_newest_sessions(tmp_path: Path, capsys: pytest.Capture
     assert status.run(argparse.Namespace(run_dir=str(tmp_path / "run"), runs_dir=str(tmp_path / "none"),
                                          format="text")) == 0
     assert "no sessions recorded" in capsys.readouterr().out
+
+
+def test_one_visible_name_per_concept_across_commands() -> None:
+    """Within the whole CLI, an option's destination (what it sets) has one visible spelling: the agent's
+    --localizer-url and run's --keep-windows against the agent's --keep-files were two names for one thing."""
+    parser = build_parser([], load_all=True)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    names: dict[str, set[str]] = {}
+    for p in sub.choices.values():
+        for a in p._actions:
+            if a.option_strings and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction):
+                names.setdefault(a.dest, set()).add(max(a.option_strings, key=len))
+    assert {d: n for d, n in names.items() if len(n) > 1} == {}
+    assert names["localizer_url"] == {"--url"} and names["runs_dir"] == {"--data-dir"}
+    assert names["keep_files"] == names["keep_windows"] == {"--keep-windows"}
+    assert names["workers"] == {"--nproc-per-node"} == names["nproc_per_node"]
