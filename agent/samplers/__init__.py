@@ -39,6 +39,7 @@ class SamplerOptions:
     procfs: ProcfsOptions = ProcfsOptions()
     gpu_index: int = GPU_AUTO  # an NVML index; GPU_OFF: no GPU sampling; GPU_AUTO: the GPU the process uses
     # (perftracker.agent.samplers.gpu_pick, at the window's start)
+    gpu_uuid: str = ""  # the process's own CUDA device (perftracker/runtime/gpu_identity.py): beats the auto pick
     nsys_frequency_hz: int = 10_000
     gpu_lock_dir: str = "/tmp"
 
@@ -61,7 +62,7 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             from perftracker.agent.samplers.nsys import NsysSampler
             from perftracker.agent.samplers.nvml import NvmlSampler
 
-            nvml = NvmlSampler(options.gpu_index, pid=pid)
+            nvml = NvmlSampler(options.gpu_index, pid=pid, uuid=options.gpu_uuid)
             nvml_ok = nvml.unavailable_reason() is None
             nsys_index = options.gpu_index
             if nsys_index == GPU_AUTO:  # nsys needs the index now: NVML's pick at the sampler's start
@@ -78,7 +79,7 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             if reason is None:
                 out.append(cand)
                 if cand.name == "nsys" and nvml_ok:  # nsys reads no clocks, throttle reasons or power
-                    health = NvmlSampler(nsys_index, pid=pid, health_only=True, nvml=nvml._nvml)
+                    health = NvmlSampler(nsys_index, pid=pid, health_only=True, nvml=nvml._nvml, uuid=options.gpu_uuid)
                     if health.unavailable_reason() is None:
                         out.append(health)
                 break

@@ -59,6 +59,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpu-index", type=_gpu_index, default=GPU_AUTO, metavar="auto|off|N",
                    help="the GPU to sample: auto (default) = the one the process uses (NVML's process lists, "
                         "else its CUDA_VISIBLE_DEVICES and LOCAL_RANK), off, or an NVML index")
+    p.add_argument("--gpu-uuid", default="", help="the GPU the process says it uses (NVML's 'GPU-...' form); "
+                   "it overrides the auto pick")
     p.add_argument("--period-us", type=int, default=1000)
     p.add_argument("--nic-peak-gbps", type=float, default=10.0)
     p.add_argument("--disk-peak-mbps", type=float, default=1000.0)
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         procfs=ProcfsOptions(period_us=a.period_us, nic_peak_bps=a.nic_peak_gbps * 1e9, disk_peak_bps=a.disk_peak_mbps * 1e6,
                              cpu_source=a.cpu_source),
         gpu_index=a.gpu_index,
+        gpu_uuid=a.gpu_uuid,
         gpu_lock_dir=a.gpu_lock_dir,
     )
     bounds = WindowBounds(a.start_ns, a.end_ns)

@@ -122,12 +122,25 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)  # older pynvml: bytes
 
 
-def resolve_gpu(nv: Any, pid: int) -> GpuPick:
-    """``pick_gpu`` over the live NVML (initialised) and ``/proc/<pid>/environ``."""
+def pick_by_uuid(uuid: str, uuids: Sequence[str]) -> GpuPick | None:
+    """The GPU whose NVML UUID is the one the process said (``GPU-`` prefix optional); None when
+    none is (a MIG instance's UUID names no whole GPU): the caller then guesses as before."""
+    want = uuid.strip().upper()
+    want = want if want.startswith(("GPU-", "MIG-")) else "GPU-" + want
+    hit = [i for i, u in enumerate(uuids) if u.strip().upper() == want]
+    return GpuPick(hit[0], f"the process's own CUDA device {uuid}") if len(hit) == 1 else None
+
+
+def resolve_gpu(nv: Any, pid: int, uuid: str = "") -> GpuPick:
+    """``pick_gpu`` over the live NVML (initialised) and ``/proc/<pid>/environ``; the process's own
+    device UUID first, when it said one (containers: renumbered GPUs, host pids in NVML)."""
     try:
         count = int(nv.nvmlDeviceGetCount())
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
     except Exception as exc:  # noqa: BLE001
         return GpuPick(None, f"NVML could not list the GPUs: {type(exc).__name__}: {exc}")
+    said = pick_by_uuid(uuid, uuids) if uuid else None
+    if said is not None:
+        return said
     return pick_gpu(pid, [_pids(nv, h) for h in handles], uuids, read_environ(pid))

@@ -72,8 +72,9 @@ class NvmlSampler:
     name = "nvml"
 
     def __init__(self, gpu_index: int, nvml: Any = None, period_ms: float = 20.0, pid: int = 0,
-                 health_only: bool = False) -> None:
+                 health_only: bool = False, uuid: str = "") -> None:
         self.gpu_index = gpu_index  # < 0: the GPU process ``pid`` uses, picked when the window starts
+        self.uuid = uuid  # the GPU the process says it uses: picked by it, before any guess
         self.health_only = health_only  # clocks, throttle reasons and power only (beside nsys)
         if health_only:
             self.name = "nvml_health"
@@ -103,7 +104,7 @@ class NvmlSampler:
 
         if not self._auto:
             return self.gpu_index
-        pick = resolve_gpu(self._nvml, self.pid)
+        pick = resolve_gpu(self._nvml, self.pid, self.uuid)
         log.info("nvml: GPU for pid %d: %s (%s)", self.pid, pick.index, pick.how)
         if pick.index is None:
             return -1

@@ -332,3 +332,69 @@ def test_each_rank_gets_the_nic_nearest_its_gpu(tmp_path: Path, monkeypatch: pyt
     assert [p.name for p in select_by_nccl(ports, "mlx5_0:2")] == []
     s = RdmaSampler(root=root, gpu_bus_id="0000:02:00.0", pci_root=pci)
     assert s.unavailable_reason() is None and [p.name for p in s.ports] == ["mlx5_0/1"]
+
+
+# ------------------------------------------------------------------------------------ item 8
+class _Uuid:
+    """torch's _CUuuid prints 8-4-4-4-12 hex without NVML's "GPU-" prefix (torch/csrc/cuda/Module.cpp)."""
+
+    def __str__(self) -> str:
+        return "6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01"
+
+
+def test_the_process_says_its_own_gpu_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from perftracker.runtime.gpu_identity import own_gpu_uuid, sampler_gpu_args
+
+    assert own_gpu_uuid() == "" or torch.cuda.is_initialized()  # this CPU host: nothing to say
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    asked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: asked.append(i) or SimpleNamespace(uuid=_Uuid()))
+    assert own_gpu_uuid() == "" and asked == []  # CUDA not initialised by the job: never touched
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert sampler_gpu_args() == ("--gpu-uuid", "GPU-6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01") and asked == [3]
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name="H100"))  # torch 2.3.1
+    assert sampler_gpu_args() == ()
+
+
+def test_the_sampler_takes_the_gpu_the_process_names_over_its_guess() -> None:
+    """A pod of 4 GPUs renumbered by NVIDIA_VISIBLE_DEVICES, NVML listing host pids: LOCAL_RANK=1 guesses
+    NVML's GPU 1; the process's own UUID is GPU 2's. The twin: without a UUID the guess stands."""
+    import subprocess
+    import sys
+
+    from perftracker.agent.samplers.gpu_pick import resolve_gpu
+
+    uuids = ["GPU-0a0a0a0a-0000-0000-0000-000000000000", "GPU-1b1b1b1b-0000-0000-0000-000000000000",
+             "GPU-6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01", "GPU-3d3d3d3d-0000-0000-0000-000000000000"]
+
+    class _Pod:
+        def nvmlDeviceGetCount(self) -> int:
+            return 4
+
+        def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+            return f"gpu{i}"
+
+        def nvmlDeviceGetUUID(self, h: str) -> bytes:
+            return uuids[int(h[-1])].encode()  # older nvidia-ml-py: bytes
+
+        def nvmlDeviceGetComputeRunningProcesses(self, h: str) -> list[Any]:
+            return [SimpleNamespace(pid=4_000_000 + int(h[-1]), usedGpuMemory=1 << 34)]  # host pids
+
+        def nvmlDeviceGetGraphicsRunningProcesses(self, h: str) -> list[Any]:
+            return []
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    try:
+        said = resolve_gpu(_Pod(), child.pid, "GPU-6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01")
+        guess = resolve_gpu(_Pod(), child.pid)
+        no_match = resolve_gpu(_Pod(), child.pid, "MIG-aaaa")
+    finally:
+        child.kill()
+        child.wait()
+    assert said.index == 2 and "own CUDA device" in said.how
+    assert guess.index == 1 and no_match.index == 1

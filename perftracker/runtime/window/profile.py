@@ -44,6 +44,7 @@ from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.runtime.convergence import window_converged
 from perftracker.runtime.fork_safety import fork_unsafe
+from perftracker.runtime.gpu_identity import sampler_gpu_args
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window.exit import WindowExit, _register, shutdown_all
@@ -122,8 +123,11 @@ class ProfileWindow:
         self._profiling(True, window_s)
         if self.options.spawn_sampler:
             try:
+                args = self.options.sampler_args
+                if "--gpu-index" not in args:  # the process's own CUDA device, where it says (issue 43)
+                    args = (*args, *sampler_gpu_args())
                 cur.sampler = SamplerProcess.spawn(self.writer.pid(), self.writer.training_tid(), window_s,
-                                                   self.writer.path(session, "samples"), self.options.sampler_args,
+                                                   self.writer.path(session, "samples"), args,
                                                    self.options.helper_cpus)
             except (OSError, PerftrackerError) as exc:
                 log.warning("perftracker: sampler process not started (%s); window goes on without samples", exc)
