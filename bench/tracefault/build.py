@@ -354,6 +354,7 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
                 waited.append(g)
         if waited:
             sync_wait[i] = waited
+    gpu_only = bool(gpu) and not launched
     by_pid: dict[Any, list[tuple[float, int, float, int]]] = defaultdict(list)
     for i in host:
         ev = events[i]
@@ -376,15 +377,18 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
                 for u in sync_wait[i]:
                     edges.add(2 * u + 1, node, w_gpu, SYNC)
             elif prev is not None:
-                # a copy of the step follows the previous copy directly
-                gap = 0.0 if events[prev[1] // 2].tile != events[i].tile else t - prev[0]
+                # a copy of the step follows the previous copy directly; on a rank whose GPU work
+                # has no launches the host's gaps are no work of its own (its events sit among the
+                # GPU work: _recorded_host_order), only its order is kept
+                gap = 0.0 if events[prev[1] // 2].tile != events[i].tile or gpu_only else t - prev[0]
                 edges.add(prev[1], node, gap, CHAIN)
             prev = (t, node)
     if host and not launched:
         notes.append(f"rank {events[lo].rank}: no launch correlation between host and GPU events")
     if not launched:
         n_order = _recorded_stream_order(events, lanes, edges)
-        log.debug("rank %s: no launches, %d cross-stream order edges", events[lo].rank, n_order)
+        n_host = _recorded_host_order(events, lanes, host, edges)
+        log.debug("rank %s: no launches, %d cross-stream order edges, %d host-device", events[lo].rank, n_order, n_host)
     # --- NCCL kernels with their groups (record_param_comms on the launching thread, by time)
     rpcs: dict[Any, list[tuple[float, float, int]]] = defaultdict(list)
     for i in host:
@@ -478,6 +482,39 @@ def _recorded_stream_order(events: list[Event], lanes: dict[tuple[Any, Any], lis
                     last_dep[other] = u
                     edges.add(2 * u + 1, 2 * v, 0.0, WAIT)
                     n += 1
+    return n
+
+
+def _recorded_host_order(events: list[Event], lanes: dict[tuple[Any, Any], list[int]], host: list[int],
+                         edges: EdgeList) -> int:
+    """A rank whose trace has no launches keeps its host events where the recorded order puts them
+    among its GPU work: a host event starts no earlier than the end of the last event of each
+    stream that had ended (within 1 µs) by its start, and the first event of each stream that
+    started (within 1 µs) after its end waits for it. In a converted trace (sa_se, sa_st) the
+    host's only events are the garbage collections the authors recorded as ops of the worker's
+    timeline: without this they kept their recorded times whatever the GPU did (a faster stage
+    ended its step before them, and the job's span, pinned by the last one, did not move) and a
+    pause added on the host delayed nothing. Returns the number of edges added."""
+    if not host:
+        return 0
+    n = 0
+    for lst in lanes.values():
+        ends = sorted(lst, key=lambda i: events[i].end_us)
+        end_us = [events[i].end_us for i in ends]
+        starts = sorted(lst, key=lambda i: events[i].start_us)
+        start_us = [events[i].start_us for i in starts]
+        for h in host:
+            k = bisect.bisect_right(end_us, events[h].start_us + 1.0)
+            while k and _order_key(events, ends[k - 1]) >= _order_key(events, h):
+                k -= 1  # within 1 µs of each other: only the earlier waits for nothing (no cycle)
+            if k:  # into its start and its end: a zero-length event's end comes first in the host chain
+                edges.add(2 * ends[k - 1] + 1, 2 * h, 0.0, WAIT)
+                edges.add(2 * ends[k - 1] + 1, 2 * h + 1, 0.0, WAIT)
+                n += 2
+            k = bisect.bisect_left(start_us, events[h].end_us - 1.0)
+            if k < len(starts) and _order_key(events, starts[k]) > _order_key(events, h):
+                edges.add(2 * h + 1, 2 * starts[k], 0.0, WAIT)
+                n += 1
     return n
 
 

@@ -71,7 +71,7 @@ def test_the_impact_line_says_when_it_is_the_saving() -> None:
     saves = next(line for line in lines if line.startswith("saves:"))
     assert "of the window" in saves and "of the step" not in saves
     plain = evidence_of(_f("m", impact=0.15, saves=0.1), 8)
-    assert any(line.startswith("impact:") and "its own excess plus the waits" in line for line in plain)
+    assert any(line.startswith("impact:") and "the most one rank loses to it" in line for line in plain)
 
 
 def test_a_finding_on_every_rank_never_says_the_others_wait() -> None:

@@ -137,13 +137,29 @@ def test_no_like_peer_is_inconclusive_and_no_record_is_none() -> None:
 
 
 def test_instances_that_do_not_line_up_are_inconclusive() -> None:
-    """Rank 1's recv is numbered differently from its sender's send: each waits for the other."""
+    """Rank 1's all-reduces are numbered one on from its group's: each waits for another step's."""
     recs = _job({0: 16.0})
     r1 = recs[1]
-    bad = tuple((g, k, seq + 1 if k == 1 else seq, s, d, a, du, c) for g, k, seq, s, d, a, du, c in r1.rows)
+    bad = tuple((g, k, seq + 1 if k == 0 else seq, s, d, a, du, c) for g, k, seq, s, d, a, du, c in r1.rows)
     recs[1] = StepRecord(r1.steps_us, r1.groups, r1.kinds, bad, r1.host_us)
     r = replay_saving(recs, [0], _stage())
     assert r is not None and r.inconclusive != ""
+
+
+def test_a_send_and_its_recv_numbered_apart_are_one_transfer() -> None:
+    """Issue 44: a trace's point-to-point ``seq`` counts each rank's own operations (on a pipeline
+    deeper than two stages a send and its recv carry different numbers): the k-th of a directed
+    channel on the sender is the k-th on the receiver, and the replay finds the same saving."""
+    recs = _job({0: 16.0})
+    want = replay_saving(recs, [0], _stage())
+    for r in range(len(recs)):
+        rec = recs[r]
+        moved = tuple((g, k, seq + 100 * (r + 1) if s >= 0 else seq, s, d, a, du, c)
+                      for g, k, seq, s, d, a, du, c in rec.rows)
+        recs[r] = StepRecord(rec.steps_us, rec.groups, rec.kinds, moved, rec.host_us)
+    got = replay_saving(recs, [0], _stage())
+    assert want is not None and got is not None and not got.inconclusive
+    assert got.saves == pytest.approx(want.saves) and got.saves == pytest.approx(6.0 / 24.0, abs=0.01)
 
 
 def test_predecessors_skip_instances_still_running() -> None:

@@ -7,7 +7,6 @@ one stream, NCCL on others, no launches), with the timings of a simulated 1F1B s
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,159 +17,23 @@ from bench.tracefault.faults import GpuFault
 from bench.tracefault.graph import TimingCycleError, acyclic_edges, topological_order
 from bench.tracefault.mutate import retime
 from bench.tracefault.traces import RankTrace, tile
-
-COMPUTE, SEND, RECV, EMB = 7, 13, 14, 15
-STAGES, MICRO = 4, 6
-FWD_US, BWD_US, XFER_US = 10.0, 20.0, 1.0
-LAST_STAGE_SCALE = 2.0  # the last stage computes twice as long (sa_st's partition imbalance)
-
-
-def _ops(s: int) -> list[tuple[str, int]]:
-    """Stage s's 1F1B order: warm-up forwards, steady one-forward-one-backward, cool-down backwards."""
-    warm = min(STAGES - s - 1, MICRO)
-    ops = [("F", m) for m in range(warm)]
-    f, b = warm, 0
-    while b < MICRO:
-        if f < MICRO:
-            ops.append(("F", f))
-            f += 1
-        ops.append(("B", b))
-        b += 1
-    return ops
+from tests.pipeline_traces import (
+    BWD_US,
+    FWD_US,
+    LAST_STAGE_SCALE,
+    MICRO,
+    STAGES,
+    ops_1f1b,
+    schedule,
+)
+from tests.pipeline_traces import pipeline_ranks as _ranks
 
 
-def _schedule() -> dict[int, list[dict[str, Any]]]:
-    """Per rank: its kernels with the times a blocking-transfer 1F1B pipeline gives them."""
-    ops = {s: _ops(s) for s in range(STAGES)}
-    pos = {(s, op): k for s in range(STAGES) for k, op in enumerate(ops[s])}
-
-    def producer(s: int, op: tuple[str, int]) -> tuple[int, tuple[str, int]] | None:
-        kind, m = op
-        if kind == "F":
-            return (s - 1, ("F", m)) if s > 0 else None
-        return (s + 1, ("B", m)) if s < STAGES - 1 else None
-
-    def consumer(s: int, op: tuple[str, int]) -> int | None:
-        kind, _ = op
-        if kind == "F":
-            return s + 1 if s < STAGES - 1 else None
-        return s - 1 if s > 0 else None
-
-    @cache
-    def compute_end(s: int, k: int) -> float:
-        op = ops[s][k]
-        start = compute_end(s, k - 1) if k else 0.0
-        if producer(s, op) is not None:
-            start = max(start, transfer(s, k)[1])
-        dur = (FWD_US if op[0] == "F" else BWD_US) * (LAST_STAGE_SCALE if s == STAGES - 1 else 1.0)
-        return start + dur
-
-    @cache
-    def send_start(s: int, k: int) -> float:  # the send of op k's output, on the send stream
-        prev = [j for j in range(k) if consumer(s, ops[s][j]) is not None]
-        t = compute_end(s, k)
-        if prev:
-            t = max(t, send_end(s, prev[-1]))
-        return t
-
-    @cache
-    def send_end(s: int, k: int) -> float:
-        peer = consumer(s, ops[s][k])
-        assert peer is not None
-        return transfer(peer, pos[(peer, _consumed(ops[s][k]))])[1]
-
-    @cache
-    def recv_start(s: int, k: int) -> float:  # the receive of op k's input, on the receive stream
-        prev = [j for j in range(k) if producer(s, ops[s][j]) is not None]
-        t = compute_end(s, k - 1) if k else 0.0
-        if prev:
-            t = max(t, transfer(s, prev[-1])[1])
-        return t
-
-    @cache
-    def transfer(s: int, k: int) -> tuple[float, float]:  # (receive start, transfer end) of op k's input
-        prod = producer(s, ops[s][k])
-        assert prod is not None
-        ps, pop = prod
-        r0 = recv_start(s, k)
-        return r0, max(r0, send_start(ps, pos[(ps, pop)])) + XFER_US
-
-    def kernel(name: str, ts: float, end: float, stream: int, **extra: Any) -> dict[str, Any]:
-        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": end - ts,
-                "args": {"device": 0, "stream": stream, **extra}}
-
-    out: dict[int, list[dict[str, Any]]] = {s: [] for s in range(STAGES)}
-    p2p: dict[int, list[dict[str, Any]]] = {s: [] for s in range(STAGES)}
-    for s in range(STAGES):
-        for k, op in enumerate(ops[s]):
-            end = compute_end(s, k)
-            dur = (FWD_US if op[0] == "F" else BWD_US) * (LAST_STAGE_SCALE if s == STAGES - 1 else 1.0)
-            out[s].append(kernel(f"{'fwd' if op[0] == 'F' else 'bwd'}_gemm", end - dur, end, COMPUTE, mb=op[1]))
-            if (prod := producer(s, op)) is not None:
-                r0, r1 = transfer(s, k)
-                p2p[s].append(kernel("ncclDevKernel_SendRecv", r0, r1, RECV, mb=op[1], src=prod[0], dst=s,
-                                     coll="recv"))
-            if (peer := consumer(s, op)) is not None:
-                p2p[s].append(kernel("ncclDevKernel_SendRecv", send_start(s, k), send_end(s, k), SEND, mb=op[1],
-                                     src=s, dst=peer, coll="send"))
-    for s in range(STAGES):
-        # Seq numbers a rank's own point-to-point operations, as the sa_st traces do: per step in
-        # blocks of one per kind (recv from the next stage, send to the previous, recv from the
-        # previous, send to the next), counting on from step to step; a middle stage counts four
-        # blocks a step, an end stage two, so a send and its recv carry equal numbers only by chance
-        kinds = [("recv", s + 1, s), ("send", s, s - 1), ("recv", s - 1, s), ("send", s, s + 1)]
-        seq = 0
-        for coll, src, dst in kinds:
-            block = sorted((e for e in p2p[s] if (e["args"].get("coll"), e["args"].get("src"), e["args"].get("dst")) == (coll, src, dst)),
-                           key=lambda e: e["ts"])
-            for e in block:
-                a = e["args"]
-                a.update({"Collective name": a.pop("coll"), "Process Group Name": "pp",
-                          "Process Group Ranks": "[0, 1, 2, 3]", "Src Rank": a.pop("src"), "Dst Rank": a.pop("dst"),
-                          "Seq": seq})
-                seq += 1
-                out[s].append(e)
-    # the embedding all-reduce between the first and the last stage, at the end of the step
-    emb_start = {s: max(e["ts"] + e["dur"] for e in out[s]) for s in (0, STAGES - 1)}
-    emb_end = max(emb_start.values()) + 5.0
-    for s, t in emb_start.items():
-        out[s].append(kernel("ncclDevKernel_AllReduce_Sum_f32", t, emb_end, EMB, **{
-            "Process Group Name": "emb", "Process Group Ranks": f"[0, {STAGES - 1}]"}))
-    return out
-
-
-def _consumed(op: tuple[str, int]) -> tuple[str, int]:
-    return op  # the consumer runs the same kind of op on the same microbatch
-
-
-def _ranks(recorded_steps: int = 2) -> list[RankTrace]:
-    """The pipeline's traces with ``recorded_steps`` steps one after the other (as sa_st records
-    32), each rank's Seq counting on from step to step."""
-    sched = _schedule()
-    span = max(e["ts"] + e["dur"] for evs in sched.values() for e in evs) + 3.0
-    out = []
-    for s in range(STAGES):
-        n_p2p = sum(1 for e in sched[s] if "Seq" in e["args"])
-        evs = []
-        for c in range(recorded_steps):
-            for e in sched[s]:
-                n = dict(e, ts=e["ts"] + c * span, args=dict(e["args"]))
-                if "Seq" in n["args"]:
-                    n["args"]["Seq"] += c * n_p2p
-                n["args"]["step"] = c
-                evs.append(n)
-        evs.sort(key=lambda e: e["ts"])
-        doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": s, "world_size": STAGES},
-               "traceEvents": evs}
-        out.append(RankTrace(s, Path(f"rank-{s}.json"), doc, [0] * len(evs)))
-    return out
-
-
-def test_the_synthetic_pipeline_is_a_1f1b_schedule() -> None:
-    assert [op for op, _ in _ops(0)] == ["F", "F", "F", "F", "B", "F", "B", "F", "B", "B", "B", "B"]
-    assert [op for op, _ in _ops(3)] == ["F", "B"] * MICRO
-    sends = {s: [e["args"] for e in _schedule()[s] if e["args"].get("Collective name") == "send"] for s in range(STAGES)}
-    recvs = {s: [e["args"] for e in _schedule()[s] if e["args"].get("Collective name") == "recv"] for s in range(STAGES)}
+def test_the_synthetic_pipeline_is_a_1f1bschedule() -> None:
+    assert [op for op, _ in ops_1f1b(0)] == ["F", "F", "F", "F", "B", "F", "B", "F", "B", "B", "B", "B"]
+    assert [op for op, _ in ops_1f1b(3)] == ["F", "B"] * MICRO
+    sends = {s: [e["args"] for e in schedule()[s] if e["args"].get("Collective name") == "send"] for s in range(STAGES)}
+    recvs = {s: [e["args"] for e in schedule()[s] if e["args"].get("Collective name") == "recv"] for s in range(STAGES)}
     # the sends from 2 to 3 and the recvs of 3 from 2 carry different Seq numbers (what cycled)
     assert [a["Seq"] for a in sends[2] if a["Dst Rank"] == 3] != [a["Seq"] for a in recvs[3] if a["Src Rank"] == 2]
 

@@ -56,7 +56,8 @@ def test_one_slowed_rank_is_the_headline_and_its_peers_wait_inside_it(n: int, se
     head = report.findings[0]
     assert head.category is Category.COMPUTE and head.label == "GEMM"
     assert head.waits and set(head.waits[0].ranks) == set(range(n)) - {1}
-    assert "wait for it" in head.sentence and head.impact > head.waits[0].share > 0.05
+    # the impact is what one rank loses (issue 44): at least its waiters' wait, never over the window
+    assert "wait for it" in head.sentence and 1.0 >= head.impact >= head.waits[0].share > 0.05
     # no finding names a waiting rank on its own
     assert all(f.ranks == (1,) for f in report.findings), [f.sentence for f in report.findings]
 

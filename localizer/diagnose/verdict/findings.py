@@ -70,6 +70,7 @@ from perftracker.localizer.diagnose.verdict.group_findings import (
     member_sets,
 )
 from perftracker.localizer.diagnose.verdict.ranking import rank, tier
+from perftracker.localizer.diagnose.verdict.shares import bounded_impact, without_culprits
 from perftracker.localizer.diagnose.words.explain import (
     Consequence,
     also_clause,
@@ -702,7 +703,7 @@ def _impact(d: _Draft) -> float:
 def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
     info = d.verdict.info
     ranks = np.sort(arr.ranks[d.idx])
-    waits = tuple(sorted(d.waits.values(), key=lambda w: -w.share)) if d.waits else ()
+    waits = without_culprits(sorted(d.waits.values(), key=lambda w: -w.share), ranks.tolist()) if d.waits else ()
     label = info.label
     if info.key in WORDED_KEYS:  # a throttled GPU, a slow InfiniBand port: their facts (health.py)
         label, sentence = health_text(info.key, arr, d.f, d.idx, ranks.tolist(), d.observed, d.median,
@@ -717,7 +718,7 @@ def _finding(d: _Draft, arr: PatternArrays, max_points: int) -> Finding:
         on = "" if o.idx.size == d.idx.size else f" on {describe_ranks(np.sort(arr.ranks[o.idx]).tolist(), arr.n_workers)}"
         sentence += f"; also{on} " + also_clause(o.verdict.info.label, o.verdict.info.key, o.verdict.info.category,
                                                  o.observed, o.median, arr.gpu)
-    impact = rounded(_impact(d))
+    impact = rounded(bounded_impact(_own_impact(d), waits))  # what it costs one rank (shares.py)
     saves = _saves(d, arr, waits)
     return Finding(
         key=info.key, label=label, category=info.category, ranks=tuple(ranks.tolist()), kind=d.kind,

@@ -28,6 +28,7 @@ from perftracker.localizer.diagnose.evidence.imbalance import (
 from perftracker.localizer.diagnose.evidence.waits import LateGroup, MemberSets, WaitOptions
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
 from perftracker.localizer.diagnose.method.expect import OPEN_BOX
+from perftracker.localizer.diagnose.verdict.shares import bounded_impact, without_culprits
 from perftracker.localizer.diagnose.words.explain import describe_ranks, frame_text, pct
 
 from perftracker.model import Category, Finding, Triple, Wait
@@ -141,7 +142,8 @@ def _across(lg: LateGroup, s: StageImbalance) -> bool:
 def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) -> Finding | None:
     """The finding of a group cause, or None when it holds nothing."""
     n = arr.n_workers
-    waits = tuple(sorted(cause.waits.values(), key=lambda w: -w.share))
+    culprits = arr.ranks[cause.stage.members].tolist() if cause.stage is not None else []
+    waits = without_culprits(sorted(cause.waits.values(), key=lambda w: -w.share), culprits)
     wait_text = "".join(f"; {describe_ranks(list(w.ranks), n)} {'waits' if len(w.ranks) == 1 else 'wait'} for it "
                         f"{pct(w.share)} of the window in {frame_text(w.function)}" for w in waits)
     if cause.stage is not None:
@@ -152,7 +154,7 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"{s.lightest}: its compute holds {pct(heavy)} of the window against {pct(light)}, and the other "
                     f"stages wait for it about {pct(s.cost)} of the window{wait_text} — rebalance the layers "
                     f"between the pipeline stages")
-        impact = max(s.cost, max((w.share for w in waits), default=0.0))
+        impact = bounded_impact(s.cost, waits)
         jg = arr.job_groups
         if jg.steps is not None and arr.stage is not None:
             saves = stage_saves(jg.steps, arr.stage, s.heavy) / 1000.0 / float(arr.window_s)
@@ -171,7 +173,7 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"their mean compute even) — data or sequence-length imbalance; the other ranks wait for the "
                     f"slowest {pct(m.cost)} of the window{wait_text}")
         b = float(np.median(beta_compute[m.members]))
-        impact = max(m.cost, max((w.share for w in waits), default=0.0))
+        impact = bounded_impact(m.cost, waits)
         jg = arr.job_groups
         saves = m.cost
         if jg.steps is not None and jg.step_group is not None:

@@ -71,6 +71,7 @@ class _Chain:
     step: np.ndarray  # step of each row, counted from the last (-1 = the last step)
     steps_us: np.ndarray
     host_us: np.ndarray  # per step, the host's own time (empty: not known)
+    compute: np.ndarray  # per row, the worker's compute in its gap (µs, at most the gap)
 
 
 def chain(rec: StepRecord) -> _Chain:
@@ -86,8 +87,9 @@ def chain(rec: StepRecord) -> _Chain:
     keys = [(rec.groups[g], rec.kinds[k] if src < 0 and dst < 0 else "", int(seq), int(src), int(dst))
             for g, k, seq, src, dst in rows[:, :5].tolist()]
     kinds = tuple(f"{rec.kinds[k]}{'>' if src >= 0 or dst >= 0 else ''}" for _, k, _, src, dst in rows[:, :5].tolist())
-    return _Chain(keys, kinds, arrival, dur, pred, np.maximum(arrival - prev_end, 0.0), np.minimum(step, -1), steps_us,
-                  np.array(rec.host_us, dtype=np.float64))
+    gap = np.maximum(arrival - prev_end, 0.0)
+    return _Chain(keys, kinds, arrival, dur, pred, gap, np.minimum(step, -1), steps_us,
+                  np.array(rec.host_us, dtype=np.float64), np.minimum(rows[:, 7].astype(np.float64), gap))
 
 
 TOUCH_US = 2.0  # an instance that ends this close after an arrival ended by it (times are rounded to 1 µs)
@@ -111,6 +113,31 @@ def predecessors(arrival: np.ndarray, end: np.ndarray, tol_us: float = TOUCH_US)
         out[j] = best
         pending.append(j)
     return out
+
+
+def pair_transfers(chains: Sequence[_Chain]) -> None:
+    """Key each point-to-point transfer by its place in its directed channel (group, source,
+    destination): the k-th row of the channel on the sender with the k-th on the receiver, where
+    the two records hold the same number of them. The ``seq`` a trace gives a send or recv counts
+    that rank's own point-to-point operations of the group, and on a pipeline deeper than two
+    stages a send and its recv carry different numbers (sa_st: rank 3's sends to rank 2 are 184-187,
+    rank 2's recvs of them 368-371): keyed by it, no transfer had two members and the replay knew
+    no stage waits for another. Where the counts differ (records cut apart), the trace's numbers
+    stay. In place."""
+    at: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    for w, c in enumerate(chains):
+        for j, (g, _kind, _, src, dst) in enumerate(c.keys):
+            if src >= 0 or dst >= 0:
+                at.setdefault((g, src, dst), []).append((w, j))
+    for (g, src, dst), rows in at.items():
+        per: dict[int, list[int]] = {}
+        for w, j in rows:
+            per.setdefault(w, []).append(j)
+        if len(per) != 2 or len({len(v) for v in per.values()}) != 1:
+            continue
+        for w, js in per.items():
+            for k, j in enumerate(sorted(js, key=lambda j: float(chains[w].arrival[j]))):
+                chains[w].keys[j] = (g, "", k, src, dst)
 
 
 @dataclass(frozen=True)
@@ -246,17 +273,10 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
         if not peers[c]:
             return Replay(0.0, 0, "no peer of the culprit's stage ran the same collective instances")
     cols = _connected(records, list(culprits))
-    jb = job([chains[w] for w in cols])
-    base_run = replay_ends(jb, [c.gap for c in jb.chains], jb.transfer)
-    if base_run is None or base_run[0].size - 1 < MIN_STEPS:
-        return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
-    base = np.diff(base_run[0])
-    k = base.size
-    base = np.maximum(base, host_floor(jb.chains, k))
-    recorded = np.median(np.stack([c.steps_us[-k:] for c in jb.chains if c.steps_us.size >= k]), axis=0)
-    off = off_recorded(base, recorded)
-    if not np.isfinite(off) or off > CONSISTENT:
-        return Replay(0.0, 0, f"the replayed steps are {off:.0%} off the recorded ones")
+    got = _recorded_run(records, chains, cols)
+    if isinstance(got, Replay):
+        return got
+    jb, base_run, base = got
     gaps = [c.gap for c in jb.chains]
     transfer = jb.transfer.copy()
     floors: dict[int, np.ndarray] = {}
@@ -280,6 +300,73 @@ def replay_saving(records: Sequence[StepRecord | None], culprits: Sequence[int],
         hs = [chains[p].host_us for p, _ in peers[w] if chains[p].host_us.size == ch.host_us.size]
         if w in host_cols and ch.host_us.size and hs:
             floors[i] = np.median(np.stack(hs), axis=0)
+    return _fixed_saving(jb, base_run, base, gaps, transfer, floors, links)
+
+
+def _recorded_run(records: Sequence[StepRecord | None], chains: _Chains, cols: list[int]
+                  ) -> tuple[_Job, tuple[np.ndarray, np.ndarray], np.ndarray] | Replay:
+    """The job of these columns replayed as recorded: (job, its run, its steps after the first,
+    floored by the hosts), or the inconclusive Replay that says why not."""
+    pair_transfers([chains[w] for w in sorted(set(cols) | set(chains))])
+    jb = job([chains[w] for w in cols])
+    base_run = replay_ends(jb, [c.gap for c in jb.chains], jb.transfer)
+    if base_run is None or base_run[0].size - 1 < MIN_STEPS:
+        return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")
+    base = np.diff(base_run[0])
+    k = base.size
+    base = np.maximum(base, host_floor(jb.chains, k))
+    recorded = np.median(np.stack([c.steps_us[-k:] for c in jb.chains if c.steps_us.size >= k]), axis=0)
+    off = off_recorded(base, recorded)
+    if not np.isfinite(off) or off > CONSISTENT:
+        return Replay(0.0, 0, f"the replayed steps are {off:.0%} off the recorded ones")
+    return jb, base_run, base
+
+
+def replay_scaled(records: Sequence[StepRecord | None], scale: Mapping[int, float]) -> Replay | None:
+    """What the columns of ``scale`` computing that share of their recorded compute would save (a
+    heavy pipeline stage's excess removed: each gap of theirs loses the compute it held times 1 -
+    its scale; their transfers and host stay as recorded, and so does everyone else). The pipeline
+    schedule's dependencies do the rest: warm-up, steady one-forward-one-backward, cool-down and
+    the collectives between the stages (the data-parallel reduction, the embedding all-reduce
+    between the first and the last stage) all follow from the recorded instances. None when a
+    column has no record."""
+    cols0 = sorted(scale)
+    if not cols0 or any(c >= len(records) or records[c] is None for c in cols0):
+        return None
+    chains = _Chains(records)
+    cols = _connected(records, cols0)
+    got = _recorded_run(records, chains, cols)
+    if isinstance(got, Replay):
+        return got
+    jb, base_run, base = got
+    gaps = [c.gap for c in jb.chains]
+    for i, w in enumerate(cols):
+        if w in scale:
+            f = min(1.0, max(0.0, float(scale[w])))
+            gaps[i] = np.maximum(jb.chains[i].gap - jb.chains[i].compute * (1.0 - f), 0.0)
+    return _fixed_saving(jb, base_run, base, gaps, jb.transfer, {}, False)
+
+
+def pipeline_compute_us(rec: StepRecord) -> float | None:
+    """A worker's compute per step in its pipeline's microbatches: the median over the record's
+    steps of the compute before its point-to-point transfers (a send and a recv launched together
+    share one gap: counted once); None without transfers. A heavy stage's excess is this against
+    the other stages'."""
+    c = chain(rec)
+    p2p = np.array([k[3] >= 0 or k[4] >= 0 for k in c.keys], dtype=bool)
+    if not p2p.any() or not c.steps_us.size:
+        return None
+    together = np.zeros_like(p2p)
+    together[1:] = (c.arrival[1:] == c.arrival[:-1]) & (c.pred[1:] == c.pred[:-1])
+    per = [float(c.compute[p2p & ~together & (c.step == st)].sum()) for st in np.unique(c.step).tolist()]
+    return float(np.median(per))
+
+
+def _fixed_saving(jb: _Job, base_run: tuple[np.ndarray, np.ndarray], base: np.ndarray, gaps: Sequence[np.ndarray],
+                  transfer: np.ndarray, floors: dict[int, np.ndarray], links: bool) -> Replay:
+    """The saving of the fixed replay (``gaps``, ``transfer``, host ``floors``) against the replay as
+    recorded (module doc)."""
+    k = base.size
     fixed_run = replay_ends(jb, gaps, transfer)
     if fixed_run is None:
         return Replay(0.0, 0, "the ranks' collective instances do not line up step by step")

@@ -27,7 +27,13 @@ from collections.abc import Sequence
 import numpy as np
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
 from perftracker.localizer.diagnose.verdict.group_findings import MOVING_KEY, STAGE_KEY
-from perftracker.localizer.diagnose.verdict.replay import CONSISTENT, Replay, replay_saving
+from perftracker.localizer.diagnose.verdict.replay import (
+    CONSISTENT,
+    Replay,
+    pipeline_compute_us,
+    replay_saving,
+    replay_scaled,
+)
 from perftracker.localizer.diagnose.words.explain import pct
 
 from perftracker.model import Category, Finding, JointSaving
@@ -64,8 +70,51 @@ def _replay(arr: PatternArrays, cols: list[int], host: list[int], links: dict[in
     return replay_saving(arr.step_records, cols, arr.stage, host=host, link_scale=links)
 
 
+def stage_scale(arr: PatternArrays, ranks: Sequence[int]) -> dict[int, float] | str:
+    """Per column of a heavy stage (``ranks``): the share of its pipeline compute (``pipeline_compute_us``)
+    that the other stages' level is (the median over the other stages of their median worker), or
+    why there is none."""
+    if arr.stage is None or not any(r is not None for r in arr.step_records):
+        return "the workers sent no step records"
+    cols = _columns(arr, ranks)
+    if len(cols) != len(ranks):
+        return "a rank of the stage sent no patterns"
+    mine = {c: pipeline_compute_us(r) if (r := arr.step_records[c]) is not None else None for c in cols}
+    heavy = {int(arr.stage[c]) for c in cols}
+    per_stage: dict[int, list[float]] = {}
+    for w, r in enumerate(arr.step_records):
+        s = int(arr.stage[w])
+        if r is not None and s >= 0 and s not in heavy and (v := pipeline_compute_us(r)) is not None:
+            per_stage.setdefault(s, []).append(v)
+    if any(v is None or v <= 0 for v in mine.values()) or not per_stage:
+        return "the step records hold no pipeline transfers of every stage"
+    level = float(np.median([np.median(v) for v in per_stage.values()]))
+    out = {c: min(1.0, level / v) for c, v in mine.items() if v is not None}
+    if all(x >= 1.0 for x in out.values()):
+        return "the stage computes no more between its transfers than the others"
+    return out
+
+
+def _stage_basis(arr: PatternArrays, f: Finding) -> Finding:
+    """A heavy stage's finding: its excess replayed away (``replay_scaled``), else its estimate
+    with the reason the replay could not say."""
+    scale = stage_scale(arr, f.ranks)
+    r = replay_scaled(arr.step_records, scale) if not isinstance(scale, str) else None
+    why = scale if isinstance(scale, str) else ("a rank of the stage sent no step record" if r is None
+                                                 else r.inconclusive)
+    if why:
+        basis = f"{ESTIMATE}; the replay was inconclusive: {why}" if f.saves_share > 0 else ""
+        return dataclasses.replace(f, saves_basis=basis)
+    assert r is not None
+    saves = rounded(r.saves)
+    return dataclasses.replace(f, saves_share=saves, saves_s=rounded(saves * float(arr.window_s)),
+                               saves_basis=f"{replayed_over(r.steps)}, the stage at the other stages' compute")
+
+
 def _with_basis(arr: PatternArrays, f: Finding) -> Finding:
     basis = ESTIMATE if f.saves_share > 0 else ""
+    if f.key == STAGE_KEY:
+        return _stage_basis(arr, f)
     if not _replayable(arr, f):
         return dataclasses.replace(f, saves_basis=basis)
     cols = _columns(arr, f.ranks)

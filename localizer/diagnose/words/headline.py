@@ -329,8 +329,8 @@ def _common_evidence(f: Finding, n_workers: int) -> tuple[str, ...]:
     lines.append("kind: " + _KINDS.get(f.kind, f.kind))
     if f.impact > 0:
         seconds = f"{f.impact_s:.3g} s" if f.impact_s >= 1 else f"{f.impact_s * 1000:.3g} ms"
-        how = ("what fixing it saves, more than the estimate of its own excess plus the waits it causes"
-               if f.saves_share >= f.impact else "its own excess plus the waits it causes")
+        how = ("what fixing it saves, more than the most one rank loses to it"
+               if f.saves_share >= f.impact else "the most one rank loses to it: its own excess or one waiting rank's waits")
         lines.append(f"impact: {pct(f.impact)} of the window ({seconds}), {how}")
     if f.saves_share > 0:
         lines.append(f"saves: fixing it would save about {pct(f.saves_share)} of the window ({f.saves_basis or 'an estimate'})")

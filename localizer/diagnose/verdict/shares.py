@@ -1,0 +1,45 @@
+"""What a finding's shares count (issue 44): its waits without its own ranks, and its impact as a
+share of one rank's window that cannot pass 100%. Pure.
+
+A wait is a share of the waiting ranks' window (``Wait.share``: the median waiting rank's). Waits
+of different ranks are the same lost time seen from each of them, so they are never added across
+ranks: a rank's waits at different collectives are different intervals of its own window and add
+up, those of different ranks do not. The impact is the most that any one rank loses to the cause:
+the culprit's own excess on the critical path, or the longest total wait of one waiting rank,
+whichever is larger, at most the whole window. (The sum of every wait over every rank read "impact:
+189% of the window" on a DP4 x PP4 job with one slowed worker.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from perftracker.model import Wait
+
+
+def without_culprits(waits: Sequence[Wait], culprits: Collection[int]) -> tuple[Wait, ...]:
+    """The waits less the culprit's own ranks (a culprit that waits at a collective waits for a
+    rank it holds up itself, one hop further: it is not its own waiter); a wait left with no rank
+    is dropped."""
+    mine = set(culprits)
+    out = []
+    for w in waits:
+        ranks = tuple(r for r in w.ranks if r not in mine)
+        if ranks:
+            out.append(w if len(ranks) == len(w.ranks) else Wait(w.function, ranks, w.share))
+    return tuple(out)
+
+
+def per_rank_wait(waits: Sequence[Wait]) -> float:
+    """The longest total wait of one waiting rank, as a share of its window (at most 1)."""
+    total: dict[int, float] = {}
+    for w in waits:
+        for r in w.ranks:
+            total[r] = total.get(r, 0.0) + max(0.0, w.share)
+    return min(1.0, max(total.values(), default=0.0))
+
+
+def bounded_impact(own: float, waits: Sequence[Wait]) -> float:
+    """The most one rank loses to the cause, as a share of the window: the culprit's own excess or
+    one waiting rank's total wait, at most 1."""
+    return min(1.0, max(0.0, own, per_rank_wait(waits)))
