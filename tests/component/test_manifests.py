@@ -56,6 +56,9 @@ def _tree() -> Path:
         root = Path(tempfile.mkdtemp(prefix="pt-k8s-"))
         shutil.copytree(REPO / "k8s", root / "k8s")
         (root / "k8s" / "base" / "token").write_text(secrets.token_urlsafe(32))
+        job_token = secrets.token_urlsafe(32)  # the example job's own token (k8s/overlays/example)
+        (root / "k8s" / "overlays" / "example" / "train-token").write_text(job_token)
+        (root / "k8s" / "overlays" / "example" / "job-tokens.json").write_text(json.dumps({job_token: ["train"]}))
         _trees["tree"] = root
     return _trees["tree"]
 
@@ -124,7 +127,8 @@ def test_agent_is_a_native_sidecar_sharing_pid_namespace_and_run_dir() -> None:
         m["name"] for m in trainer["volumeMounts"] if m["mountPath"] == RUN_DIR
     }
     env = {e["name"]: e for e in agent["env"]}
-    assert env["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "perftracker-token"
+    # the trainer shares the agent's process namespace and uid: the agent holds a job-scoped token
+    assert env["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "perftracker-job-token-train"
     assert env["PERFTRACKER_LOCALIZER_URL"]["value"].startswith("http://perftracker-localizer:")
     assert "startupProbe" not in agent  # training never waits for perftracker
 
@@ -205,7 +209,7 @@ def test_rbac_reads_pods_and_creates_events_only() -> None:
 @needs_kubectl
 def test_network_policy_admits_only_agent_pods() -> None:
     docs = render("k8s/overlays/example")
-    np_ = one(docs, "NetworkPolicy")
+    np_ = one(docs, "NetworkPolicy", "perftracker-localizer")
     dep = one(docs, "Deployment", "perftracker-localizer")
     assert np_["spec"]["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert np_["spec"]["policyTypes"] == ["Ingress"]
@@ -218,6 +222,46 @@ def test_network_policy_admits_only_agent_pods() -> None:
 
 
 @needs_kubectl
+def test_the_example_jobs_agent_holds_a_job_scoped_token_the_localizer_reads() -> None:
+    """Issue 46: the trainer can read the agent's environment (shared process namespace, same
+    uid), so the agent's token is one the localizer scopes to the job, from its own Secret."""
+    import base64
+
+    docs = render("k8s/overlays/example")
+    job = one(docs, "Job")
+    agent = next(c for c in _pod(job)["initContainers"] if c["name"] == "perftracker-agent")
+    ref = {e["name"]: e for e in agent["env"]}["PERFTRACKER_TOKEN"]["valueFrom"]["secretKeyRef"]
+    job_token = base64.b64decode(one(docs, "Secret", ref["name"])["data"][ref["key"]]).decode()
+    main = base64.b64decode(one(docs, "Secret", "perftracker-token")["data"]["token"]).decode()
+    dep = one(docs, "Deployment", "perftracker-localizer")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    path = {e["name"]: e.get("value") for e in c["env"]}["PERFTRACKER_JOB_TOKENS"]
+    mount = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    table = json.loads(base64.b64decode(one(docs, "Secret", vol["secret"]["secretName"])["data"][Path(path).name]))
+    assert job_token != main and table == {job_token: [job["metadata"]["name"]]}
+    for d in docs:  # nothing but the localizer holds the main token
+        for ctr in d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []) + \
+                d.get("spec", {}).get("template", {}).get("spec", {}).get("initContainers", []):
+            for e in ctr.get("env", []):
+                if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "perftracker-token":
+                    assert d["kind"] == "Deployment" and d["metadata"]["name"] == "perftracker-localizer"
+
+
+@needs_kubectl
+def test_the_training_pods_metrics_port_is_open_to_prometheus_only() -> None:
+    docs = render("k8s/overlays/example")
+    job = one(docs, "Job")
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    pol = one(docs, "NetworkPolicy", "train")
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items() and pol["spec"]["policyTypes"] == ["Ingress"]
+    own, prom = pol["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": pol["spec"]["podSelector"]["matchLabels"]}}]}
+    assert prom["ports"] == [{"protocol": "TCP", "port": 9464}]
+    assert prom["from"][0]["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+
+
+@needs_kubectl
 def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> None:
     default = render("k8s/overlays/example")
     for d in default:
@@ -226,7 +270,9 @@ def test_nsys_sampler_is_off_by_default_and_privileged_only_in_its_overlay() -> 
     job = one(render("k8s/overlays/example-nsys"), "Job")
     agent = next(c for c in _pod(job)["initContainers"] if c["name"] == "perftracker-agent")
     assert agent["image"].startswith("perftracker/agent-nsys:")
-    assert agent["securityContext"]["privileged"] is True
+    sc = agent["securityContext"]
+    assert not sc.get("privileged", False) and sc["allowPrivilegeEscalation"] is False  # issue 46: least privilege
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN", "SYS_PTRACE", "CHOWN"]}
     assert agent["restartPolicy"] == "Always"  # the patch kept the sidecar a sidecar
     # root agent, uid 10001 trainer: the socket's group is the trainer's (tests/system/test_hardening_rundir.py)
     env = {e["name"]: e.get("value") for e in agent["env"]}
@@ -372,6 +418,7 @@ def test_environment_variables_are_ones_perftracker_reads() -> None:
 
     known = {"PERFTRACKER_" + f.name.upper() for f in dataclasses.fields(Config)}
     known |= {"PERFTRACKER_K8S_NAMESPACE", "PERFTRACKER_TOKEN_FILE"}  # localizer/k8s/client.py, agent/daemon/localizer_client.py
+    known |= {"PERFTRACKER_JOB_TOKENS"}  # perftracker/cli/localizer.py (--job-tokens)
     used = {e["name"] for c in _all_containers(render("k8s/overlays/example")) for e in c.get("env", [])}
     ours = {n for n in used if n.startswith("PERFTRACKER_")}
     assert ours and ours <= known, ours - known
