@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-LIMIT_AS_BYTES = 4 << 30  # the review used a 2.8 GB cgroup; address space is larger than RSS
-TIMEOUT_S = 150
+LIMIT_AS_BYTES = 3 << 30  # per process; the review used a 2.8 GB cgroup (address space is larger than RSS)
+TIMEOUT_S = 120
 
 
 # ---------------------------------------------------------------- builders (shared with the tests)
@@ -98,26 +98,34 @@ def _limit() -> None:
 
 
 def timed(tree: Path, args: list[str], cwd: Path, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """``python -m perftracker ARGS`` of ``tree`` under /usr/bin/time: rc, wall s, peak RSS MB, stderr tail."""
+    """``python -m perftracker ARGS`` of ``tree`` under /usr/bin/time: rc, wall s, peak RSS MB, stderr tail.
+    The child runs in a process group of its own, killed whole at the timeout (its workers too)."""
+    import signal
+
     env = dict(os.environ, PYTHONPATH=str(tree), PERFTRACKER_DISABLE="1")
     fmt = cwd / f"time-{time.monotonic_ns()}.txt"
     cmd = ["/usr/bin/time", "-o", str(fmt), "-f", "%e s %M KB", sys.executable, "-m", "perftracker", *args]
     t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            preexec_fn=_limit, start_new_session=True)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
-                              preexec_fn=_limit)
-        rc: int | str = done.returncode
-        err, out = done.stderr, done.stdout
-    except subprocess.TimeoutExpired as exc:
-        rc, err, out = f"timeout {timeout:.0f} s", str(exc.stderr or ""), str(exc.stdout or "")
+        out, err = proc.communicate(timeout=timeout)
+        rc: int | str = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = f"killed at the {timeout:.0f} s timeout"
     wall = time.monotonic() - t0
     text = fmt.read_text().split() if fmt.exists() else []
-    rss_mb = int(text[-2]) / 1024 if len(text) >= 4 and text[-2].isdigit() else float("nan")
-    return {"rc": rc, "s": round(wall, 1), "peak_rss_mb": round(rss_mb), "stderr": err[-2000:], "stdout": out}
+    rss_mb = int(text[-2]) // 1024 if len(text) >= 4 and text[-2].isdigit() else -1
+    return {"rc": rc, "s": round(wall, 1), "peak_rss_mb": rss_mb, "stderr": (err or "")[-2000:], "stdout": out or ""}
 
 
 def _line(r: dict[str, Any], extra: str = "") -> str:
-    return f"rc {r['rc']}, {r['s']} s, peak RSS {r['peak_rss_mb']} MB" + (f", {extra}" if extra else "")
+    rss = f"peak RSS {r['peak_rss_mb']} MB" if r["peak_rss_mb"] >= 0 else "peak RSS not reported (killed)"
+    why = [ln for ln in r["stderr"].splitlines() if "Error" in ln][-1:] if r["rc"] != 0 else []
+    return f"rc {r['rc']}, {r['s']} s, {rss}" + (f", {extra}" if extra else "") + \
+        (f" ({why[0].strip()[:160]})" if why else "")
 
 
 # ---------------------------------------------------------------- the items
@@ -129,7 +137,7 @@ def item_group_bomb(tree: Path, tmp: Path) -> str:
                                  ("8 groups/file, world 10,000,000", 8, 10_000_000)):
         d = group_bomb_traces(tmp / f"g{groups}-{world}", files=4, groups=groups, world=world)
         kb = max(p.stat().st_size for p in d.glob("*.json")) / 1e3
-        r = timed(tree, ["analyze", str(d), "--format", "json", "-j", "2"], cwd=tmp)
+        r = timed(tree, ["analyze", str(d), "--format", "json", "-j", "1"], cwd=tmp)
         out.append(f"{label} ({kb:.1f} KB/file): {_line(r)}")
     return "; ".join(out)
 
@@ -152,13 +160,14 @@ class R:
     def recent_iteration_ms(self): return [10.0] * 5
 run_dir = pathlib.Path(sys.argv[2])
 m = WindowCostMeter(R(), ledger_path(run_dir, "job", 0))
+sys.stdin.readline()  # the attacker has planted this pid's name (the review planted all 32,768)
 m._write()
 """
 
 
 def item_ledger(tree: Path, tmp: Path) -> str:
     """Item 3: a run dir planted by another user (uid 10001, mode 1777) with the ledger's
-    temporary name for the next pids symlinked to a root-only file; then a run dir the worker
+    temporary name for the writer's pid symlinked to a root-only file; then a run dir the worker
     creates itself: its mode and the ledger's."""
     import shutil
     import tempfile
@@ -171,24 +180,27 @@ def item_ledger(tree: Path, tmp: Path) -> str:
         victim = tmp / "victim.txt"
         victim.write_text("precious\n")
         os.chmod(victim, 0o600)
-        me = os.getpid()
-        for pid in range(me, me + 5000):  # the review planted all 32,768; the next pids suffice here
-            link = run_dir / "budget" / f"job-rank0.json.{pid}.tmp"
-            link.symlink_to(victim)
         for p in (run_dir, run_dir / "budget"):
             os.chmod(p, 0o1777)
             if os.geteuid() == 0:
                 os.chown(p, 10001, 10001)
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-c", _LEDGER, str(tree), str(run_dir)], env=dict(os.environ, PERFTRACKER_DISABLE="1"),
-                       capture_output=True, text=True, timeout=60)
+        env = dict(os.environ, PERFTRACKER_DISABLE="1")
+        child = subprocess.Popen([sys.executable, "-c", _LEDGER, str(tree), str(run_dir)], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # the review planted a symlink for every pid (about a second); here the one the child has
+        link = run_dir / "budget" / f"job-rank0.json.{child.pid}.tmp"
+        link.symlink_to(victim)
+        if os.geteuid() == 0:
+            os.chown(link, 10001, 10001, follow_symlinks=False)
+        child.communicate("go\n", timeout=60)
         took = time.monotonic() - t0
         owner = "uid 10001" if os.geteuid() == 0 else "this uid (not root: no other user to plant as)"
-        out.append(f"planted run dir ({owner}, 1777, 5000 symlinks): victim "
+        out.append(f"planted run dir ({owner}, 1777, a symlink at the writer's temporary name): victim "
                    f"{'OVERWRITTEN' if victim.read_text() != 'precious' + chr(10) else 'untouched'}, ledger "
                    f"{'written' if (run_dir / 'budget' / 'job-rank0.json').exists() else 'not written'} ({took:.1f} s)")
         fresh = tmp / "fresh" / "perftracker-run"
-        subprocess.run([sys.executable, "-c", _LEDGER, str(tree), str(fresh)], env=dict(os.environ, PERFTRACKER_DISABLE="1"),
+        subprocess.run([sys.executable, "-c", _LEDGER, str(tree), str(fresh)], env=env, input="go\n",
                        capture_output=True, text=True, timeout=60)
         ledger = fresh / "budget" / "job-rank0.json"
         modes = {p.name: f"{p.stat().st_mode & 0o777:04o}" for p in (fresh, fresh / "budget", ledger) if p.exists()}
