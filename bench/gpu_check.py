@@ -83,7 +83,7 @@ def check_nvml(gpu: int, seconds: float) -> tuple[dict[str, Any], dict[str, Any]
                       "max_clock_ghz": round(max_ghz, 3),
                       "throttled_share": {k: round(float(out[k].value.mean()), 3) for k in THROTTLE_SERIES if k in out}}
     gpm_part = {"supported": gpm_supported,
-                "series": {k: summary[k] for k in ("sm", "sm_occupancy", "mem", "pcie", "nvlink") if k in summary
+                "series": {k: summary[k] for k in ("sm_active", "sm_occupancy", "mem", "gpm_pcie", "gpm_nvlink") if k in summary
                            and summary[k]["source"] == "nvml gpm"}}
     return summary, gpm_part, under_load
 
