@@ -355,12 +355,15 @@ def _rank_edges(events: list[Event], lo: int, hi: int, edges: EdgeList, world: l
         if waited:
             sync_wait[i] = waited
     gpu_only = bool(gpu) and not launched
-    by_pid: dict[Any, list[tuple[float, int, float, int]]] = defaultdict(list)
+    by_pid: dict[Any, list[tuple[float, float, float, int]]] = defaultdict(list)
     for i in host:
         ev = events[i]
-        # ends before starts at one instant; inner ends before outer ends; outer starts before inner
-        by_pid[ev.lane[0]].append((ev.start_us, 1, -ev.end_us, 2 * i))
-        by_pid[ev.lane[0]].append((ev.end_us, 0, -ev.start_us, 2 * i + 1))
+        # ends before starts at one instant; inner ends before outer ends; outer starts before inner;
+        # on a launch-less rank a zero-length event (a converted GC marker) starts before it ends,
+        # after the ends and before the starts of its instant (a pause lengthens it: faults.py)
+        zero = gpu_only and ev.end_us <= ev.start_us
+        by_pid[ev.lane[0]].append((ev.start_us, 0.25 if zero else 1, -ev.end_us, 2 * i))
+        by_pid[ev.lane[0]].append((ev.end_us, 0.5 if zero else 0, -ev.start_us, 2 * i + 1))
     for pts in by_pid.values():
         pts.sort()
         prev: tuple[float, int] | None = None

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench.tracefault.build import JobGraph
-from bench.tracefault.graph import CHAIN, DURATION, TRANSFER
+from bench.tracefault.graph import CHAIN, DURATION, LAUNCH, TRANSFER
 from perftracker.errors import ConfigError
 
 KINDS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -111,9 +111,13 @@ def apply_faults(jg: JobGraph, faults: tuple[GpuFault, ...] | list[GpuFault], se
         elif k == "slow_link":
             pass  # link_factors below
         elif k in ("host_stall", "gc_pause"):
+            launching = set(ev_rank[dst_ev[g.kind == LAUNCH]].tolist())
             for r in f.ranks:
-                nodes = (_stall_nodes(jg, r, str(f.params["before"])) if k == "host_stall"
-                         else _gc_nodes(jg, r, int(f.params["every"]), seed))
+                if r not in launching:  # a converted trace: the pause is the host event itself
+                    nodes = _pause_nodes(jg, r, k, f.params, seed)
+                else:
+                    nodes = (_stall_nodes(jg, r, str(f.params["before"])) if k == "host_stall"
+                             else _gc_nodes(jg, r, int(f.params["every"]), seed))
                 for v in nodes:
                     m = (g.dst == v) & (g.kind == CHAIN)
                     if not m.any():
@@ -164,6 +168,28 @@ def _stall_nodes(jg: JobGraph, rank: int, before: str) -> list[int]:
     if not first:
         raise ConfigError(f"host_stall: rank {rank} has no main-thread event named like {before!r}")
     return [2 * i for i in first.values()]
+
+
+def _pause_nodes(jg: JobGraph, rank: int, kind: str, params: dict[str, Any], seed: int) -> list[int]:
+    """On a rank whose GPU work has no launches (a converted trace: its host events are the ops
+    its authors recorded on the worker's timeline, the garbage collections), the pause is the host
+    event itself, made ``ms`` longer (the end node of each chosen event; the GPU work recorded after
+    it waits for its end: build._recorded_host_order). ``host_stall``: every main-thread event named
+    like ``before`` (one per recorded step); ``gc_pause``: every ``every``-th garbage collection
+    (events named like "gc" or "collect"), from a seeded-random one of the first ``every``."""
+    events = sorted(_main_events(jg, rank), key=lambda i: jg.events[i].start_us)
+    if kind == "host_stall":
+        needle = str(params["before"]).lower()
+        chosen = [i for i in events if needle in jg.events[i].name.lower()]
+    else:
+        gcs = [i for i in events if "collect" in jg.events[i].name.lower() or "gc" in jg.events[i].name.lower()]
+        every = int(params["every"])
+        first = random.Random(f"{seed}:{rank}").randrange(min(every, len(gcs))) if gcs else 0
+        chosen = gcs[first::every]
+    if not chosen:
+        raise ConfigError(f"{kind}: rank {rank} has no main-thread event to pause "
+                          f"({'named like ' + repr(params['before']) if kind == 'host_stall' else 'no garbage collection'})")
+    return [2 * i + 1 for i in chosen]
 
 
 def _gc_nodes(jg: JobGraph, rank: int, every: int, seed: int) -> list[int]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from bench.tracefault.build import build
 from bench.tracefault.faults import GpuFault
@@ -117,3 +118,34 @@ def test_acyclic_edges_keeps_every_edge_of_an_acyclic_graph_and_breaks_a_cycle_a
     except TimingCycleError:
         pass
     assert acyclic_edges(g).tolist() == [True, True, False]
+
+
+def _gc_rank() -> list[RankTrace]:
+    """A launch-less rank (a converted trace): compute, a zero-length garbage-collection marker on
+    the host, compute again, twice (one per recorded step)."""
+    def k(ts: float) -> dict[str, Any]:
+        return {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": ts, "dur": 10.0,
+                "args": {"device": 0, "stream": 7}}
+
+    def gc(ts: float) -> dict[str, Any]:
+        return {"ph": "X", "cat": "python_function", "name": "gc/__init__.py(1): collect", "pid": 1, "tid": 1,
+                "ts": ts, "dur": 0.0}
+    evs = [k(0.0), gc(10.0), k(10.0), k(100.0), gc(110.0), k(110.0)]
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": evs}
+    return [RankTrace(0, Path("rank-0.json"), doc, [0] * len(evs))]
+
+
+def test_a_pause_on_a_launch_less_rank_lengthens_its_gc_and_the_gpu_work_after_it_waits() -> None:
+    jg, t0 = retime(_gc_rank())
+    assert np.abs(t0 - jg.graph.t_in_us).max() < 1e-6
+    _, t = retime(_gc_rank(), [GpuFault("gc_pause", (0,), {"ms": 0.05, "every": 2})])
+    gcs = [i for i, e in enumerate(jg.events) if "collect" in e.name]
+    gemms = sorted((i for i, e in enumerate(jg.events) if e.name == "gemm"), key=lambda i: jg.events[i].start_us)
+    durs = [t[2 * i + 1] - t[2 * i] for i in gcs]
+    assert sorted(durs) == pytest.approx([0.0, 50.0])  # one of the two, lengthened by 50 µs
+    paused = gcs[int(np.argmax(durs))]
+    after = next(i for i in gemms if jg.events[i].start_us >= jg.events[paused].start_us)
+    assert t[2 * after] == pytest.approx(t[2 * paused + 1])  # the next kernel starts when it ends
+    _, ts = retime(_gc_rank(), [GpuFault("host_stall", (0,), {"ms": 0.02, "before": "collect"})])
+    assert [ts[2 * i + 1] - ts[2 * i] for i in gcs] == pytest.approx([20.0, 20.0])  # every step's
+    assert ts[2 * gemms[-1]] == pytest.approx(110.0 + 40.0)  # both stalls delay the last kernel
