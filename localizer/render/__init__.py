@@ -10,13 +10,16 @@ light to import (the CLI reads it for ``--help``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from perftracker.localizer.render.names import mu_names, short_frame
+
 from perftracker.errors import PerftrackerError
-from perftracker.model import LINK_KEY, Finding, Report
+from perftracker.model import Report
+
+__all__ = ["FORMATS", "REGISTRY", "ReportFormat", "format_of_path", "mu_names", "short_frame", "write"]
 
 
 def _text(report: Report, file: TextIO, **options: Any) -> None:
@@ -59,21 +62,6 @@ def format_of_path(path: str) -> str | None:
     """The format a file name's suffix implies ("report.html" -> "html"); None for another suffix."""
     lower = path.lower()
     return next((f.name for f in REGISTRY.values() if lower.endswith(f.suffixes)), None)
-_DIRS = re.compile(r"(?:[^\s;:()<>]*/)+(?=[^/\s;()]+\(\d+\))")
-
-
-def short_frame(text: str) -> str:
-    """Display form of a frame or stack: directories dropped from "path/file.py(123): fn" frames."""
-    return _DIRS.sub("", text)
-
-
-def mu_names(f: Finding) -> tuple[str, str]:
-    """(μ row label, σ row label) of a finding: utilization, or the link pattern's retransmitted share."""
-    if f.key == LINK_KEY:
-        return "\u03bc retransmitted share", "\u03c3 (unused)"
-    return "\u03bc utilization", "\u03c3 utilization std"
-
-
 def write(report: Report, fmt: str, file: TextIO, **options: object) -> None:
     """Render ``report`` in format ``fmt`` ("text", "json" or "html") to ``file``."""
     if fmt not in REGISTRY:

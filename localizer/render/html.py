@@ -20,7 +20,6 @@ from collections.abc import Iterable, Sequence
 from html import escape as _html_escape
 from typing import TextIO
 
-from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import (
     baseline_ms,
     cost_text,
@@ -32,6 +31,7 @@ from perftracker.localizer.render.facts import (
     together_text,
     trigger_text,
 )
+from perftracker.localizer.render.names import mu_names, short_frame
 
 from perftracker.model import Finding, RankState, Report, compress_ranks
 from perftracker.model.names import safe_text

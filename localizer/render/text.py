@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterable
 from typing import TextIO
 
-from perftracker.localizer.render import mu_names, short_frame
 from perftracker.localizer.render.facts import (
     cost_text,
     has_samples,
@@ -28,6 +27,7 @@ from perftracker.localizer.render.facts import (
     together_text,
     trigger_text,
 )
+from perftracker.localizer.render.names import mu_names, short_frame
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel

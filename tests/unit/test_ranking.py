@@ -220,3 +220,25 @@ def test_an_offline_report_draws_no_empty_iteration_chart() -> None:
     buf = io.StringIO()
     html.render(live, buf)
     assert "trigger →" in buf.getvalue()
+
+
+def test_a_saving_past_the_detected_slowdown_says_why() -> None:
+    """A step slowed +88% loses 47% of itself to the slowdown: a 'saves 57%' under that trigger line
+    (the README's demo) now says why it is larger; at 46% it says nothing."""
+    from perftracker.localizer.diagnose.words.headline import (
+        slowdown_bound_note,
+        with_slowdown_bound,
+    )
+
+    from perftracker.model.trigger import Detection
+
+    det = Detection(rank=2, reason="slowdown", ratio=1.88, baseline_ms=42.9)
+    past = _f("aten::bmm", impact=0.6, saves=0.57)
+    note = slowdown_bound_note(past, det)
+    assert note.startswith("bound: the detector saw the step +88% over 42.9 ms") and "at most 47%" in note
+    assert slowdown_bound_note(dataclasses.replace(past, saves_share=0.46), det) == ""
+    assert slowdown_bound_note(dataclasses.replace(past, saves_share=0.475), det) == ""  # within 1 point
+    assert slowdown_bound_note(past, None) == ""
+    report = dataclasses.replace(_report([past]), trigger=det)
+    assert with_slowdown_bound(report).findings[0].evidence[-1] == note
+    assert with_slowdown_bound(with_slowdown_bound(report)) == with_slowdown_bound(report)  # said once

@@ -23,6 +23,7 @@ from perftracker.localizer.diagnose.words.next_steps import cause_kind, cause_ph
 from perftracker.model import LINK_KEY, Category, Finding, Report, compress_ranks
 from perftracker.model.hardware import GPU_CLOCK_KEY
 from perftracker.model.hardware import is_health as hardware_health
+from perftracker.model.trigger import Detection
 
 MAX_TITLE_CHARS = 120
 _MAX_LABEL_CHARS = 40
@@ -389,6 +390,39 @@ def report_headline(findings: Sequence[Finding], n_workers: int, fallback: str) 
     if len(first.headline) + len(more) <= MAX_TITLE_CHARS:
         return first.headline + more
     return title_of(first, n_workers, MAX_TITLE_CHARS - len(more))[0] + more
+
+
+def slowdown_bound_note(f: Finding, trigger: Detection | None) -> str:
+    """Why a finding's saving exceeds what the detected slowdown cost a slow step ("" where it does
+    not, or no detection says): a step slowed by ratio r loses 1 - 1/r of itself to the slowdown, so
+    removing the slowdown alone saves at most that (issue 47: the README's 'saves ~57%' under a
+    '+88%' trigger line, whose bound is 47%)."""
+    ratio = None if trigger is None else (trigger.ratio_when_sent or trigger.ratio)
+    if ratio is None or ratio <= 1.0 or f.saves_share <= 0 or f.kind == "common":
+        return ""
+    bound = 1.0 - 1.0 / ratio
+    if f.saves_share <= bound + SAY_BOUND:
+        return ""
+    base = f" over {trigger.baseline_ms:.3g} ms" if trigger is not None and trigger.baseline_ms else ""
+    return (f"bound: the detector saw the step +{pct(ratio - 1.0)}{base}, so removing that slowdown saves at most "
+            f"{pct(bound)} of a slow step; this saving ({pct(f.saves_share)}) is larger: it also counts time the "
+            "step lost before the slowdown, or the estimate is too high")
+
+
+SAY_BOUND = 0.01  # a saving this far past the slowdown's bound is said to be past it
+
+
+def with_slowdown_bound(report: Report) -> Report:
+    """``report`` with ``slowdown_bound_note`` on each finding whose saving passes the detection's bound
+    (the detection is known once the session's record is joined to the report)."""
+    findings = list(report.findings)
+    changed = False
+    for i, f in enumerate(findings):
+        note = slowdown_bound_note(f, report.trigger)
+        if note and note not in f.evidence:
+            findings[i] = dataclasses.replace(f, evidence=f.evidence + (note,))
+            changed = True
+    return dataclasses.replace(report, findings=tuple(findings)) if changed else report
 
 
 def dress_report(report: Report, n_workers: int, samples: bool = True) -> Report:

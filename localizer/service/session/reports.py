@@ -37,12 +37,14 @@ def build_slowdown_report(s: SessionRecord, columns: SessionColumns | None,
     from perftracker.localizer.diagnose.localize import (
         localize_arrays,  # lazy: the numpy/statsmodels stage
     )
+    from perftracker.localizer.diagnose.words.headline import with_slowdown_bound
 
     missing = tuple(s.expected.without(arr.ranks.tolist()))
     report = localize_arrays(arr, localize_options)  # type: ignore[arg-type]
     report = dataclasses.replace(
         report, job=s.job, session=s.session, trigger_reason=s.reason, trigger=s.detection, window_s=s.window_s,
         ranks_missing=missing, status="partial" if missing else report.status)
+    report = with_slowdown_bound(report)  # a saving past what the detected slowdown cost says why (issue 47)
     return after(arr, report) if after is not None else report
 
 
