@@ -121,11 +121,12 @@ class MultiNodeJob:
                 p.wait()
         for node in self.nodes:  # the autostarted agents (their own sessions): end them too
             pid = node.agent_pid()
-            if pid is not None and psutil.pid_exists(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            try:
+                agent = psutil.Process(pid) if pid is not None else None
+                for p in [agent, *agent.children(recursive=True)] if agent is not None else []:
+                    p.kill()
+            except psutil.Error:
+                pass
         self._hosts.__exit__()
 
     def iteration(self, rank: int) -> int:
@@ -145,6 +146,15 @@ class MultiNodeJob:
             time.sleep(0.5)
         raise AssertionError(f"not every rank reached iteration {n}: "
                              f"{[self.iteration(r) for r in range(world)]}\n{self.logs()}")
+
+    def wait_linked(self, timeout_s: float = 60.0) -> None:
+        """Until every other node's agent knows the job's localizer (its ``jobs/<job>.json``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all((n.work / "perftracker-runs" / "jobs" / f"{self.job}.json").exists() for n in self.nodes[1:]):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"the other nodes did not learn the job's localizer in {timeout_s:.0f} s\n{self.logs()}")
 
     def logs(self) -> str:
         out = []

@@ -101,6 +101,7 @@ class AgentDaemon:
         self.routes = uplink if isinstance(uplink, RoutedUplink) else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._linked: set[str] = set()  # multi-node jobs whose localizer is known (issue 42)
+        self._serving: set[str] = set()  # ... and those this agent's own localizer serves to other nodes
         self.agent_id = options.agent_id or f"{options.host}-{os.getpid()}"
         self.idle_check = idle_check  # extra condition for idle exit (e.g. the embedded localizer is idle)
         self.metrics = Metrics()
@@ -422,6 +423,9 @@ class AgentDaemon:
             self._warn_once(f"serve-{w.job}", "cannot serve job %s to its other nodes: %s", w.job, error)
         else:
             log.warning("job %s: this node's localizer serves the job's other nodes at %s", w.job, url)
+            self._serving.add(w.job)  # a route a rank read before rank 0 re-published is stale
+            if self.routes is not None and self.routes.unroute(w.job):
+                self.upstream.schedule_register(w.job)
         if msg["job"] == w.job:
             self._release_job(w.job)  # served here, or not at all: this agent's own localizer
         await send(w, wire.make_message(MessageType.JOB_SERVED, job=w.job, url=url, agent_id=self.agent_id,
@@ -446,7 +450,7 @@ class AgentDaemon:
         """A rank of a multi-node job names the job's localizer (another node's): report there."""
         if msg["job"] != w.job or self.routes is None:
             return  # another job's name, or an agent that cannot route
-        if msg["served_by"] == self.agent_id:  # this agent's own localizer serves the job
+        if msg["served_by"] == self.agent_id or w.job in self._serving:  # this agent's own localizer serves it
             if w.job in self.upstream.held:
                 self._release_job(w.job)
             return

@@ -57,11 +57,20 @@ class RoutedUplink:
             old = self._routes.get(job)
             if old is not None and old[:2] == (url, token):
                 return False
-            self._routes[job] = (url, token, self._make(url, token))
+            uplink = self._make(url, token)
+            adopt = getattr(uplink, "adopt_keys", None)
+            if old is not None and adopt is not None:
+                adopt(old[2])  # the same job localizer, restarted: its store still knows this agent
+            self._routes[job] = (url, token, uplink)
         log.warning("job %s reports to its localizer at %s (served by the node of its rank 0)", job, url)
         if self._on_route is not None:
             self._on_route(job, url, token)
         return True
+
+    def unroute(self, job: str) -> bool:
+        """Send ``job`` to the default from now on (this agent's own localizer serves it); whether it was routed."""
+        with self._lock:
+            return self._routes.pop(job, None) is not None
 
     def route_of(self, job: str) -> str | None:
         """The URL ``job`` is routed to, or None (the default)."""

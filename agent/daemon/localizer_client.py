@@ -165,6 +165,14 @@ class Uplink:
             self._rank_agent[(job, int(w["rank"]))] = agent_id
         return body
 
+    def adopt_keys(self, other: object) -> None:
+        """Take the agent keys ``other`` (an Uplink to the same store, at another URL) was issued: a
+        job localizer that restarted on the same node keeps its store and its registrations."""
+        keys, ranks = getattr(other, "_keys", None), getattr(other, "_rank_agent", None)
+        if isinstance(keys, dict) and isinstance(ranks, dict):
+            self._keys.update(keys)
+            self._rank_agent.update(ranks)
+
     def agent_key(self, job: str, rank: int) -> str | None:
         """The key of the agent that registered ``rank`` of ``job`` through this uplink, if any."""
         agent_id = self._rank_agent.get((job, rank))
