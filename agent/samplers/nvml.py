@@ -47,7 +47,7 @@ from perftracker.agent.samplers.nvml_health import (
 )
 from perftracker.agent.samplers.nvml_links import LinkPeaks, link_peaks
 
-from perftracker.model.hardware import SM_CLOCK, clock_source
+from perftracker.model.hardware import NVLINK, PCIE, SM_CLOCK, clock_source
 from perftracker.model.raw_window import UtilSeries
 
 log = logging.getLogger(__name__)
@@ -217,13 +217,13 @@ class NvmlSampler:
             t = np.array(sm_t, np.int64)[order]
             out["sm"] = UtilSeries("sm", t, np.clip(np.array(sm_v, np.float32)[order], 0, 1), _median_period(t), "nvml")
         if pc_t:
-            out["pcie"] = UtilSeries("pcie", np.array(pc_t, np.int64), np.clip(np.array(pc_v, np.float32), 0, 1),
+            out[PCIE] = UtilSeries(PCIE, np.array(pc_t, np.int64), np.clip(np.array(pc_v, np.float32), 0, 1),
                                      period_ns, "nvml")
         if len(nl_t) > 1:
             t = np.array(nl_t, np.int64)
-            tx = rate_series("nvlink", t, np.array(nl_tx), nvl_peak, period_ns, "nvml")
-            rx = rate_series("nvlink", t, np.array(nl_rx), nvl_peak, period_ns, "nvml")
-            out["nvlink"] = UtilSeries("nvlink", tx.t_ns, np.maximum(tx.value, rx.value), period_ns, "nvml")
+            tx = rate_series(NVLINK, t, np.array(nl_tx), nvl_peak, period_ns, "nvml")
+            rx = rate_series(NVLINK, t, np.array(nl_rx), nvl_peak, period_ns, "nvml")
+            out[NVLINK] = UtilSeries(NVLINK, tx.t_ns, np.maximum(tx.value, rx.value), period_ns, "nvml")
         for name, (ts, vs) in extra.items():  # clocks, reasons, power; GPM's series under their own names
             gpm_series = name in (GPM_SM_ACTIVE, "sm_occupancy", "mem", GPM_PCIE, GPM_NVLINK)
             src = clock_source("nvml", clocks.max_mhz or 0.0) if name == SM_CLOCK else ("nvml gpm" if gpm_series else "nvml")

@@ -28,7 +28,9 @@ from perftracker.model.hardware import (
     GPU_CLOCK_KEY,
     IB_WAIT_KEY,
     IB_XMIT_WAIT,
+    NVLINK,
     P2P_PCIE_KEY,
+    PCIE,
     SM_CLOCK,
     THROTTLE_SERIES,
     THROTTLE_TEXT,
@@ -129,7 +131,7 @@ def p2p_pattern(samples: SampleSet | None, start_ns: np.ndarray, end_ns: np.ndar
     ``pcie`` series needed: a host without NVLink has nothing to fall back from)."""
     if samples is None or not len(start_ns):
         return None
-    nvl, pcie = samples.get("nvlink"), samples.get("pcie")
+    nvl, pcie = samples.get(NVLINK), samples.get(PCIE)
     if nvl is None or pcie is None or not len(nvl.t_ns) or not len(pcie.t_ns):
         return None
     m = _inside(np.asarray(pcie.t_ns, dtype=np.int64), start_ns, end_ns)
@@ -145,7 +147,7 @@ def p2p_pattern(samples: SampleSet | None, start_ns: np.ndarray, end_ns: np.ndar
     return Pattern(key=P2P_PCIE_KEY, category=Category.COLLECTIVE,
                    beta=float(min(collective_ns / max(window_ns, 1), 1.0)), mu=float(share.mean()),
                    sigma=float(share.std()), label=P2P_PCIE_KEY, executions=0, critical_ns=int(round(collective_ns)),
-                   resource="pcie")
+                   resource=PCIE)
 
 
 def host_of(rank: int, local_world_size: int) -> int:
@@ -171,8 +173,8 @@ def link_series(samples: SampleSet | None, group_members: Sequence[Sequence[int]
     PCIe (peer-to-peer without NVLink). Unknown groups or layout: NVLink, then the NIC, as before.
     """
     if not group_members or local_world_size <= 0:
-        return ("nvlink", "nic")
+        return (NVLINK, "nic")
     spans = [crosses_hosts(m if len(m) else [own_rank], local_world_size) for m in group_members]
     if any(spans):
         return ("nic",)
-    return ("nvlink", "pcie")
+    return (NVLINK, PCIE)

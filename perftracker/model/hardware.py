@@ -41,6 +41,8 @@ THROTTLE_SERIES = (THROTTLE_THERMAL, THROTTLE_POWER, THROTTLE_SW)
 POWER = "power"
 IB_XMIT_WAIT = "ib_xmit_wait"
 IB_LINK_ERRORS = "ib_link_errors"
+NVLINK = "nvlink"  # NVLink throughput over its peak (NVML), and
+PCIE = "pcie"  # PCIe throughput over its peak: the P2P pattern compares the two
 
 GPU_CLOCK_KEY = "GPU SM clock (share of its maximum)"
 REASON_KEY_PREFIX = "GPU throttle reason: "
@@ -117,11 +119,58 @@ def _link_key() -> str:
     return LINK_KEY
 
 
+def _tcp_retrans() -> str:
+    from perftracker.model.raw_window import TCP_RETRANS
+
+    return TCP_RETRANS
+
+
+# ------------------------------------------------------------------------------------------------
+# The hardware signals, one row each (issue 48): every layer keys its part of a signal by its row.
+# A new signal is a new row here, then one part per layer, each found by this row: the sampler
+# that writes ``series`` (agent/samplers/``sampler``), the summarizer's health pattern of key
+# ``pattern_key`` (agent/summarize/), its price in the localizer (``excess``:
+# localizer/diagnose/evidence/health.py ``health_excess``) and its words (``cause``, and the
+# evidence's sentence: health.py ``health_text``, or explain.py for the host link).
+# tests/unit/test_hardware_signals.py checks that every row is complete and every layer has its part.
+# ------------------------------------------------------------------------------------------------
+EXCESS_CLOCK = "clock"  # β × (1 − μ / median μ), at most β − median β: compute lost to a lower clock
+EXCESS_SHARE = "share"  # β × (μ − median μ): the rank's collective time stalled beyond its peers'
+EXCESS_FUNCTION = "function"  # priced like any function (the finding's general impact)
+EXCESSES = (EXCESS_CLOCK, EXCESS_SHARE, EXCESS_FUNCTION)
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """One hardware signal, from the sampler to the report's words."""
+
+    name: str  # short id
+    series: tuple[str, ...]  # the SampleSet series its sampler writes (every value in [0, 1])
+    sampler: str  # the module under agent/samplers/ that writes them
+    pattern_key: str  # the health pattern the summarizer derives from them
+    category: str  # the pattern's category (perftracker.model.Category value)
+    link: bool  # a link's health: β is the rank's collective time, it takes the collectives' waits
+    excess: str  # how a finding of it is priced (EXCESSES)
+    cause: str  # the finding's cause in words, when the rule gives no hint
+
+
+SIGNALS: tuple[SignalSpec, ...] = (
+    SignalSpec("gpu_clock", (SM_CLOCK, *THROTTLE_SERIES), "nvml", GPU_CLOCK_KEY, "compute", False, EXCESS_CLOCK,
+               "throttled GPU: its SM clock is below its maximum"),
+    SignalSpec("ib_wait", (IB_XMIT_WAIT, IB_LINK_ERRORS), "rdma", IB_WAIT_KEY, "collective", True, EXCESS_SHARE,
+               "slow or congested InfiniBand link at this port"),
+    SignalSpec("p2p_pcie", (NVLINK, PCIE), "nvml", P2P_PCIE_KEY, "collective", True, EXCESS_SHARE,
+               "peer traffic falls back from NVLink to PCIe"),
+    SignalSpec("host_link", (_tcp_retrans(),), "tcp", _link_key(), "collective", True, EXCESS_FUNCTION,
+               "slow link: TCP retransmits segments"),
+)
+SIGNAL_OF_KEY = {s.pattern_key: s for s in SIGNALS}
+
 # health patterns of a link: β is the rank's collective time, not a function of its own; a bad link
 # slows every collective through it (the localizer gives it the waits of the collectives)
-LINK_KEYS = frozenset({_link_key(), IB_WAIT_KEY, P2P_PCIE_KEY})
+LINK_KEYS = frozenset(s.pattern_key for s in SIGNALS if s.link)
 # every health pattern: judged like a function, never a wait, never a cause of lateness by itself
-HEALTH_KEYS = LINK_KEYS | {GPU_CLOCK_KEY}
+HEALTH_KEYS = frozenset(SIGNAL_OF_KEY)
 
 # the throttle-reason evidence patterns are health patterns too
 HEALTH_KEYS = HEALTH_KEYS | {reason_key(t) for t in THROTTLE_TEXT.values()}

@@ -28,18 +28,21 @@ import numpy as np
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
 from perftracker.localizer.diagnose.words.explain import describe_ranks, pct, waits_text
 
-from perftracker.model import Triple, Wait
+from perftracker.model import LINK_KEY, Triple, Wait
 from perftracker.model.hardware import (
+    EXCESS_CLOCK,
+    EXCESS_SHARE,
     GPU_CLOCK_KEY,
-    IB_WAIT_KEY,
     P2P_PCIE_KEY,
     REASON_KEY_PREFIX,
+    SIGNAL_OF_KEY,
     ClockFacts,
     clock_label,
     max_ghz_of_label,
 )
 
-WORDED_KEYS = frozenset({GPU_CLOCK_KEY, IB_WAIT_KEY, P2P_PCIE_KEY})
+# the signals whose sentence is written here (the host link's: explain.py, with the waits it causes)
+WORDED_KEYS = frozenset(k for k in SIGNAL_OF_KEY if k != LINK_KEY)
 REASON_SHARE_MIN = 0.25  # a throttle reason is named when it held in at least this share of the samples
 
 
@@ -48,15 +51,19 @@ def evidence_only(key: str) -> bool:
 
 
 def health_excess(key: str, observed: Triple, median: Triple) -> float | None:
-    """The finding's own cost (share of the window) for a health pattern; None for other keys."""
-    if key == GPU_CLOCK_KEY:
+    """The finding's own cost (share of the window) for a health pattern, priced as its signal's row
+    says (perftracker/model/hardware.py ``SIGNALS``); None for other keys."""
+    spec = SIGNAL_OF_KEY.get(key)
+    if spec is None:
+        return None
+    if spec.excess == EXCESS_CLOCK:
         if median.mu <= 0:
             return 0.0
         by_clock = observed.beta * (1.0 - observed.mu / median.mu)
         # bounded by what the rank's compute measurably holds over its peers': kernels that kept their
         # time at the lower clock (memory- or latency-bound) cost the step nothing (throttled-gpu-r5)
         return max(min(by_clock, observed.beta - median.beta), 0.0)
-    if key in (IB_WAIT_KEY, P2P_PCIE_KEY):
+    if spec.excess == EXCESS_SHARE:
         return max(observed.beta * (observed.mu - median.mu), 0.0)
     return None
 
@@ -89,13 +96,13 @@ def health_text(key: str, arr: PatternArrays, f: int, idx: np.ndarray, ranks: Se
         peers = f"{pct(median.mu)} on the median rank" if median.mu > 0 else "no clock on the other ranks"
         text = (f"{who}: GPU at {at}{why} while compute holds {pct(observed.beta)} of the window "
                 f"(expected ≥ {pct(expected_mu[0])} of the maximum; {peers})")
-        return label, f"{text} — {hint or 'throttled GPU: its SM clock is below its maximum'}{after}"
+        return label, f"{text} — {hint or SIGNAL_OF_KEY[key].cause}{after}"
     if key == P2P_PCIE_KEY:
         text = (f"{who}: {pct(observed.mu)} of its peer traffic inside the host went over PCIe, not NVLink "
                 f"(expected ≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
                 f"{pct(observed.beta)} of the window")
-        return arr.functions[f].label, f"{text} — {hint or 'peer traffic falls back from NVLink to PCIe'}{after}"
+        return arr.functions[f].label, f"{text} — {hint or SIGNAL_OF_KEY[key].cause}{after}"
     text = (f"{who}: InfiniBand port stalled {pct(observed.mu)} of its active time (port_xmit_wait; expected "
             f"≤ {pct(expected_mu[1])}, median rank {pct(median.mu)}) while collectives hold "
             f"{pct(observed.beta)} of the window")
-    return arr.functions[f].label, f"{text} — {hint or 'slow or congested InfiniBand link at this port'}{after}"
+    return arr.functions[f].label, f"{text} — {hint or SIGNAL_OF_KEY[key].cause}{after}"
