@@ -1,0 +1,218 @@
+"""The kernel's own evidence on each TCP connection of the training processes (issue 44).
+
+Gloo jobs and NCCL over sockets have no RDMA counters; the only per-connection evidence of a slow
+link is what the kernel keeps per socket (``struct tcp_info``): the smoothed RTT, the segments
+retransmitted, the delivery rate, the pacing rate, the congestion window, the bytes still queued
+to send. ``ss -tinp`` prints it for every socket with the process that holds it; this module
+parses that text (pure: ``parse_ss``), reads it for a set of processes (I/O: ``read_connections``,
+one ``ss`` run of the namespace per reading), and reduces a window's readings to one record per
+connection (pure: ``window_links``) and to the connection that stands apart from the rank's others
+(``slowest_link``).
+
+Units: times in ms as ``ss`` prints them, rates in bit/s, queues and byte counts in bytes.
+``ss`` reads the sockets of its own network namespace: the sampler runs in the training
+processes' namespace (the node agent's sampler process does: it is started beside the workers).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SS_ARGS = ("ss", "-tinpH", "state", "established")
+SS_TIMEOUT_S = 2.0
+_RATE = re.compile(r"^([0-9.]+)([KMG]?)bps$")
+_UNIT = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9}
+_PID = re.compile(r"pid=(\d+)")
+_STATES = {"ESTAB", "SYN-SENT", "SYN-RECV", "FIN-WAIT-1", "FIN-WAIT-2", "TIME-WAIT", "CLOSE-WAIT", "LAST-ACK",
+           "LISTEN", "CLOSING", "UNCONN"}
+
+
+@dataclass(frozen=True)
+class TcpConn:
+    """One reading of one connection (None: ``ss`` did not print the field)."""
+
+    local: str
+    peer: str
+    pids: tuple[int, ...]
+    recv_q: int
+    send_q: int  # bytes not yet acknowledged by the peer
+    rtt_ms: float | None = None
+    rttvar_ms: float | None = None
+    retrans_total: int | None = None  # segments retransmitted over the connection's life
+    bytes_sent: int | None = None
+    bytes_retrans: int | None = None
+    bytes_acked: int | None = None
+    delivery_rate_bps: float | None = None
+    pacing_rate_bps: float | None = None
+    cwnd: int | None = None
+    notsent: int | None = None  # bytes the application queued that TCP has not sent yet
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.local, self.peer
+
+
+def _rate(tok: str) -> float | None:
+    m = _RATE.match(tok)
+    return float(m.group(1)) * _UNIT[m.group(2)] if m else None
+
+
+def _int(v: str) -> int | None:
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def _info(tokens: Sequence[str]) -> dict[str, float | int | None]:
+    """The tcp_info line: ``key:value`` tokens, and ``send``/``pacing_rate``/``delivery_rate``
+    followed by a rate token."""
+    out: dict[str, float | int | None] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok in ("pacing_rate", "delivery_rate") and i + 1 < len(tokens):
+            out[tok] = _rate(tokens[i + 1])
+            i += 2
+            continue
+        k, sep, v = tok.partition(":")
+        if sep:
+            if k == "rtt":
+                a, _, b = v.partition("/")
+                try:
+                    out["rtt"], out["rttvar"] = float(a), float(b) if b else None
+                except ValueError:
+                    pass
+            elif k == "retrans":  # current/total
+                out["retrans"] = _int(v.partition("/")[2] or v)
+            elif k in ("bytes_sent", "bytes_retrans", "bytes_acked", "cwnd", "notsent"):
+                out[k] = _int(v)
+        i += 1
+    return out
+
+
+def parse_ss(text: str) -> list[TcpConn]:
+    """``ss -tinpH`` (or ``-tinH``, with or without a state filter) -> its connections. A socket
+    line (queues, addresses, the holding processes) is followed by an indented tcp_info line; a
+    line that is neither is skipped."""
+    out: list[TcpConn] = []
+    head: tuple[str, str, tuple[int, ...], int, int] | None = None
+
+    def flush(info: dict[str, float | int | None]) -> None:
+        if head is None:
+            return
+        local, peer, pids, rq, sq = head
+
+        def f(k: str) -> float | None:
+            v = info.get(k)
+            return float(v) if v is not None else None
+
+        def n(k: str) -> int | None:
+            v = info.get(k)
+            return int(v) if v is not None else None
+
+        out.append(TcpConn(local, peer, pids, rq, sq, f("rtt"), f("rttvar"), n("retrans"), n("bytes_sent"),
+                           n("bytes_retrans"), n("bytes_acked"), f("delivery_rate"), f("pacing_rate"), n("cwnd"),
+                           n("notsent")))
+
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line[0] in " \t":  # the tcp_info line of the socket above
+            flush(_info(line.split()))
+            head = None
+            continue
+        if head is not None:  # a socket without an info line
+            flush({})
+        toks = line.split()
+        if toks and toks[0] in _STATES:
+            toks = toks[1:]
+        if len(toks) < 4 or _int(toks[0]) is None or _int(toks[1]) is None:
+            head = None
+            continue
+        pids = tuple(int(p) for p in _PID.findall(" ".join(toks[4:])))
+        head = (toks[2], toks[3], pids, int(toks[0]), int(toks[1]))
+    if head is not None:
+        flush({})
+    return out
+
+
+def read_connections(pids: Collection[int], args: Sequence[str] = SS_ARGS) -> list[TcpConn]:
+    """The established TCP connections held by these processes, as the kernel reports them now
+    (one ``ss`` run). [] when ``ss`` is missing or fails (logged once by the caller's sampler)."""
+    try:
+        done = subprocess.run(list(args), capture_output=True, text=True, timeout=SS_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("ss failed: %s", exc)
+        return []
+    if done.returncode != 0:
+        log.debug("ss exited %d: %s", done.returncode, done.stderr.strip()[:200])
+        return []
+    want = set(pids)
+    return [c for c in parse_ss(done.stdout) if want.intersection(c.pids)]
+
+
+@dataclass(frozen=True)
+class LinkWindow:
+    """One connection over a window: what the kernel saw between its first and last reading."""
+
+    local: str
+    peer: str
+    readings: int
+    rtt_ms: float  # median smoothed RTT over the readings
+    retrans_segs: int  # segments retransmitted in the window
+    retrans_share: float  # bytes retransmitted / bytes sent in the window (0 when none sent)
+    sent_bytes: int
+    delivery_rate_bps: float  # median (0: never reported)
+    send_q_max: int  # the most bytes waiting for the peer's acknowledgement
+
+
+def window_links(readings: Sequence[Sequence[TcpConn]]) -> list[LinkWindow]:
+    """Per connection seen in at least two readings (in time order), its window record."""
+    series: dict[tuple[str, str], list[TcpConn]] = {}
+    for r in readings:
+        for c in r:
+            series.setdefault(c.key, []).append(c)
+    out = []
+    for (local, peer), cs in series.items():
+        if len(cs) < 2:
+            continue
+        first, last = cs[0], cs[-1]
+        rtts = [c.rtt_ms for c in cs if c.rtt_ms is not None]
+        rates = [c.delivery_rate_bps for c in cs if c.delivery_rate_bps is not None]
+        sent = max(0, (last.bytes_sent or 0) - (first.bytes_sent or 0))
+        again = max(0, (last.bytes_retrans or 0) - (first.bytes_retrans or 0))
+        segs = max(0, (last.retrans_total or 0) - (first.retrans_total or 0))
+        out.append(LinkWindow(local, peer, len(cs), float(np.median(rtts)) if rtts else 0.0, segs,
+                              again / sent if sent else 0.0, sent, float(np.median(rates)) if rates else 0.0,
+                              max(c.send_q for c in cs)))
+    return out
+
+
+RTT_APART = 4.0  # a connection's RTT this many times its rank's median connection's is its own
+MIN_RTT_MS = 1.0  # and at least this long (a loopback's 0.05 ms against 0.02 ms is no slow link)
+
+
+def slowest_link(links: Sequence[LinkWindow]) -> LinkWindow | None:
+    """The connection that stands apart from the process's others: its RTT ``RTT_APART`` times
+    their median's and at least ``MIN_RTT_MS``; with a single connection, one whose RTT is at least
+    ``MIN_RTT_MS`` and that retransmitted. None when no connection stands apart."""
+    busy = [x for x in links if x.sent_bytes > 0] or list(links)
+    if not busy:
+        return None
+    if len(busy) == 1:
+        x = busy[0]
+        return x if x.rtt_ms >= MIN_RTT_MS and x.retrans_segs > 0 else None
+    worst = max(busy, key=lambda x: x.rtt_ms)
+    others = float(np.median([x.rtt_ms for x in busy if x is not worst]))
+    if worst.rtt_ms >= MIN_RTT_MS and worst.rtt_ms >= RTT_APART * max(others, 1e-3):
+        return worst
+    return None
