@@ -9,6 +9,7 @@ zlib-compressed JSON inflated with a bound; nothing from the network is ever unp
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import zlib
@@ -38,6 +39,14 @@ PATTERNS_ZLIB = "application/x-perftracker-patterns+zlib"
 JSON = "application/json"
 HEALTHZ = "/v1/healthz"  # the one path without auth
 SCOPE: web.RequestKey[tuple[str, ...] | None] = web.RequestKey("scope", object)  # type: ignore[arg-type]
+# who presented a job-scoped token: "token <12 hex of its sha256>", None for the main token. Quotas
+# count per token, not per scope text (issue 46: two tokens with the same globs shared one quota)
+TENANT: web.RequestKey[str | None] = web.RequestKey("tenant", object)  # type: ignore[arg-type]
+
+
+def token_id(token: str) -> str:
+    """A job-scoped token's name in quotas and logs: never the token itself."""
+    return "token " + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -105,16 +114,18 @@ def auth_middleware(token: bytes, max_body_bytes: int,
         scheme, _, given = header.partition(" ")
         given_b = given.strip().encode("utf-8", "replace")
         scope: tuple[str, ...] | None = None
+        tenant: str | None = None
         ok = scheme.lower() == "bearer" and hmac.compare_digest(given_b, token)
         if not ok and scheme.lower() == "bearer":
             for t, jobs in list(live.items()):
                 if hmac.compare_digest(given_b, t.encode()):
-                    ok, scope = True, jobs
+                    ok, scope, tenant = True, jobs, token_id(t)
         if not ok:
             resp = error_response(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
             resp.headers["WWW-Authenticate"] = 'Bearer realm="perftracker"'
             return resp
         request[SCOPE] = scope
+        request[TENANT] = tenant
         length = request.content_length
         if length is not None and length > max_body_bytes:
             return error_response(413, f"request body of {length} bytes is larger than {max_body_bytes}")

@@ -29,7 +29,7 @@ import contextlib
 import logging
 import signal
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from perftracker.localizer.service.connections import ConnectionGuard, GuardedSi
 from perftracker.localizer.service.http_io import (
     HEALTHZ,
     SCOPE,
+    TENANT,
     auth_middleware,
     check_scope,
     decode_patterns,
@@ -49,6 +50,7 @@ from perftracker.localizer.service.http_io import (
     json_response,
     read_body,
     read_json,
+    token_id,
 )
 from perftracker.localizer.service.localize_runner import LocalizeRunner, Uploaded
 from perftracker.localizer.service.ownership import AGENT_KEY_HEADER
@@ -130,7 +132,8 @@ class LocalizerService:
         self.localize_runner = LocalizeRunner(self.sessions, store.run_batch, localize_options,
                                      self.options.expect_path, self.options.report_dir)
         self._writer = self.localize_runner.writer
-        self.retention = Retention(store, self.options.report_dir, self.options.retention)
+        self.retention = Retention(store, self.options.report_dir, self.options.retention,
+                                   tenant_of=tenant_of_job(self.options.job_tokens))
         self._sweeper: asyncio.Task[None] | None = None
         self._waiters: dict[str, asyncio.Event] = {}
         self._checker: asyncio.Task[None] | None = None
@@ -357,8 +360,7 @@ class LocalizerService:
         check_scope(request, job)
         req = parse_trigger(await read_json(request, self.options.body_timeout_s))
         kind = "hang" if req.reason.startswith("hang") else "slowdown"
-        scope = request.get(SCOPE)  # a job-scoped token's triggers count against that token
-        quota = f"the token for {', '.join(scope)[:80]!r}" if scope is not None else None
+        quota = _quota_key(request)  # a job-scoped token's triggers count against that token
         s, joined = await self._write(lambda: self.sessions.trigger(job, req.reason, req.window_s, kind=kind,
                                                                     quota_key=quota, detection=req.detection))
         self._wake(job)
@@ -423,13 +425,31 @@ class LocalizerService:
         check_scope(request, snap.job)
         check_hang_snapshot(snap, self.sessions.world_of(snap.job))  # its integers, against the job's world
         self.sessions.ownership.check_rank_writer(snap.job, snap.rank, request.headers.get(AGENT_KEY_HEADER))
-        s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap))
+        quota = _quota_key(request)  # a snapshot that opens a session counts as a trigger (issue 46)
+        s = await self._write(lambda: self.sessions.accept_hang_snapshot(snap, quota_key=quota))
         self._wake(snap.job)
         if self.cluster is not None:  # a snapshot may have opened the session; not awaited
             self.cluster.expect_pods(s)
         if self.sessions.is_complete(s):
             self.localize_runner.schedule(s.session)
         return json_response({"ok": True, "session": s.session, "rank": snap.rank, "kind": s.kind})
+
+
+def _quota_key(request: web.Request) -> str | None:
+    """Whose quota a session this request opens counts against: its job-scoped token (each token
+    its own, named by a hash, with its globs for the message), None for the main token (the job's)."""
+    scope, tenant = request.get(SCOPE), request.get(TENANT)
+    return f"{tenant} (for {', '.join(scope)[:80]!r})" if scope is not None and tenant else None
+
+
+def tenant_of_job(job_tokens: Mapping[str, tuple[str, ...]]) -> Callable[[str], str]:
+    """job -> its tenant for retention: the job-scoped token that names it (the first by its id),
+    else "main" (jobs only the main token writes)."""
+    def tenant(job: str) -> str:
+        ids = sorted(token_id(t) for t, scope in list(job_tokens.items()) if job_allowed(scope, job))
+        return ids[0] if ids else "main"
+
+    return tenant
 
 
 def run_service(host: str, port: int, store_path: str | Path, token: str, options: ServiceOptions | None = None,

@@ -3,7 +3,11 @@
 Every ``interval_s`` the service sweeps, off the event loop: it weighs every session (its stored
 rows: patterns, hang snapshots, report; plus its report file), then picks the closed sessions
 (``done`` or ``failed``) that closed more than ``max_age_s`` ago, and after them the oldest closed
-ones until what is left fits ``max_bytes``. Their rows are deleted through the store's writer (in
+ones until what is left fits ``max_bytes``, per tenant (issue 46: one global bound let a tenant
+with large sessions evict another's reports): each eviction takes the oldest closed session of
+the tenant that holds the most bytes then, so a tenant is evicted only while it holds at least as
+much as every other (a tenant: the job-scoped token that names the job, ``tenant_of``; all jobs
+one tenant when there is none). Their rows are deleted through the store's writer (in
 chunks, so uploads keep flowing) and their report files are removed. Open and localizing sessions
 are never deleted; a report file with no session left in the store is removed once older than
 ``max_age_s``.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,10 +92,12 @@ class Plan:
 class Retention:
     """Plans and carries out the sweeps for one store and its report directory."""
 
-    def __init__(self, store: Store, report_dir: str | Path | None, options: RetentionOptions) -> None:
+    def __init__(self, store: Store, report_dir: str | Path | None, options: RetentionOptions,
+                 tenant_of: Callable[[str], str] | None = None) -> None:
         self.store = store
         self.report_dir = Path(report_dir) if report_dir else None
         self.options = options
+        self.tenant_of = tenant_of or (lambda job: "")
 
     def _file(self, session: str) -> Path | None:
         if self.report_dir is None or not is_name(session):
@@ -104,7 +110,7 @@ class Retention:
         rows = self.store.session_sizes()
         sizes: dict[str, int] = {}
         known: set[str] = set()
-        for session, _, _, nbytes in rows:
+        for session, _, _, nbytes, _ in rows:
             known.add(session)
             f = self._file(session)
             extra = 0
@@ -114,18 +120,13 @@ class Retention:
             sizes[session] = nbytes + extra
         total = sum(sizes.values())
         cutoff = now_ns - int(o.max_age_s * 1e9) if o.max_age_s > 0 else None
-        closed = [(s, t) for s, state, t, _ in rows if state in ("done", "failed")]  # oldest first (seq)
+        closed = [(s, t) for s, state, t, _, _ in rows if state in ("done", "failed")]  # oldest first (seq)
         expired = [s for s, t in closed if cutoff is not None and t < cutoff]
         kept = total - sum(sizes[s] for s in expired)
         evicted: list[str] = []
         if o.max_bytes > 0 and kept > o.max_bytes:
-            gone = set(expired)
-            for s, _ in sorted(closed, key=lambda x: x[1]):
-                if kept <= o.max_bytes:
-                    break
-                if s not in gone:
-                    evicted.append(s)
-                    kept -= sizes[s]
+            evicted = self._evict(rows, sizes, set(expired), kept, o.max_bytes)
+            kept -= sum(sizes[s] for s in evicted)
         orphans: list[Path] = []
         if self.report_dir is not None and cutoff is not None:
             with contextlib.suppress(OSError), os.scandir(self.report_dir) as it:
@@ -134,6 +135,33 @@ class Retention:
                             and e.stat(follow_symlinks=False).st_mtime_ns < cutoff):
                         orphans.append(Path(e.path))
         return Plan(tuple(expired), tuple(evicted), total, kept, tuple(orphans))
+
+    def _evict(self, rows: list[tuple[str, str, int, int, str]], sizes: dict[str, int], gone: set[str], kept: int,
+               max_bytes: int) -> list[str]:
+        """Closed sessions to delete until ``kept`` fits ``max_bytes``: each time the oldest closed
+        session of the tenant holding the most bytes (open ones count towards it, never deleted)."""
+        tenants: dict[str, str] = {}
+        held: dict[str, int] = {}
+        queues: dict[str, list[tuple[int, str]]] = {}
+        for s, state, t, _, job in rows:
+            if s in gone:
+                continue
+            tenant = tenants.setdefault(job, self.tenant_of(job))
+            held[tenant] = held.get(tenant, 0) + sizes[s]
+            if state in ("done", "failed"):
+                queues.setdefault(tenant, []).append((t, s))
+        for q in queues.values():
+            q.sort(reverse=True)  # oldest last: pop()
+        out: list[str] = []
+        while kept > max_bytes and queues:
+            tenant = max(queues, key=lambda k: (held[k], k))
+            _, s = queues[tenant].pop()
+            if not queues[tenant]:
+                del queues[tenant]
+            out.append(s)
+            held[tenant] -= sizes[s]
+            kept -= sizes[s]
+        return out
 
     def remove_files(self, sessions: tuple[str, ...], orphans: tuple[Path, ...] = ()) -> int:
         """Unlink the sessions' report files and the orphans (a worker thread); returns how many."""

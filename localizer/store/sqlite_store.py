@@ -392,18 +392,18 @@ class Store:
         args.append(limit)
         return [self._session_from_row(r, with_uploaded) for r in self._query(sql, args)]
 
-    def session_sizes(self) -> list[tuple[str, str, int, int]]:
-        """(session, state, closed_ns or opened_ns, stored bytes) of every session, oldest first: what
-        retention weighs (perftracker.localizer.service.retention). Bytes are the rows' bodies."""
+    def session_sizes(self) -> list[tuple[str, str, int, int, str]]:
+        """(session, state, closed_ns or opened_ns, stored bytes, job) of every session, oldest first:
+        what retention weighs (perftracker.localizer.service.retention). Bytes are the rows' bodies."""
         rows = self._query(
             "SELECT s.session, s.state, CASE WHEN s.closed_ns > 0 THEN s.closed_ns ELSE s.opened_ns END, "
             "LENGTH(s.expected) + LENGTH(s.reason) + LENGTH(s.error) + 128"
             " + COALESCE((SELECT SUM(LENGTH(body)) FROM patterns p WHERE p.session = s.session), 0)"
             " + COALESCE((SELECT SUM(LENGTH(body)) FROM pattern_batches b WHERE b.session = s.session), 0)"
             " + COALESCE((SELECT SUM(LENGTH(body)) FROM hang_snapshots h WHERE h.session = s.session), 0)"
-            " + COALESCE((SELECT LENGTH(body) FROM reports r WHERE r.session = s.session), 0) "
+            " + COALESCE((SELECT LENGTH(body) FROM reports r WHERE r.session = s.session), 0), s.job "
             "FROM sessions s ORDER BY s.seq")
-        return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
+        return [(str(r[0]), str(r[1]), int(r[2]), int(r[3]), str(r[4])) for r in rows]
 
     def delete_sessions(self, sessions: Sequence[str]) -> int:
         """Delete closed sessions with everything stored for them (patterns, snapshots, report).

@@ -32,7 +32,7 @@ class _Trigger(Protocol):
     """Opens or joins a session of a job (``SessionManager.trigger``)."""
 
     def __call__(self, job: str, reason: str, window_s: float | None = None,
-                 kind: str = ...) -> tuple[SessionRecord, bool]: ...
+                 kind: str = ..., quota_key: str | None = ...) -> tuple[SessionRecord, bool]: ...
 
 
 class HangSessions:
@@ -74,8 +74,9 @@ class HangSessions:
             self._crashes[report.job] = (report.session, now_ns)  # late failures: no new session
 
     # ---------------------------------------------------------------- snapshots
-    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
-        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
+    def accept_hang_snapshot(self, snap: HangSnapshot, quota_key: str | None = None) -> SessionRecord:
+        """Attach a snapshot to its session, or to the job's open session, or open a hang session
+        (which counts against ``quota_key``'s triggers per minute, as a trigger does: issue 46)."""
         now = self.clock.now_ns()
         check_hang_snapshot(snap, self._uploads.world_of(snap.job))
         with self._lock:
@@ -97,7 +98,7 @@ class HangSessions:
                         return self._uploads.view(crash[0])
                 reason = (f"crash: rank {snap.rank} {(snap.error or snap.end)[:80]}" if snap.end or snap.error
                           else f"hang: rank {snap.rank} blocked {snap.idle_s:.0f} s")
-                s, _ = self._trigger(snap.job, reason, kind=HANG)
+                s, _ = self._trigger(snap.job, reason, kind=HANG, quota_key=quota_key)
                 self._uploads.open_session_for(s.session, snap.job, [snap.rank])
             if s.kind != HANG:  # asked for by a slowdown session's id: converted explicitly, and said so
                 log.info("slowdown session %s converted to a hang session: rank %d sent a hang snapshot for it",

@@ -361,9 +361,10 @@ class SessionManager:
         """Whether the session is open and complete (after an upload committed)."""
         return self.uploads.complete_now(session)
 
-    def accept_hang_snapshot(self, snap: HangSnapshot) -> SessionRecord:
-        """Attach a snapshot to its session, or to the job's open session, or open a hang session."""
-        return self.hangs.accept_hang_snapshot(snap)
+    def accept_hang_snapshot(self, snap: HangSnapshot, quota_key: str | None = None) -> SessionRecord:
+        """Attach a snapshot to its session, or to the job's open session, or open a hang session
+        (counted against ``quota_key`` as a trigger is)."""
+        return self.hangs.accept_hang_snapshot(snap, quota_key)
 
     def _dead_of(self, job: str) -> dict[int, int]:
         dead = self._dead.get(job)
