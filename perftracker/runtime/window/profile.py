@@ -67,6 +67,15 @@ __all__ = ["ProfileWindow", "WindowOptions", "WindowResult", "shutdown_all"]
 log = logging.getLogger(__name__)
 
 
+def event_bound_reached(iterations: int, events_per_iter: float, max_events: int) -> bool:
+    """Whether a window of ``iterations`` would hold more than ``max_events`` profiler events at the
+    last window's ``events_per_iter``; never before that rate is known, nor with no bound, nor
+    before one iteration (a window always holds at least one)."""
+    if max_events <= 0 or events_per_iter <= 0 or iterations < 1:
+        return False
+    return (iterations + 1) * events_per_iter > max_events
+
+
 class ProfileWindow:
     """One profile window at a time for this training process (see the module docstring)."""
 
@@ -83,6 +92,7 @@ class ProfileWindow:
         self.clock = clock or MonotonicClock()
         self.options = options or WindowOptions()
         self._runtime = runtime
+        self._events_per_iter = 0.0  # of the last window written: bounds the next (max_window_events)
         self._hooked = False
         self._lock = threading.Lock()
         self._state = _IDLE
@@ -173,6 +183,14 @@ class ProfileWindow:
                     self._stop(cur, now)
                 elif self.options.converge and self._converged(cur, now):
                     cur.end_reason = "converged"
+                    self._stop(cur, now)
+                elif event_bound_reached(len(cur.boundaries_ns) - 1, self._events_per_iter,
+                                         self.options.max_window_events):
+                    cur.end_reason = "event_bound"
+                    log.warning("perftracker: window %s cut after %d iterations, %.1f s of %.1f s: about %.0f "
+                                "profiler events per iteration, bound %d (max_window_events)", cur.session,
+                                len(cur.boundaries_ns) - 1, (now - cur.start_ns) / 1e9, cur.window_ns / 1e9,
+                                self._events_per_iter, self.options.max_window_events)
                     self._stop(cur, now)
                 elif self.options.nvtx:
                     self.instruments.nvtx_iteration(cur, iteration)
@@ -331,6 +349,8 @@ class ProfileWindow:
         self._notify(cur, res)
 
     def _notify(self, cur: _Active, res: WindowResult) -> None:
+        if res.rows > 0 and res.iterations > 0:  # the next windows' event bound learns from this one
+            self._events_per_iter = res.rows / res.iterations
         try:
             cur.on_done(res)
         except Exception:

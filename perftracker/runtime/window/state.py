@@ -61,6 +61,12 @@ class WindowOptions:
     # end the window once its phases have converged (perftracker/runtime/convergence.py, issue 30);
     # window_s stays the upper bound (default, see docs/profile-window.md). False: always window_s
     converge: bool = True
+    # the most profiler events a window may hold (issue 43): a kernel-dense GPU job fills Kineto's
+    # activity buffers within a long window (collection stops, or older CUPTI crashes) and its
+    # conversion takes minutes. After a first window, the events per iteration it held bound the
+    # next windows' length: a window ends at the boundary where it would pass this, logged as cut.
+    # 0: no bound. A reasoned default, not measured on a GPU (bench/gpu_probe.py's kernel_dense_window).
+    max_window_events: int = 2_000_000
     converge_min_iterations: int = 20
     converge_tolerance: float = 0.10
     converge_min_s: float = 5.0  # convergence.MIN_S
@@ -102,7 +108,7 @@ class _Active:
     start_ns: int = 0
     boundaries_ns: list[int] = field(default_factory=list)
     step_ns: list[int] = field(default_factory=list)  # each iteration's optimizer step (0: none seen)
-    end_reason: str = ""  # "converged", "window_s" or "exit" (why the window ended)
+    end_reason: str = ""  # "converged", "window_s", "event_bound" or "exit" (why the window ended)
     old_switch_s: float = 0.0
     nvtx_window: Any = None
     nvtx_iter_open: bool = False
