@@ -3,9 +3,9 @@
 # multi-rank GPU trace sets and the demo's report (localized from its recorded patterns,
 # tests/fixtures/demo_cpu_slow_rank2.patterns.json), rendered as HTML in headless Chromium
 # (docs/screenshot.sh; Debian: apt-get install -y chromium).
-#   tools/report_screenshots.sh [DATA_DIR]     DATA_DIR holds dlrm_kineto/ and sa_se_kineto/ (default ../shared/data)
+#   tools/report_screenshots.sh DATA_DIR     DATA_DIR holds the real trace sets dlrm_kineto/ and sa_se_kineto/
 set -euo pipefail
-data=${1:-../shared/data}
+data=${1:?usage: tools/report_screenshots.sh DATA_DIR (the folder that holds dlrm_kineto/ and sa_se_kineto/)}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 perftracker analyze "$data/dlrm_kineto" -o "$tmp/dlrm.json" 2>/dev/null
