@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bench.faultkit.hosts import namespaces_available
-from tests.multinode_job import MultiNodeJob
+from bench.faultkit.nodes import MultiNodeJob
 
 NETNS, WHY = namespaces_available()
 pytestmark = [pytest.mark.skipif(not NETNS, reason=f"network namespaces unavailable: {WHY}"),

@@ -1,4 +1,5 @@
-"""A multi-node torchrun job as a user runs it, on emulated nodes (issue 42).
+"""A multi-node torchrun job as a user runs it, on emulated nodes (issue 42): tests/system/test_multinode.py
+and bench/multinode.py.
 
 Each node is a network namespace on a bridge (bench/faultkit/hosts.py) with its own UTS namespace
 (host name ``node<i>``), its own temp dir (so its own perftracker run dir and node agent) and its own
@@ -23,7 +24,7 @@ import psutil
 
 from bench.faultkit.hosts import EmulatedHosts, Host
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "perftracker" / "examples" / "train.py"
 
 
