@@ -40,9 +40,11 @@ from perftracker.localizer.diagnose.words.headline import fit_incident
 
 from perftracker.model import HangSnapshot, RankState, Report, compress_ranks
 from perftracker.model.frames import SELF_PREFIX, innermost_user_frame, is_collective, is_user_frame
+from perftracker.model.kinds import RankStateName, ReportKind
 
-CRASH = "crash"
-CULPRIT, WAITING, FAILED, RUNNING, EXITED, SILENT = "culprit", "waiting", "failed", "running", "exited", "silent"
+CRASH = ReportKind.CRASH
+CULPRIT, WAITING, FAILED = RankStateName.CULPRIT, RankStateName.WAITING, RankStateName.FAILED
+RUNNING, EXITED, SILENT = RankStateName.RUNNING, RankStateName.EXITED, RankStateName.SILENT
 PEER_LOSS = re.compile(
     r"Connection (?:reset|closed|refused)(?: by peer)?|Broken pipe|closed by peer|peer (?:closed|disconnected)|"
     r"NCCL communicator was aborted|ncclRemoteError|remote process exited|DistNetworkError|"

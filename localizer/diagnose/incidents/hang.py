@@ -45,10 +45,11 @@ from perftracker.model.frames import (
     is_user_frame,
     recognise_collective,
 )
+from perftracker.model.kinds import RankStateName
 
 log = logging.getLogger(__name__)
 
-CULPRIT, WAITING, SILENT, PAUSED = "culprit", "waiting", "silent", "paused"
+CULPRIT, WAITING, SILENT, PAUSED = RankStateName.CULPRIT, RankStateName.WAITING, RankStateName.SILENT, RankStateName.PAUSED
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ from perftracker.localizer.diagnose.verdict.group_findings import MOVING_KEY, ST
 from perftracker.localizer.diagnose.words.explain import pct
 
 from perftracker.model import Finding
+from perftracker.model.kinds import Test
 
-PEER_TESTS = frozenset({"differential", "waits"})  # tests that measure ranks against the job's own ranks
+PEER_TESTS = frozenset({Test.DIFFERENTIAL, Test.WAITS})  # tests that measure ranks against the job's own ranks
 GROUP_KEYS = frozenset({STAGE_KEY, MOVING_KEY})  # a set of ranks' causes: always tier 0
 
 

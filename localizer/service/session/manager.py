@@ -64,12 +64,13 @@ from perftracker.localizer.store.sqlite_store import (
 
 from perftracker.clock import Clock
 from perftracker.model import HangSnapshot, PatternSet, Report
+from perftracker.model.kinds import SessionState
 from perftracker.model.trigger import Detection
 from perftracker.wire.patterns import PatternBatch
 
 log = logging.getLogger(__name__)
 
-OPEN, LOCALIZING, DONE, FAILED = "open", "localizing", "done", "failed"
+OPEN, LOCALIZING, DONE, FAILED = SessionState.OPEN, SessionState.LOCALIZING, SessionState.DONE, SessionState.FAILED
 TRUSTED = object()  # an in-process caller (no HTTP request): no agent-key checks
 
 

@@ -18,8 +18,9 @@ from perftracker.localizer.store.rank_ranges import RankRanges
 from perftracker.localizer.store.sqlite_store import HeartbeatRecord, SessionRecord
 
 from perftracker.model import HangSnapshot, Report
+from perftracker.model.kinds import ReportKind
 
-SLOWDOWN, HANG, CRASH = "slowdown", "hang", "crash"
+SLOWDOWN, HANG, CRASH = ReportKind.SLOWDOWN, ReportKind.HANG, ReportKind.CRASH
 PAUSE, RESUMED = "pause", "resumed"  # statuses of a hang "report" that is never stored (see SessionManager.finish)
 
 

@@ -32,11 +32,12 @@ from perftracker.localizer.store.sqlite_store import Store
 from perftracker.clock import Clock
 from perftracker.errors import InputError
 from perftracker.model import PatternSet, Report
+from perftracker.model.kinds import SessionState
 from perftracker.wire.patterns import PatternBatch, batch_from_sets, encode_batch
 
 log = logging.getLogger(__name__)
 
-OPEN = "open"
+OPEN = SessionState.OPEN
 
 
 class PatternUploads:
