@@ -1,6 +1,6 @@
 """The device check's probes (issue 43): raw facts, NVML, the live capture path, CUDA graphs.
 
-    python bench/gpu_probe.py --stage facts|nvml|capture|graphs [--seconds S] [--gpu N]
+    python bench/gpu_probe.py --stage facts|nvml|capture|graphs|nccl_meta [--seconds S] [--gpu N]
 
 Each stage prints one JSON line per check, {"check": ..., "status": "PASS"|"FAIL"|"VALUE"|"SKIP",
 ...}, and exits 0 (2 when the stage could not run at all). ``tools/device_check.sh`` runs each
@@ -15,7 +15,9 @@ machine without a GPU every GPU check says SKIP with the reason.
 - capture: perftracker's own KinetoCapture + kineto_rows (not the offline reader): kernels against
   launches, kernel start against launch start (the time base), a second window right after the
   first, iteration time before, after and 10 s after (residual CUPTI cost), a kernel-dense load.
-- graphs: CUDA graphs replayed under two windows, in a child process that may crash.
+- graphs: CUDA graphs replayed under three windows, in a child process that may crash.
+- nccl_meta: what NCCL metadata (``record_param_comms`` and kernel ``extra_meta`` / ``metadata_json``)
+  the live capture reads, on a one-rank NCCL group (item 7: not used yet, this prints what is there).
 """
 
 from __future__ import annotations
@@ -309,6 +311,41 @@ def stage_capture(gpu: int) -> None:
     emit("kernel_dense_window", "PASS" if d["kernels"] >= 0.9 * d["launches"] and not d["lost"] else "FAIL", **d)
 
 
+NCCL_META_CHILD = r"""
+import json, os, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29571")
+torch.cuda.set_device(int(sys.argv[2]))
+dist.init_process_group("nccl", rank=0, world_size=1)
+from perftracker.runtime.profiler import KinetoCapture
+t = torch.ones(1 << 20, device="cuda")
+dist.all_reduce(t); torch.cuda.synchronize()
+cap = KinetoCapture(cuda=True); cap.start()
+for _ in range(3):
+    dist.all_reduce(t)
+torch.cuda.synchronize()
+out = []
+for e in cap.stop().events():
+    n = e.name()
+    if "param_comms" in n or "nccl" in n.lower():
+        out.append({"name": n[:80], "extra_meta": dict(e.extra_meta()) if hasattr(e, "extra_meta") else None,
+                    "metadata_json": e.metadata_json()[:400] if hasattr(e, "metadata_json") else None})
+print(json.dumps(out[:8]))
+dist.destroy_process_group()
+"""
+
+
+def stage_nccl_meta(gpu: int) -> None:
+    """What NCCL metadata the live capture path can read (item 7: the group of a reducer's collective)."""
+    if _cuda() is None:
+        emit("nccl_meta_live", "SKIP", reason="no CUDA GPU")
+        return
+    p = subprocess.run([sys.executable, "-c", NCCL_META_CHILD, str(REPO), str(gpu)], capture_output=True, text=True,
+                       timeout=90, env={**os.environ, "PERFTRACKER_DISABLE": "1"})
+    emit("nccl_meta_live", "VALUE" if p.returncode == 0 else "FAIL", returncode=p.returncode,
+         events=p.stdout.strip().splitlines()[-1:] or None, stderr=p.stderr[-400:])
+
+
 # ------------------------------------------------------------------------------------ graphs
 GRAPH_CHILD = r"""
 import sys, torch
@@ -381,7 +418,7 @@ def summarize(paths: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--summarize", nargs="+", metavar="FILE", help="print the summary of the stages' outputs")
-    ap.add_argument("--stage", choices=("facts", "nvml", "capture", "graphs"))
+    ap.add_argument("--stage", choices=("facts", "nvml", "capture", "graphs", "nccl_meta"))
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--gpu", type=int, default=0)
     a = ap.parse_args(argv)
@@ -391,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--stage or --summarize")
     try:
         {"facts": stage_facts, "nvml": lambda: stage_nvml(a.gpu, a.seconds), "capture": lambda: stage_capture(a.gpu),
-         "graphs": lambda: stage_graphs(a.gpu)}[a.stage]()
+         "graphs": lambda: stage_graphs(a.gpu), "nccl_meta": lambda: stage_nccl_meta(a.gpu)}[a.stage]()
     except Exception as exc:  # noqa: BLE001 - the stage's failure is its line
         emit(a.stage, "FAIL", error=f"{type(exc).__name__}: {exc}")
         return 2

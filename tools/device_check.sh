@@ -7,6 +7,7 @@
 #   nvml     link peaks with their raw values, call costs, GPM at 20/50/100/200 ms under load, throttle masks
 #   capture  perftracker's own capture path: kernels vs launches, time base, a second window, residual cost
 #   graphs   CUDA graphs under repeated windows, in a child that may crash
+#   nccl_meta  the NCCL metadata the live capture can read (a one-rank NCCL group)
 #   window tests  test_kineto_activity + test_window on this torch
 #   job      a 2-rank job on the one GPU (bench/gpu_job.py: gloo across ranks, NCCL refuses 2 ranks on 1 GPU)
 # Output goes to $OUT (or ./device-out). Record the summary in docs/not-verified.md.
@@ -28,6 +29,7 @@ timeout 60 $PY bench/gpu_probe.py --stage facts > "$OUT/facts.jsonl" 2> "$OUT/fa
 timeout 120 $PY bench/gpu_probe.py --stage nvml --seconds 4 > "$OUT/nvml.jsonl" 2> "$OUT/nvml.err"
 timeout 120 $PY bench/gpu_probe.py --stage capture > "$OUT/capture.jsonl" 2> "$OUT/capture.err"
 timeout 150 $PY bench/gpu_probe.py --stage graphs > "$OUT/graphs.jsonl" 2> "$OUT/graphs.err"
+timeout 100 $PY bench/gpu_probe.py --stage nccl_meta > "$OUT/nccl_meta.jsonl" 2> "$OUT/nccl_meta.err"
 timeout 120 $PY -m pytest -q -p no:cacheprovider tests/component/test_kineto_activity.py tests/component/test_window.py \
   > "$OUT/window_tests.txt" 2>&1
 RC=$?
@@ -54,4 +56,4 @@ else
 fi
 echo "wall_s $(( $(date +%s) - T0 ))" >> "$OUT/device.txt"
 $PY bench/gpu_probe.py --summarize "$OUT/facts.jsonl" "$OUT/nvml.jsonl" "$OUT/capture.jsonl" "$OUT/graphs.jsonl" \
-  "$OUT/window_tests.jsonl" "$OUT/job.jsonl" | tee "$OUT/summary.txt"
+  "$OUT/nccl_meta.jsonl" "$OUT/window_tests.jsonl" "$OUT/job.jsonl" | tee "$OUT/summary.txt"
