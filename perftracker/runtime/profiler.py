@@ -75,7 +75,7 @@ def experimental_config(**wanted: bool) -> tuple[Any, bool]:
     profiler_measure_per_kernel, verbose, performance_events, enable_cuda_sync_events); 2.13 has
     both. Passing an unknown keyword raises TypeError, which would abort every window."""
     accepted = _accepted_keywords()
-    kwargs = {k: v for k, v in wanted.items() if v and (accepted is None or k in accepted)}
+    kwargs: dict[str, Any] = {k: v for k, v in wanted.items() if v and (accepted is None or k in accepted)}
     try:
         exp = _ExperimentalConfig(**kwargs)
     except TypeError:  # a keyword the signature text did not show: the plain config
@@ -408,6 +408,6 @@ def cuda_graphs_in_use() -> bool:
         return True
     cfg = sys.modules.get("torch._inductor.config")
     try:
-        return bool(cfg is not None and cfg.triton.cudagraphs)  # type: ignore[attr-defined]
+        return bool(cfg is not None and cfg.triton.cudagraphs)
     except AttributeError:
         return False
