@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from perftracker.model.trigger import Detection
+
 RECENT_ITERS = 20  # the iterations the still-slow test averages (means catch intermittent stalls too)
 MAX_WAIT_S = 900.0
 
@@ -39,14 +41,12 @@ class Held:
 
 
 def slow_levels(detail: Mapping[str, object]) -> tuple[float, float] | None:
-    """(baseline, slow level) in ms from a detector's detail, or None when it has no such pair."""
-    base = detail.get("baseline_ms", detail.get("shortest_ms"))
-    slow = detail.get("recent_ms", detail.get("mean_ms"))
-    if isinstance(base, bool) or isinstance(slow, bool):
+    """(baseline, slow level) in ms from a detector's detail, or None when it has no such pair: read
+    as the typed detection reads it (perftracker/model/trigger.py ``Detection.from_detail``)."""
+    d = Detection.from_detail(0, "", detail)
+    if d.baseline_ms is None or d.slow_ms is None or not d.baseline_ms < d.slow_ms:
         return None
-    if not isinstance(base, (int, float)) or not isinstance(slow, (int, float)) or not 0 < base < slow:
-        return None
-    return float(base), float(slow)
+    return d.baseline_ms, d.slow_ms
 
 
 def still_slow(level_ms: float, base_ms: float, slow_ms: float) -> bool:
