@@ -152,13 +152,15 @@ class Metrics:
 
 
 MAX_CONNECTIONS = 32  # open connections (threads) at once; past it a new one is closed at once (issue 46)
+MAX_PER_CLIENT = 8  # of them from one address: one client cannot take the slots the liveness probe needs
 READ_TIMEOUT_S = 5.0  # a connection that sends no complete request in this long is closed
 
 
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` (issue 46: 1,009 idle connections gave
-    the agent 1,024 fds and 1,011 threads, and /healthz timed out); the rest are closed at once,
-    counted in ``refused``. A failing connection is not logged (it was 69,000 lines)."""
+    """A thread per connection, at most ``MAX_CONNECTIONS``, ``MAX_PER_CLIENT`` of them from one
+    address (issue 46: 1,009 idle connections gave the agent 1,024 fds and 1,011 threads, and
+    /healthz timed out, so the liveness probe would restart it forever); the rest are closed at
+    once, counted in ``refused``. A failing connection is not logged (it was 69,000 lines)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -167,24 +169,41 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_client: dict[str, int] = {}
+        self._lock = threading.Lock()
         self.refused = 0
 
+    def _take(self, client: str) -> bool:
+        with self._lock:
+            if self._per_client.get(client, 0) >= MAX_PER_CLIENT or not self._slots.acquire(blocking=False):
+                self.refused += 1
+                return False
+            self._per_client[client] = self._per_client.get(client, 0) + 1
+            return True
+
+    def _give(self, client: str) -> None:
+        with self._lock:
+            n = self._per_client.pop(client, 1) - 1
+            if n > 0:
+                self._per_client[client] = n
+            self._slots.release()
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
+        client = str(client_address[0]) if isinstance(client_address, tuple) and client_address else ""
+        if not self._take(client):
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give(client)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give(str(client_address[0]) if isinstance(client_address, tuple) and client_address else "")
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away or timed out: nothing to log

@@ -69,10 +69,10 @@ def test_a_root_only_file_named_by_another_uids_worker_is_not_read(tmp_path: Pat
 
 
 # ---------------------------------------------------------------- item 5: the agent's metrics listener
-def _get(port: int, path: str, timeout: float = 3.0) -> int:
+def _get(port: int, path: str, source: str = "127.0.0.1", timeout: float = 3.0) -> int:
     import http.client
 
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
     try:
         conn.request("GET", path)
         return conn.getresponse().status
@@ -80,35 +80,39 @@ def _get(port: int, path: str, timeout: float = 3.0) -> int:
         conn.close()
 
 
+def _closed_at_once(s: socket.socket) -> bool:
+    s.settimeout(2.0)
+    try:
+        return s.recv(1) == b""
+    except OSError:
+        return True
+
+
 def test_the_metrics_listener_caps_connections_and_drops_idle_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The issue's 1,009 idle connections, scaled: cap 8, read timeout 0.5 s. Just below the cap
-    /healthz answers at once; at and past it the extra connections are closed at once (no thread,
-    no fd kept); once the idle ones time out /healthz answers again."""
+    """The issue's 1,009 idle connections, scaled: cap 16, 8 per client address, read timeout
+    0.5 s. Below the caps /healthz answers at once; past them the extra connections are closed at
+    once (no thread, no fd kept) while another address (the kubelet's) still gets /healthz; once
+    the idle ones time out the first address is served again."""
     from perftracker.agent.daemon import agent_metrics as am
 
-    monkeypatch.setattr(am, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(am, "MAX_CONNECTIONS", 16)
+    monkeypatch.setattr(am, "MAX_PER_CLIENT", 8)
     monkeypatch.setattr(am._QuietHandler, "timeout", 0.5)
-    metrics = am.Metrics()
-    server = am.MetricsServer(metrics, "127.0.0.1", 0)
+    server = am.MetricsServer(am.Metrics(), "127.0.0.1", 0)
     idle: list[socket.socket] = []
     try:
         base = threading.active_count()
         idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(7)]
         time.sleep(0.1)
-        assert _get(server.port, "/healthz") == 200  # the 8th slot
-        more = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+        assert _get(server.port, "/healthz") == 200  # the client's 8th slot
+        more = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(41)]
         idle += more
         time.sleep(0.2)
         assert threading.active_count() <= base + 8
-        closed = 0
-        for s in more:  # refused ones were closed by the server: recv gives b"" at once
-            s.settimeout(2.0)
-            try:
-                closed += s.recv(1) == b""
-            except OSError:
-                closed += 1
-        assert closed >= 39 and server._httpd.refused >= 39
-        time.sleep(0.8)  # the 7 idle ones time out
+        closed = sum(_closed_at_once(s) for s in more[1:])
+        assert closed == 40 and server._httpd.refused >= 40  # all but the one that took the 8th slot
+        assert _get(server.port, "/healthz", source="127.0.0.2") == 200  # another address is served
+        time.sleep(0.8)  # the idle ones time out
         assert _get(server.port, "/healthz") == 200
         assert threading.active_count() <= base + 1
     finally:
