@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from perftracker.agent.daemon.agent_metrics import Metrics
-from perftracker.agent.daemon.job_routes import JobServer, RoutedUplink
+from perftracker.agent.daemon.job_links import JobLinks
+from perftracker.agent.daemon.job_routes import JobServer
 from perftracker.agent.daemon.localizer_client import TriggerNotice
 from perftracker.agent.daemon.localizer_link import LocalizerUplink, Upstream
 from perftracker.agent.daemon.options import AgentOptions
 from perftracker.agent.daemon.peer import PeerCred, peer_cred
-from perftracker.agent.daemon.window_session import SessionRun, WindowRunner, send
+from perftracker.agent.daemon.window_session import SessionRun, WindowRunner
 from perftracker.agent.daemon.worker_exits import (
     ExitStatus,
     error_file_of,
@@ -54,7 +55,6 @@ from perftracker.agent.daemon.workers import (
     select_job,
 )
 
-from perftracker.errors import PerftrackerError
 from perftracker.model import HangSnapshot
 from perftracker.rundir import RunDirError, ensure_private_dir, write_private
 from perftracker.warnonce import WarnOnce
@@ -67,7 +67,6 @@ AGENT_INFO = "agent.json"
 MAX_WORKERS = 256  # connected workers per agent (issue 46); a node runs one per GPU or a few dozen CPU ranks
 MAX_RANKS_PER_PROCESS = 4  # a training process is one rank (a test harness may hold a few)
 REGISTER_TIMEOUT_S = 10.0  # a worker connection sends REGISTER within this, or is closed
-JOB_LINK_WAIT_S = 30.0  # a multi-node job's ranks name its localizer within this, else the agent's own
 
 
 def death_snapshot(w: Worker, status: ExitStatus | None, oom: bool, failed_ns: int) -> HangSnapshot:
@@ -97,11 +96,6 @@ class AgentDaemon:
         other nodes; ``uplink`` a ``RoutedUplink`` to send such a job to another node's (issue 42)."""
         self.options = options
         self.uplink = uplink
-        self.job_server = job_server
-        self.routes = uplink if isinstance(uplink, RoutedUplink) else None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._linked: set[str] = set()  # multi-node jobs whose localizer is known (issue 42)
-        self._serving: set[str] = set()  # ... and those this agent's own localizer serves to other nodes
         self.agent_id = options.agent_id or f"{options.host}-{os.getpid()}"
         self.idle_check = idle_check  # extra condition for idle exit (e.g. the embedded localizer is idle)
         self.metrics = Metrics()
@@ -117,6 +111,9 @@ class AgentDaemon:
         self.upstream = Upstream(options, self.agent_id, uplink, self.metrics, self.workers, self._spawn,
                                  self._on_notice)
         self.windows = WindowRunner(options.run_dir, options.window, self.metrics, self.upstream)
+        # one localizer per job across nodes (issue 42)
+        self.links = JobLinks(self.agent_id, uplink, job_server, self.upstream, self._pollers, self.workers,
+                              self._spawn)
         self._last_connected = time.monotonic()
         self._warn_once = WarnOnce(log)
         self._metrics_server: Any = None
@@ -127,7 +124,7 @@ class AgentDaemon:
         return wire.socket_path(self.options.run_dir)
 
     async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self.links.loop = asyncio.get_running_loop()
         gid = self.options.socket_gid
         # refuses a run dir another user owns or one writable by group/others (RunDirError)
         ensure_private_dir(self.options.run_dir, group_gid=gid)
@@ -263,7 +260,7 @@ class AgentDaemon:
                                 "connected from pid %d", msg["pid"], msg["rank"], msg["job"], holder.pid)
                 return
             worker = self._register_worker(msg, writer, uid=cred.uid if cred is not None else -1)
-            features = ["job_link"] if self.job_server is not None or self.routes is not None else []
+            features = self.links.features()
             await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=True, agent_id=self.agent_id,
                                                                features=features))
             while True:
@@ -331,39 +328,12 @@ class AgentDaemon:
         self._last_connected = time.monotonic()
         self._update_worker_metrics(w.job)
         log.info("worker rank %d/%d of job %s registered (pid %d)", w.rank, w.world_size, w.job, w.pid)
-        if msg.get("job_link") == "pending" and self.routes is not None and w.job not in self._linked:
-            self._hold_job(w.job)  # a multi-node job: register where its localizer turns out to be
+        self.links.on_register(w.job, msg)  # a multi-node job: register where its localizer turns out to be
         self.upstream.schedule_register(w.job)
         self.windows.prime_later(w, lambda x: self.workers.get((x.job, x.rank)) is x and x.connected)
         if w.job not in self._pollers and w.job not in self.upstream.held:
             self._pollers[w.job] = self._spawn(self.upstream.poll_loop(w.job), f"poll-{w.job}")
         return w
-
-    def _hold_job(self, job: str) -> None:
-        """Register ``job`` nowhere until its rank 0 serves it here or a rank names its localizer on
-        another node (JOB_SERVE / JOB_ROUTE), at most ``JOB_LINK_WAIT_S``: then with this agent's own."""
-        if job in self.upstream.held:
-            return
-        self.upstream.held.add(job)
-
-        async def give_up() -> None:
-            await asyncio.sleep(JOB_LINK_WAIT_S)
-            if job in self.upstream.held:
-                self._warn_once(f"link-{job}", "job %s spans nodes but no rank named its localizer within %.0f s; "
-                                "this node's ranks report to this agent's own localizer", job, JOB_LINK_WAIT_S)
-                self._release_job(job)
-
-        self._spawn(give_up(), f"link-wait-{job}")
-
-    def _release_job(self, job: str) -> None:
-        """``job``'s localizer is known (its route is set, or it is this agent's own): register there."""
-        self._linked.add(job)
-        self.upstream.held.discard(job)
-        self.upstream.schedule_register(job)
-        poller = self._pollers.pop(job, None)
-        if poller is not None:
-            poller.cancel()  # a long poll on the old localizer: poll the job's from now on
-        self._pollers[job] = self._spawn(self.upstream.poll_loop(job), f"poll-{job}")
 
     def _update_worker_metrics(self, job: str) -> None:
         n = sum(1 for w in self.workers.values() if w.job == job and w.connected)
@@ -402,60 +372,9 @@ class AgentDaemon:
         elif kind == MessageType.WINDOW_DONE.value:
             self._on_window_done(w, msg)
         elif kind == MessageType.JOB_SERVE.value:
-            self._spawn(self._serve_job(w, msg), "job-serve")
+            self._spawn(self.links.serve(w, msg), "job-serve")
         elif kind == MessageType.JOB_ROUTE.value:
-            self._route_job(w, msg)
-
-    async def _serve_job(self, w: Worker, msg: dict[str, Any]) -> None:
-        """Global rank 0 asks this agent's localizer to serve its job to the job's other nodes."""
-        url, error = "", ""
-        if msg["job"] != w.job:
-            error = f"rank {w.rank} is registered for job {w.job!r}, not {msg['job']!r}"
-        elif self.job_server is None:
-            error = (f"this node agent reports to the localizer at {self.uplink.url}; give every node the same "
-                     "PERFTRACKER_LOCALIZER_URL")
-        else:
-            try:
-                url = await asyncio.to_thread(self.job_server.serve_job, w.job, msg["host"], msg["port"], msg["token"])
-            except PerftrackerError as exc:
-                error = str(exc)
-        if error:
-            self._warn_once(f"serve-{w.job}", "cannot serve job %s to its other nodes: %s", w.job, error)
-        else:
-            log.warning("job %s: this node's localizer serves the job's other nodes at %s", w.job, url)
-            self._serving.add(w.job)  # a route a rank read before rank 0 re-published is stale
-            if self.routes is not None and self.routes.unroute(w.job):
-                self.upstream.schedule_register(w.job)
-        if msg["job"] == w.job:
-            self._release_job(w.job)  # served here, or not at all: this agent's own localizer
-        await send(w, wire.make_message(MessageType.JOB_SERVED, job=w.job, url=url, agent_id=self.agent_id,
-                                        error=error[:500]))
-
-    def report_stored(self, job: str, session: str, text: str) -> None:
-        """A report of ``job`` is stored (called from any thread): global rank 0, when it runs on this
-        node, says where in the training log (REPORT_READY)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-
-        def tell() -> None:
-            w = self.workers.get((job, 0))
-            if w is not None and w.connected:
-                msg = wire.make_message(MessageType.REPORT_READY, job=job, session=session, text=text[:600])
-                self._spawn(send(w, msg), "report-ready")
-
-        loop.call_soon_threadsafe(tell)
-
-    def _route_job(self, w: Worker, msg: dict[str, Any]) -> None:
-        """A rank of a multi-node job names the job's localizer (another node's): report there."""
-        if msg["job"] != w.job or self.routes is None:
-            return  # another job's name, or an agent that cannot route
-        if msg["served_by"] == self.agent_id or w.job in self._serving:  # this agent's own localizer serves it
-            if w.job in self.upstream.held:
-                self._release_job(w.job)
-            return
-        if self.routes.route(w.job, msg["url"], msg["token"]) or w.job in self.upstream.held:
-            self._release_job(w.job)
+            self.links.route(w, msg)
 
     def _fail_pending(self, w: Worker, error: str) -> None:
         for run in self.sessions.values():

@@ -187,7 +187,8 @@ async def serve(args: argparse.Namespace) -> int:
                              job_server=embedded if embedded is not None and embedded.owned else None)
         await daemon.start()
         if embedded is not None and embedded.owned:
-            embedded.on_report(lambda report: daemon.report_stored(report.job, report.session, report_ready_text(report)))
+            embedded.on_report(lambda report: daemon.links.report_stored(report.job, report.session,
+                                                                         report_ready_text(report)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

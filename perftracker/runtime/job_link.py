@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 STORE_KEY = "perftracker/localizer/v1"
 RECHECK_S = 10.0  # how often the other ranks re-read the store (a restarted localizer's new URL)
-FEATURE = "job_link"  # what an agent's ACK lists when it can serve or route a job
+FEATURE = "job_link"  # what an agent's ACK lists when it can serve or route a job (agent/daemon/job_links.py)
 PORT_ENV = "PERFTRACKER_LOCALIZER_PORT"  # the port the job's localizer listens on (default: any free one)
 _SIOCGIFADDR = 0x8915
 
