@@ -53,11 +53,17 @@ class JobLinks:
         self.serving: set[str] = set()  # ... and those this agent's own localizer serves to other nodes
         self._warn_once = WarnOnce(log)
 
+    @property
+    def active(self) -> bool:
+        """Whether jobs find their localizer this way: this agent has its own localizer to serve them
+        with and can route them (an agent of a shared localizer, ``--url``, has nothing to do)."""
+        return self.job_server is not None and self.routes is not None
+
     def features(self) -> list[str]:
-        return [FEATURE] if self.job_server is not None or self.routes is not None else []
+        return [FEATURE] if self.active else []
 
     def on_register(self, job: str, msg: Mapping[str, Any]) -> None:
-        if msg.get("job_link") == "pending" and self.routes is not None and job not in self.linked:
+        if msg.get("job_link") == "pending" and self.active and job not in self.linked:
             self.hold(job)
 
     def hold(self, job: str) -> None:
@@ -112,8 +118,8 @@ class JobLinks:
 
     def route(self, w: Worker, msg: Mapping[str, Any]) -> None:
         """A rank of a multi-node job names the job's localizer (another node's): report there."""
-        if msg["job"] != w.job or self.routes is None:
-            return  # another job's name, or an agent that cannot route
+        if msg["job"] != w.job or self.routes is None or not self.active:
+            return  # another job's name, or an agent of a shared localizer
         if msg["served_by"] == self.agent_id or w.job in self.serving:  # this agent's own localizer serves it
             if w.job in self.upstream.held:
                 self.release(w.job)

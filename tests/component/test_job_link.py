@@ -212,3 +212,4 @@ def test_report_on_any_node_reaches_the_jobs_localizer(tmp_path: Path, monkeypat
     capsys.readouterr()
     assert main(["report", session]) == 1  # the job's localizer is gone: an error that names it
     assert f"job multi's localizer at {url}" in capsys.readouterr().err
+
