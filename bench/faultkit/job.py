@@ -365,8 +365,10 @@ class JobRun:
                     log.info("session %s opened: %s", sid, s.get("reason"))
                 if sid not in reports and (rep := self._report(sid)) is not None:
                     reports[sid], stored_at[sid] = rep, time.monotonic()
+                    # a baseline window (issue 49) is scored but never answers the scenario
                     if answer is None and (wants_kind is None or rep.kind == wants_kind) and (
-                            onset is None or sc.trigger != "detector" or opened[sid][1] >= onset):
+                            onset is None or sc.trigger != "detector" or opened[sid][1] >= onset) \
+                            and rep.trigger_reason != "baseline":
                         answer = sid
             if answer is not None:
                 break
