@@ -264,7 +264,12 @@ class AgentDaemon:
             await wire.write_message(writer, wire.make_message(MessageType.ACK, ok=True, agent_id=self.agent_id,
                                                                features=features))
             while True:
-                msg = await wire.read_message(reader)
+                try:
+                    msg = await wire.read_message(reader)
+                except wire.BadFrameBody as exc:  # read whole, the stream in step: ignored (issue 46)
+                    self._warn_once(f"badframe-{worker.job}-{worker.rank}", "ignoring a frame of rank %d (job %s): %s",
+                                    worker.rank, worker.job, exc)
+                    continue
                 worker.last_seen = time.monotonic()
                 try:
                     check_worker_message(msg)

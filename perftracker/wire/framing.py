@@ -40,6 +40,12 @@ class WireError(TransportError):
     """A frame on the worker <-> agent socket is malformed, too large or of an unknown type."""
 
 
+class BadFrameBody(WireError):
+    """A whole frame was read but its body is not JSON (or nests too deeply to parse): the stream
+    is still in step, so a reader may drop this message and go on (issue 46: a frame nested
+    100,000 levels deep dropped the worker's connection)."""
+
+
 class ConnectionClosed(TransportError):
     """The peer closed the socket (cleanly or in the middle of a frame)."""
 
@@ -137,7 +143,9 @@ def decode_body(body: bytes) -> dict[str, Any]:
     try:
         msg = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise WireError(f"frame is not valid JSON: {exc}") from None
+        raise BadFrameBody(f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadFrameBody("frame is not valid JSON: nested too deeply") from None
     validate(msg)
     return msg
 

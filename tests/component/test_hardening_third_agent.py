@@ -119,3 +119,18 @@ def test_the_metrics_listener_caps_connections_and_drops_idle_ones(monkeypatch: 
         for s in idle:
             s.close()
         server.close()
+
+
+# ---------------------------------------------------------------- low: a frame nested 100,000 levels deep
+def test_a_deeply_nested_frame_is_a_bad_body_the_reader_can_skip() -> None:
+    from perftracker.wire import framing as wire
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(wire.BadFrameBody, match="nested too deeply"):
+        wire.decode_body(deep)
+    with pytest.raises(wire.BadFrameBody, match="not valid JSON"):
+        wire.decode_body(b"{")
+    shallow = b"[" * 50 + b"]" * 50  # valid JSON, not a message: the stream's own WireError, not skippable
+    with pytest.raises(wire.WireError) as info:
+        wire.decode_body(shallow)
+    assert not isinstance(info.value, wire.BadFrameBody)

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from agent_helpers import REPO, AgentProc, WireWorker, cleanup, env_for_tests, short_run_dir
 from perftracker.agent.daemon.daemon import MAX_RANKS_PER_PROCESS, REGISTER_TIMEOUT_S
 
@@ -56,6 +57,15 @@ def test_a_fifo_error_file_does_not_freeze_the_agent_and_the_kernel_pid_is_used(
         w = WireWorker(run_dir, 1, 2, job="jobF")  # the agent still answers
         try:
             assert w.ack["ok"] is True
+            deep = b"[" * 100_000 + b"]" * 100_000  # a frame nested 100,000 levels deep: ignored
+            w.sock.sendall(len(deep).to_bytes(4, "big") + deep)
+            deadline = time.monotonic() + 10
+            while "ignoring a frame" not in agent.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert "nested too deeply" in agent.log()
+            w.sock.settimeout(1.0)
+            with pytest.raises(TimeoutError):  # still connected: nothing to read, not EOF
+                w.sock.recv(1)
         finally:
             w.close()
         # at most MAX_RANKS_PER_PROCESS ranks from one process (this one)
