@@ -367,7 +367,8 @@ class AgentDaemon:
             self.metrics.trigger(w.job)
             window_s = msg.get("window_s")
             window_s = float(window_s) if isinstance(window_s, (int, float)) and 0.1 <= window_s <= 600 else None
-            self._spawn(self.upstream.forward_trigger(w, msg["reason"], msg["detail"], window_s), "trigger")
+            self._spawn(self.upstream.forward_trigger(w, msg["reason"], msg["detail"], window_s, msg.get("detection")),
+                        "trigger")
         elif kind == MessageType.BLOCKED.value:
             log.warning("rank %d of job %s reports the job blocked: %s", w.rank, w.job, msg["detail"])
         elif kind == MessageType.HANG_SNAPSHOT.value:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -173,10 +174,17 @@ class Upstream:
                     self.warn_once("heartbeat", "heartbeat to the localizer failed: %s", exc)
 
     # ------------------------------------------------------------------ triggers and snapshots
-    async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None) -> None:
+    async def forward_trigger(self, w: Worker, reason: str, detail: dict[str, Any], window_s: float | None,
+                              detection_json: Mapping[str, Any] | None = None) -> None:
+        """Open or join a session for the worker's trigger, with its typed detection: the one the
+        worker sent (checked with its message, workers.py), under the rank this agent registered it
+        as; from a worker of before issue 48, read from its detail."""
         log.info("rank %d of job %s triggered: %s %s", w.rank, w.job, reason, detail)
         try:
-            detection = Detection.from_detail(w.rank, reason, detail)  # the worker's detail, read once
+            if detection_json is not None:
+                detection = dataclasses.replace(Detection.from_dict(detection_json), rank=w.rank)
+            else:
+                detection = Detection.from_detail(w.rank, reason, detail)
             session, joined = await self.call(self.uplink.create_trigger, w.job, detection.reason_text(),
                                               window_s, detection.to_dict())
             log.info("trigger from rank %d %s session %s", w.rank, "joined" if joined else "opened", session)

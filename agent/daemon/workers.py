@@ -17,7 +17,9 @@ from typing import Any
 
 from perftracker.agent.daemon.worker_exits import MemoryCgroup
 
+from perftracker.errors import SchemaError
 from perftracker.model.names import NAME_RE
+from perftracker.model.trigger import Detection
 from perftracker.model.window_length import window_s_error
 
 SILENT_AFTER_S = 3.0  # a connected worker sends a heartbeat every second; past this it is silent
@@ -149,6 +151,11 @@ def check_worker_message(msg: dict[str, Any]) -> None:
         _text(msg, "reason", MAX_TEXT_CHARS)
         if msg.get("window_s") is not None and window_s_error(msg["window_s"]):
             raise BadWorkerMessage(f"window_s: {window_s_error(msg['window_s'])}")
+        if msg.get("detection") is not None:  # a worker of before issue 48 sends none
+            try:
+                Detection.from_dict(msg["detection"], "detection")
+            except SchemaError as exc:
+                raise BadWorkerMessage(str(exc)) from None
     elif kind == "window_done":
         session = msg.get("session")
         if not isinstance(session, str) or not SESSION_RE.fullmatch(session):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perftracker.model import HangSnapshot
+from perftracker.model.trigger import Detection
 from perftracker.runtime.protocols import ChannelRuntime, FinishedWindow, WorkerState
 from perftracker.wire import framing as wire
 from perftracker.wire.framing import MessageType
@@ -68,9 +69,15 @@ def register_message(runtime: WorkerState, job_link_pending: bool = False) -> di
 
 
 def trigger_message(reason: str, detail: Mapping[str, object], window_s: float | None = None) -> dict[str, Any]:
-    """TRIGGER; ``window_s`` only when the user set the window length explicitly."""
+    """TRIGGER: the reason, the runtime's detail, and the typed detection read from it once, here
+    (perftracker/model/trigger.py, versioned); ``window_s`` only when the user set the window
+    length explicitly."""
     extra: dict[str, Any] = {} if window_s is None else {"window_s": float(window_s)}
-    return wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=json_safe(detail), **extra)
+    rank = detail.get("rank")
+    detection = Detection.from_detail(rank if isinstance(rank, int) and not isinstance(rank, bool) else 0,
+                                      str(reason), detail)
+    return wire.make_message(MessageType.TRIGGER, reason=str(reason), detail=json_safe(detail),
+                             detection=detection.to_dict(), **extra)
 
 
 def blocked_message(detail: Mapping[str, object]) -> dict[str, Any]:

@@ -192,6 +192,7 @@ def test_trigger_then_start_window_then_window_done(run_dir: Path) -> None:
         assert time.perf_counter() - t0 < 0.01  # the caller never waits on the socket
         trig = agent.wait_for("trigger")[0]
         assert trig["reason"] == "slowdown" and trig["detail"]["ratio"] == 1.3
+        assert trig["detection"]["ratio"] == 1.3 and trig["detection"]["schema_version"] == 1  # typed, versioned
         agent.send_all(wire.make_message(MessageType.START_WINDOW, session="s-1", window_s=0.5))
         done = agent.wait_for("window_done")[0]
         assert win.armed == [("s-1", 0.5)]

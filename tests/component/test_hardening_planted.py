@@ -260,6 +260,7 @@ def test_the_service_refuses_names_with_a_trailing_newline(tmp_path: Path) -> No
 def _hostile_report_file(path: Path) -> Path:
     d = slow_compute_report().to_dict()
     d["trigger_reason"] = f"loss spiked [/x] {OSC52} {RLO}evil"
+    d["trigger"]["reason"] = d["trigger_reason"]  # the typed detection is what the report shows (issue 48)
     d["findings"][0]["label"] = d["findings"][0]["key"] = "model.forward[/layer]\x1b]0;PWNED\x07"
     path.write_text(json.dumps(d))
     return path

@@ -60,3 +60,16 @@ def test_a_report_carries_it_and_leaves_it_out_when_there_is_none() -> None:
     d = Detection.from_detail(2, "slowdown", CUSUM)
     with_it = Report.from_dict(json.loads(json.dumps({**base.to_dict(), "trigger": d.to_dict()})))
     assert with_it.trigger == d and Report.from_dict(base.to_dict()).trigger is None
+
+
+def test_the_worker_sends_it_typed_and_the_agent_checks_it() -> None:
+    from perftracker.agent.daemon.workers import BadWorkerMessage, check_worker_message
+
+    from perftracker.runtime.channel_messages import trigger_message
+
+    msg = trigger_message("slowdown", {**CUSUM, "obj": object()})
+    assert Detection.from_dict(msg["detection"]) == Detection.from_detail(2, "slowdown", CUSUM)
+    check_worker_message(msg)
+    check_worker_message({k: v for k, v in msg.items() if k != "detection"})  # a worker of before issue 48
+    with pytest.raises(BadWorkerMessage, match="detection.ratio"):
+        check_worker_message({**msg, "detection": {**msg["detection"], "ratio": "fast"}})

@@ -94,7 +94,9 @@ def _hostile_report() -> Report:
     f = r.findings[0]
     name = f"model.forward[/layer]{TITLE}"
     f = dataclasses.replace(f, key=name, label=name, sentence=f"rank 3 is slow in {name} {RLO}cba")
-    return dataclasses.replace(r, trigger_reason=f"loss spiked [/x] {OSC52} {RLO}evil", job=f"job{RLO}",
+    hostile = f"loss spiked [/x] {OSC52} {RLO}evil"
+    trigger = dataclasses.replace(r.trigger, reason=hostile) if r.trigger is not None else None  # what is shown
+    return dataclasses.replace(r, trigger_reason=hostile, trigger=trigger, job=f"job{RLO}",
                                findings=(f, *r.findings[1:]))
 
 
