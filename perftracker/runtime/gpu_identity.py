@@ -5,7 +5,9 @@ reports host pids: the sampler's own guess (NVML process lists, ``LOCAL_RANK``) 
 GPU, silently. The process knows its device: CUDA's UUID of the current device
 (``torch.cuda.get_device_properties(i).uuid``, printed as 8-4-4-4-12 hex without NVML's "GPU-"
 prefix; torch 2.3.1 has no ``uuid`` property, then nothing is said). Read only where this process
-has initialised CUDA itself: perftracker never creates a CUDA context. NOT VERIFIED ON HARDWARE.
+has initialised CUDA itself: perftracker never creates a CUDA context. The current device is per
+thread (``cudaSetDevice``): call it on the training thread (``ProfileWindow.on_boundary`` does), never
+from perftracker's own threads, where it names device 0 on every rank. NOT VERIFIED ON HARDWARE.
 """
 
 from __future__ import annotations
@@ -33,9 +35,3 @@ def own_gpu_uuid() -> str:
         return ""
     text = str(uuid).strip()
     return text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-
-
-def sampler_gpu_args() -> tuple[str, ...]:
-    """("--gpu-uuid", uuid) for the sampler process, or () (it then picks as before)."""
-    uuid = own_gpu_uuid()
-    return ("--gpu-uuid", uuid) if uuid else ()

@@ -345,7 +345,7 @@ class _Uuid:
 def test_the_process_says_its_own_gpu_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from perftracker.runtime.gpu_identity import own_gpu_uuid, sampler_gpu_args
+    from perftracker.runtime.gpu_identity import own_gpu_uuid
 
     assert own_gpu_uuid() == "" or torch.cuda.is_initialized()  # this CPU host: nothing to say
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -355,9 +355,9 @@ def test_the_process_says_its_own_gpu_uuid(monkeypatch: pytest.MonkeyPatch) -> N
     assert own_gpu_uuid() == "" and asked == []  # CUDA not initialised by the job: never touched
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert sampler_gpu_args() == ("--gpu-uuid", "GPU-6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01") and asked == [3]
+    assert own_gpu_uuid() == "GPU-6f1f3c2a-93d1-1b2e-8c4d-2f0e5a7b9c01" and asked == [3]
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name="H100"))  # torch 2.3.1
-    assert sampler_gpu_args() == ()
+    assert own_gpu_uuid() == ""
 
 
 def test_the_sampler_takes_the_gpu_the_process_names_over_its_guess() -> None:
@@ -398,3 +398,53 @@ def test_the_sampler_takes_the_gpu_the_process_names_over_its_guess() -> None:
         child.wait()
     assert said.index == 2 and "own CUDA device" in said.how
     assert guess.index == 1 and no_match.index == 1
+
+
+def test_the_window_reads_the_uuid_on_the_training_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current CUDA device is per thread: the channel's thread (which arms the window) sees device
+    0 on every rank. The window learns the UUID at a training-thread boundary and passes that one."""
+    import threading
+
+    import torch
+
+    from perftracker.runtime.window import profile as profile_mod
+    from perftracker.runtime.window.profile import ProfileWindow, WindowOptions, WindowResult
+    from tests.window_workload import Ident, drive
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device",
+                        lambda: 3 if threading.current_thread() is threading.main_thread() else 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=f"uuid-of-device-{i}"))
+    spawned: list[tuple[str, ...]] = []
+
+    class _NoSampler:
+        @staticmethod
+        def spawn(pid: int, tid: int, window_s: float, out: Path, extra_args: tuple[str, ...] = (),
+                  cpus: tuple[int, ...] = ()) -> Any:
+            spawned.append(tuple(extra_args))
+            raise OSError("no sampler process in this test")
+
+    monkeypatch.setattr(profile_mod, "SamplerProcess", _NoSampler)
+    opts = WindowOptions(stacks="off", spawn_sampler=True, nvtx=False, converge=False)
+
+    def arm_from_another_thread(win: ProfileWindow, done: list[WindowResult]) -> None:
+        t = threading.Thread(target=lambda: win.arm("s1", 0.2, done.append))
+        t.start()
+        t.join()
+
+    for learned in (True, False):
+        spawned.clear()
+        win = ProfileWindow(Ident(), tmp_path / str(learned), options=opts)
+        if learned:
+            win.on_boundary(time.monotonic_ns(), 1)  # a training-thread boundary before the window
+        done: list[WindowResult] = []
+        arm_from_another_thread(win, done)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the window itself profiles the CPU
+        drive(win, done, limit_s=30)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        got = spawned[0]
+        if learned:
+            assert got == ("--gpu-uuid", "GPU-uuid-of-device-3")
+        else:
+            assert "--gpu-uuid" not in got  # never device 0's, read on the arming thread

@@ -44,7 +44,7 @@ from perftracker.clock import Clock, MonotonicClock
 from perftracker.errors import PerftrackerError
 from perftracker.runtime.convergence import window_converged
 from perftracker.runtime.fork_safety import fork_unsafe
-from perftracker.runtime.gpu_identity import sampler_gpu_args
+from perftracker.runtime.gpu_identity import own_gpu_uuid
 from perftracker.runtime.protocols import WindowRuntime, WorkerIdentity
 from perftracker.runtime.sampler_process import SamplerProcess
 from perftracker.runtime.window.exit import WindowExit, _register, shutdown_all
@@ -65,6 +65,9 @@ from perftracker.runtime.window.writer import WindowWriter
 __all__ = ["ProfileWindow", "WindowOptions", "WindowResult", "shutdown_all"]
 
 log = logging.getLogger(__name__)
+
+
+UUID_TRIES = 1000  # boundaries at which the training thread's CUDA device UUID is looked for
 
 
 def event_bound_reached(iterations: int, events_per_iter: float, max_events: int) -> bool:
@@ -93,6 +96,11 @@ class ProfileWindow:
         self.options = options or WindowOptions()
         self._runtime = runtime
         self._events_per_iter = 0.0  # of the last window written: bounds the next (max_window_events)
+        # the training thread's CUDA device UUID, read on that thread (the current device is per
+        # thread: arm() runs in the channel's thread, where it is device 0); tried at the first
+        # boundaries until the job has initialised CUDA, then never again
+        self._gpu_uuid = ""
+        self._uuid_tries = UUID_TRIES
         self._hooked = False
         self._lock = threading.Lock()
         self._state = _IDLE
@@ -134,8 +142,8 @@ class ProfileWindow:
         if self.options.spawn_sampler:
             try:
                 args = self.options.sampler_args
-                if "--gpu-index" not in args:  # the process's own CUDA device, where it says (issue 43)
-                    args = (*args, *sampler_gpu_args())
+                if "--gpu-index" not in args and self._gpu_uuid:  # the process's own CUDA device (issue 43)
+                    args = (*args, "--gpu-uuid", self._gpu_uuid)
                 cur.sampler = SamplerProcess.spawn(self.writer.pid(), self.writer.training_tid(), window_s,
                                                    self.writer.path(session, "samples"), args,
                                                    self.options.helper_cpus)
@@ -163,6 +171,8 @@ class ProfileWindow:
     # ---------------------------------------------------------------- training thread
     def on_boundary(self, t_ns: int, iteration: int) -> None:
         """Boundary listener; runs in the training thread and never raises."""
+        if self._uuid_tries:
+            self._learn_gpu_uuid()
         state = self._state
         if state is _IDLE or state is _FINISHING:
             return
@@ -197,6 +207,13 @@ class ProfileWindow:
         except Exception as exc:  # never into the training loop
             log.exception("perftracker: profile window failed")
             self._abort(cur, f"{type(exc).__name__}: {exc}")
+
+    def _learn_gpu_uuid(self) -> None:
+        """Training thread: this thread's CUDA device UUID, once the job has initialised CUDA."""
+        self._uuid_tries -= 1
+        uuid = own_gpu_uuid()
+        if uuid:
+            self._gpu_uuid, self._uuid_tries = uuid, 0
 
     def _maybe_start(self, cur: _Active) -> None:
         if cur.sampler is not None and not cur.sampler.ready:
