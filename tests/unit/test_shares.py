@@ -38,3 +38,12 @@ def test_the_culprit_is_not_its_own_waiter() -> None:
     assert out == (Wait("SendRecv", (0, 1, 2), 0.26),)  # rank 3's own wait dropped, not its peers'
     assert without_culprits([Wait("SendRecv", (2, 3), 0.2)], [3]) == (Wait("SendRecv", (2,), 0.2),)
     assert without_culprits(waits, ()) == tuple(waits)
+
+
+def test_a_set_of_ranks_cause_counts_its_largest_wait_once() -> None:
+    from perftracker.localizer.diagnose.verdict.shares import largest_wait_impact
+
+    waits = [Wait("SendRecv", (0, 2), 0.24), Wait("AllReduce [DP], one hop further", (0, 2), 0.20)]
+    assert largest_wait_impact(0.10, waits) == pytest.approx(0.24)
+    assert largest_wait_impact(0.30, waits) == pytest.approx(0.30)
+    assert largest_wait_impact(0.10, [Wait("SendRecv", (0,), 1.4)]) == 1.0

@@ -28,7 +28,7 @@ from perftracker.localizer.diagnose.evidence.imbalance import (
 from perftracker.localizer.diagnose.evidence.waits import LateGroup, MemberSets, WaitOptions
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
 from perftracker.localizer.diagnose.method.expect import OPEN_BOX
-from perftracker.localizer.diagnose.verdict.shares import bounded_impact, without_culprits
+from perftracker.localizer.diagnose.verdict.shares import largest_wait_impact, without_culprits
 from perftracker.localizer.diagnose.words.explain import describe_ranks, frame_text, pct
 
 from perftracker.model import Category, Finding, Triple, Wait
@@ -154,7 +154,7 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"{s.lightest}: its compute holds {pct(heavy)} of the window against {pct(light)}, and the other "
                     f"stages wait for it about {pct(s.cost)} of the window{wait_text} — rebalance the layers "
                     f"between the pipeline stages")
-        impact = bounded_impact(s.cost, waits)
+        impact = largest_wait_impact(s.cost, waits)
         jg = arr.job_groups
         if jg.steps is not None and arr.stage is not None:
             saves = stage_saves(jg.steps, arr.stage, s.heavy) / 1000.0 / float(arr.window_s)
@@ -173,7 +173,7 @@ def finding_of(cause: GroupCause, arr: PatternArrays, beta_compute: np.ndarray) 
                     f"their mean compute even) — data or sequence-length imbalance; the other ranks wait for the "
                     f"slowest {pct(m.cost)} of the window{wait_text}")
         b = float(np.median(beta_compute[m.members]))
-        impact = bounded_impact(m.cost, waits)
+        impact = largest_wait_impact(m.cost, waits)
         jg = arr.job_groups
         saves = m.cost
         if jg.steps is not None and jg.step_group is not None:
