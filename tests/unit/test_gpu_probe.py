@@ -27,3 +27,44 @@ def test_summary_counts_checks_and_fails_a_silent_stage(tmp_path: Path, capsys: 
     assert summarize([str(facts), str(capture), str(tmp_path / "missing.jsonl")]) == 1
     last = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert last["fail"] == ["capture", "missing"] and last["summary"]["FAIL"] == 2
+
+
+class _StaleGpm:
+    """GPM as NVML documents it: two samples closer than 100 ms read stale (0 here); apart, the load's 80 %.
+    nvidia-ml-py's own metrics structure. NOT VERIFIED ON HARDWARE: the probe exists to measure this."""
+
+    def __init__(self) -> None:
+        import pynvml
+
+        self.c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+        self.sample_t = pynvml.c_nvmlGpmSample_t
+
+    def nvmlGpmSampleAlloc(self) -> object:
+        return self.sample_t()
+
+    def nvmlGpmSampleGet(self, h: str, s: object) -> object:
+        return s
+
+    def nvmlGpmSampleFree(self, s: object) -> None:
+        pass
+
+    def nvmlGpmMetricsGet(self, mg: object) -> object:
+        for i in range(mg.numMetrics):  # type: ignore[attr-defined]
+            mg.metrics[i].nvmlReturn = 0  # type: ignore[attr-defined]
+            mg.metrics[i].value = 80.0 if self.gap_s >= 0.1 else 0.0  # type: ignore[attr-defined]
+        return mg
+
+    gap_s = 0.0  # the probe's interval, set by the test
+
+
+@pytest.mark.parametrize("interval_ms", [20, 200])
+def test_the_gpm_probe_reports_shares_of_zero(interval_ms: int) -> None:
+    pytest.importorskip("pynvml")
+    from bench.gpu_probe import _gpm_at
+
+    nv = _StaleGpm()
+    nv.gap_s = interval_ms / 1000
+    got = _gpm_at(nv, "gpu0", interval_ms, 0.5)
+    sm = got["2"]
+    assert sm["n"] >= 2 and sm["nan"] == 0.0 and sm["over_100"] == 0.0
+    assert sm["zero"] == (1.0 if interval_ms < 100 else 0.0) and sm["median"] == (0.0 if interval_ms < 100 else 80.0)
