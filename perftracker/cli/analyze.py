@@ -96,12 +96,37 @@ def trace_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise InputError(f"{path}: no such file or directory")
     found = {p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))}
-    found.update(p for p in path.rglob("*.pt.trace.json*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    found.update(p for p in _walk_files(path) if p.name.endswith(TRACE_SUFFIXES))
     files = sorted(found)
     if not files:
         raise InputError(f"{path}: no Kineto trace files (*.pt.trace.json[.gz] in any subdirectory, "
                          "*.json[.gz] in it)")
     return files
+
+
+def _walk_files(top: Path) -> list[Path]:
+    """The regular files below ``top``, with a stack instead of recursion (issue 46: ``rglob`` of a
+    directory 1,500 levels deep raised RecursionError); symlinked directories are not followed."""
+    out: list[Path] = []
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(Path(e.path))
+                        elif e.is_file():
+                            out.append(Path(e.path))
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return out
+
+
+MAX_SKIP_WARNINGS = 20  # files skipped past this are counted in one line, not one warning each
 
 
 @dataclass
@@ -175,7 +200,7 @@ def _summarize_dir(directory: Path, files: list[Path], scratch: Path | None, pre
                     raise InputError(f"{reason} (--strict)") from None
                 named = rank_from_filename(f)
                 skipped.append((f, reason, named))
-                if warn is not None:
+                if warn is not None and len(skipped) <= MAX_SKIP_WARNINGS:
                     who = f"rank {named} missing" if named is not None else "no rank in its name"
                     warn(f"[{done}/{len(files)}] skipped {f} ({who}): {reason.removeprefix(str(f) + ': ')}")
                 continue
@@ -190,6 +215,9 @@ def _summarize_dir(directory: Path, files: list[Path], scratch: Path | None, pre
             if progress is not None:
                 note = "" if first.rank_source == "distributedInfo" else f" (rank taken from the {first.rank_source})"
                 progress(f"[{done}/{len(files)}] rank {ps.rank}{note}: {f.name}: {len(ps.patterns)} functions")
+    if warn is not None and len(skipped) > MAX_SKIP_WARNINGS:  # issue 46: 20,000 empty files, 20,000 lines
+        warn(f"{len(skipped) - MAX_SKIP_WARNINGS} more file(s) skipped (--strict names the first; "
+             f"the report lists the missing ranks)")
     if not results:
         raise InputError(f"{directory}: none of the {len(files)} file(s) is a readable Kineto trace")
     for f, reason in _earlier_cycles(results):

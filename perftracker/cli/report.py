@@ -146,9 +146,17 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number in strict JSON")
 
 
+def _bounded_int(text: str) -> int:
+    """An integer of a report: at most 20 digits (a 4,000-digit one passed JSON and broke the
+    renderers with a traceback: issue 46)."""
+    if len(text.lstrip("-")) > 20:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
 def _from_file(path: Path, session: str) -> Report:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant, parse_int=_bounded_int)
     except OSError as exc:
         raise PerftrackerError(f"--file {path}: cannot read ({exc.strerror})") from None
     except ValueError as exc:  # also NaN / Infinity: reports are strict JSON

@@ -247,3 +247,63 @@ def test_write_in_run_dir_refuses_symlinks_and_replaces_a_planted_file_link(tmp_
     assert victim.read_text() == "precious\n" and (run / "y.json").read_text() == "{}"
     assert not (run / "y.json").is_symlink()
 
+
+
+# ---------------------------------------------------------------- lows: analyze's directory walk and warnings
+def test_a_directory_1500_levels_deep_is_walked_without_recursion(tmp_path: Path) -> None:
+    from perftracker.cli.analyze import trace_files
+
+    deep = tmp_path / "t"
+    deep.mkdir()
+    for _ in range(1500):  # one level at a time (Path.mkdir(parents=True) itself recurses)
+        deep = deep / "d"
+        os.mkdir(deep)
+    top = plain_traces(tmp_path / "t", ranks=1)
+    (deep / "rank1.pt.trace.json").write_text((top / "rank0.json").read_text())
+    (tmp_path / "t" / "d" / "loop").symlink_to(tmp_path / "t")  # a link back up is not followed
+    try:
+        files = trace_files(tmp_path / "t")
+        assert sorted(f.name for f in files) == ["rank0.json", "rank1.pt.trace.json"]
+    finally:  # bottom up: shutil.rmtree (pytest's cleanup) recurses too
+        (deep / "rank1.pt.trace.json").unlink()
+        while deep != tmp_path / "t":
+            for extra in deep.iterdir():
+                extra.unlink()
+            deep.rmdir()
+            deep = deep.parent
+
+
+def test_many_unreadable_files_give_a_bounded_number_of_warning_lines(tmp_path: Path) -> None:
+    """The review's 20,000 empty JSON files printed 20,000 warnings; 120 here, with two ranks."""
+    from perftracker.cli.analyze import MAX_SKIP_WARNINGS
+
+    d = plain_traces(tmp_path / "t")
+    for i in range(120):
+        (d / f"empty{i:03d}.json").write_text("")
+    done = subprocess.run([sys.executable, "-m", "perftracker", "analyze", str(d), "--format", "json", "-j", "2"],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ, PERFTRACKER_DISABLE="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["ranks_reported"] == [0, 1]
+    per_file = [ln for ln in done.stderr.splitlines() if "] skipped" in ln]
+    assert len(per_file) == MAX_SKIP_WARNINGS
+    assert f"{120 - MAX_SKIP_WARNINGS} more file(s) skipped" in done.stderr and "120 of 122 file(s) skipped" in done.stderr
+
+
+def test_a_report_file_with_a_huge_integer_is_one_error_line(tmp_path: Path) -> None:
+    """A 4,000-digit `window_s` passed JSON (under Python's 4,300-digit limit) and broke the renderers
+    with an OverflowError traceback; integers of more than 20 digits are refused when read."""
+    from report_samples import slow_compute_report
+
+    good = slow_compute_report().to_dict()
+    cases = {"ok": good, "21 digits": {**good, "created_ns": 10**20}, "4,001 digits": {**good, "window_s": 10**4000}}
+    out = {}
+    for label, doc in cases.items():
+        path = tmp_path / f"{len(out)}.json"
+        path.write_text(json.dumps(doc))
+        done = subprocess.run([sys.executable, "-m", "perftracker", "report", "--file", str(path), "--format", "text"],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ, PERFTRACKER_DISABLE="1"))
+        out[label] = (done.returncode, "Traceback" in done.stderr, done.stderr.strip().splitlines()[-1:] if done.stderr else [])
+    assert out["ok"][:2] == (0, False)
+    for label in ("21 digits", "4,001 digits"):
+        rc, traceback, last = out[label]
+        assert rc == 1 and not traceback and "digits" in last[0], (label, out[label])
