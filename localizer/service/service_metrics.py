@@ -21,8 +21,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 from aiohttp import web
+from perftracker.localizer.service.http_io import SCOPE
 from perftracker.localizer.service.localize_runner import LocalizeRunner
 from perftracker.localizer.service.session.manager import DONE, FAILED, LOCALIZING, OPEN
+from perftracker.localizer.service.validate import RequestError
 from perftracker.localizer.store.sqlite_store import Store
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -129,6 +131,9 @@ class LocalizerMetrics:
         return generate_latest(self.registry)
 
     async def handle(self, request: web.Request) -> web.Response:
+        if request.get(SCOPE) is not None:  # every job's counts: the main token's (issue 46)
+            raise RequestError("/metrics covers every job: it needs the main token, not a job-scoped one",
+                               status=403)
         body = await asyncio.to_thread(self.exposition)  # the sessions count reads sqlite
         resp = web.Response(body=body)
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST

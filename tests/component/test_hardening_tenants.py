@@ -129,3 +129,18 @@ def test_two_tokens_with_the_same_globs_have_a_quota_each(tmp_path: Path) -> Non
         status, answer = _post(svc.url, "/v1/jobs/q-3/triggers", {"reason": "t"}, TOKEN_B)
         assert status == 201 and not answer["joined"]  # B's own quota, though its globs are A's
         assert TOKEN_A not in json.dumps(answer)
+
+
+def test_a_job_scoped_token_does_not_read_the_cluster_wide_metrics(tmp_path: Path) -> None:
+    opts = ServiceOptions(job_tokens={TOKEN_A: ("a-*",)})
+    with ServiceThread(tmp_path / "s.sqlite", opts) as svc:
+        def get(token: str) -> int:
+            req = urllib.request.Request(svc.url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert get(TOKEN_A) == 403
+        assert get(TOKEN) == 200
