@@ -121,6 +121,19 @@ def test_rank0_serves_publishes_and_the_others_follow_every_change(store: Any, m
     two.agent_changed()
     (told,) = two.messages(ACK)
     assert told["url"] == "http://10.9.8.7:4100"
+    # the other ranks of a node leave it to its local rank 0: no store reads of theirs
+    reads: list[int] = []
+
+    class Counting:
+        def check(self, keys: list[str]) -> bool:
+            reads.append(1)
+            return bool(store.check(keys))
+
+        def get(self, key: str) -> bytes:
+            return bytes(store.get(key))
+
+    three = JobLink(lambda: _ident(3, local_rank=1), env=env, store=lambda: Counting(), clock=lambda: now[0])
+    assert three.messages(ACK) == [] and reads == []
     # an agent that cannot serve: nothing is published, the old value stays
     zero.agent_changed()
     zero.messages(ACK)
