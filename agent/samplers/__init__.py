@@ -56,6 +56,10 @@ def build_samplers(pid: int, tid: int, options: SamplerOptions) -> list[Sampler]
             from perftracker.agent.samplers.rdma import RdmaSampler
 
             candidates = [RdmaSampler(options.rdma_ports, pid=pid, gpu_bus_id=gpu_bus)]
+        elif name == "tcp_info":  # after procfs: the process's own connections replace the namespace's tcp_retrans
+            from perftracker.agent.samplers.tcp_info import TcpInfoSampler
+
+            candidates = [TcpInfoSampler(pid)]
         elif name in ("gpu", "nsys", "nvml"):
             if options.gpu_index == GPU_OFF or options.gpu_index < GPU_AUTO:
                 continue

@@ -55,7 +55,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")
     p.add_argument("--end-ns", type=int, required=True, help="CLOCK_MONOTONIC ns")
     p.add_argument("--out", required=True)
-    p.add_argument("--samplers", default="procfs,gpu,rdma", help="comma list: procfs, gpu, nsys, nvml, rdma")
+    p.add_argument("--samplers", default="procfs,gpu,rdma",
+                   help="comma list: procfs, gpu, nsys, nvml, rdma, tcp_info (opt-in: the process's own TCP connections)")
     p.add_argument("--gpu-index", type=_gpu_index, default=GPU_AUTO, metavar="auto|off|N",
                    help="the GPU to sample: auto (default) = the one the process uses (NVML's process lists, "
                         "else its CUDA_VISIBLE_DEVICES and LOCAL_RANK), off, or an NVML index")

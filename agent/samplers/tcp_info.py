@@ -17,12 +17,18 @@ processes' namespace (the node agent's sampler process does: it is started besid
 from __future__ import annotations
 
 import logging
+import os
 import re
+import shutil
 import subprocess
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from perftracker.agent.samplers.base import WindowBounds
+
+from perftracker.model.raw_window import TCP_RETRANS, UtilSeries
 
 log = logging.getLogger(__name__)
 
@@ -216,3 +222,61 @@ def slowest_link(links: Sequence[LinkWindow]) -> LinkWindow | None:
     if worst.rtt_ms >= MIN_RTT_MS and worst.rtt_ms >= RTT_APART * max(others, 1e-3):
         return worst
     return None
+
+
+MIN_SENT_BYTES = 1 << 20  # a retransmitted share of less than a MiB sent in the window says nothing
+PERIOD_S = 0.5  # one reading every half second (one ss run: ~40 ms on a loaded host)
+
+
+def retrans_share(links: Sequence[LinkWindow], min_sent: int = MIN_SENT_BYTES) -> float | None:
+    """The bytes the process's own connections retransmitted over those they sent in the window;
+    None below ``min_sent`` bytes sent."""
+    sent = sum(x.sent_bytes for x in links)
+    if sent < min_sent:
+        return None
+    return min(1.0, sum(x.retrans_share * x.sent_bytes for x in links) / sent)
+
+
+def netns_args(pid: int) -> tuple[str, ...]:
+    """``ss`` in the process's network namespace: as is where it is this process's own, else through
+    ``nsenter --net`` (an emulated host, a pod)."""
+    try:
+        same = os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    except OSError:
+        same = True  # cannot tell (the process is gone, or no permission): read this namespace
+    return SS_ARGS if same else ("nsenter", f"--net=/proc/{pid}/ns/net", *SS_ARGS)
+
+
+class TcpInfoSampler:
+    """The training process's own TCP connections over a window (opt-in sampler name ``tcp_info``):
+    their retransmitted share of bytes replaces the namespace-wide ``tcp_retrans`` of /proc/net/snmp
+    (listed after procfs, its series wins the merge), so ranks that share a host or namespace are
+    told apart by their own links. Readings every ``PERIOD_S`` from the window's start to its end."""
+
+    name = "tcp_info"
+
+    def __init__(self, pid: int, period_s: float = PERIOD_S) -> None:
+        self.pid = pid
+        self.period_s = period_s
+
+    def unavailable_reason(self) -> str | None:
+        return None if shutil.which("ss") else "iproute2's ss is not installed"
+
+    def run(self, bounds: WindowBounds) -> Mapping[str, UtilSeries]:
+        if not bounds.wait_for_start():
+            return {}
+        args = netns_args(self.pid)
+        readings: list[list[TcpConn]] = []
+        t_ns: list[int] = []
+        while True:
+            now = time.monotonic_ns()
+            readings.append(read_connections({self.pid}, args))
+            t_ns.append(now)
+            if bounds.done(now):
+                break
+            time.sleep(self.period_s)
+        share = retrans_share(window_links(readings))
+        if share is None or len(t_ns) < 2:
+            return {}
+        return {TCP_RETRANS: UtilSeries(TCP_RETRANS, np.array([t_ns[-1]], np.int64), np.array([share], np.float32),
+                                        int(t_ns[-1] - t_ns[0]), "tcp_info")}

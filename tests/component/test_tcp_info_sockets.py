@@ -51,3 +51,51 @@ def test_a_stalled_readers_connection_shows_its_queue_and_an_idle_one_does_not()
 def test_a_missing_ss_is_no_connections_not_an_error() -> None:
     assert read_connections({os.getpid()}, args=("/nonexistent/ss", "-tinpH")) == []
     assert read_connections({os.getpid()}, args=("ss", "--no-such-option")) == []
+
+
+def test_the_sampler_reports_its_own_connections_retransmitted_share_over_a_window() -> None:
+    import threading
+
+    from perftracker.agent.samplers import SamplerOptions, build_samplers, run_samplers
+    from perftracker.agent.samplers.base import WindowBounds
+
+    from perftracker.model.raw_window import TCP_RETRANS
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    with srv:
+        out = socket.create_connection(srv.getsockname())
+        peer, _ = srv.accept()
+        stop = threading.Event()
+
+        def drain() -> None:
+            try:
+                while not stop.is_set() and peer.recv(1 << 16):
+                    pass
+            except OSError:
+                pass  # closed at the end of the test
+
+        def pump() -> None:
+            try:
+                while not stop.is_set():
+                    out.sendall(b"x" * (1 << 16))
+            except OSError:
+                pass
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (drain, pump)]
+        for t in threads:
+            t.start()
+        try:
+            samplers = build_samplers(os.getpid(), 0, SamplerOptions(samplers=("procfs", "tcp_info"), gpu_index=-1))
+            assert [s.name for s in samplers][-1] == "tcp_info"
+            now = time.monotonic_ns()
+            got = run_samplers(samplers, WindowBounds(now, now + 1_200_000_000)).series
+        finally:
+            stop.set()
+            out.shutdown(socket.SHUT_RDWR)
+            for t in threads:
+                t.join(timeout=5)
+            out.close()
+            peer.close()
+    s = got[TCP_RETRANS]
+    assert s.source == "tcp_info" and s.value.shape == (1,)  # the process's own, not the namespace's
+    assert 0.0 <= float(s.value[0]) < 0.01 and s.period_ns >= 1_000_000_000  # loopback retransmits nothing

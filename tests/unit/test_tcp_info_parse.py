@@ -70,3 +70,13 @@ def test_near_the_bounds_no_link_is_named_on_little_evidence() -> None:
     assert slowest_link([_lw("d", 30.0)]) is None  # one connection, no retransmission: nothing to compare
     assert slowest_link([_lw("d", 30.0, retrans=2)]).peer == "d"  # type: ignore[union-attr]
     assert slowest_link([]) is None
+
+
+def test_the_windows_retransmitted_share_is_of_the_bytes_sent_and_needs_enough_of_them() -> None:
+    from perftracker.agent.samplers.tcp_info import MIN_SENT_BYTES, retrans_share
+
+    a = LinkWindow("a:1", "b:1", 3, 1.0, 5, 0.10, MIN_SENT_BYTES, 1e9, 0)
+    b = LinkWindow("a:1", "c:1", 3, 1.0, 0, 0.0, 3 * MIN_SENT_BYTES, 1e9, 0)
+    assert retrans_share([a, b]) == pytest.approx(0.025)  # 10% of a quarter of the bytes
+    short = LinkWindow("a:1", "b:1", 3, 1.0, 5, 0.5, MIN_SENT_BYTES - 1, 1e9, 0)
+    assert retrans_share([short]) is None and retrans_share([]) is None
