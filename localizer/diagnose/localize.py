@@ -36,6 +36,7 @@ from perftracker.localizer.diagnose.method.distances import (
 )
 from perftracker.localizer.diagnose.method.expect import OPEN_BOX, Expectations, load_expectations
 from perftracker.localizer.diagnose.method.floors import Floors, floors_for
+from perftracker.localizer.diagnose.method.intsets import unique_ints
 from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from perftracker.localizer.diagnose.method.rule import (
     GAUSSIAN_3_4,
@@ -255,7 +256,7 @@ def build_report(arr: PatternArrays, verdicts: Sequence[FunctionVerdict], expect
     ranks_reported = arr.ranks if bool(np.all(arr.ranks[1:] > arr.ranks[:-1])) else np.sort(arr.ranks)
     missing: tuple[int, ...] = ()
     if arr.world_size > 0:  # sized by the ranks received, never by the world size they claim
-        inside = np.unique(ranks_reported[(ranks_reported >= 0) & (ranks_reported < arr.world_size)])
+        inside = unique_ints(ranks_reported[(ranks_reported >= 0) & (ranks_reported < arr.world_size)])
         n_missing = arr.world_size - inside.size
         if 0 < n_missing <= MAX_LISTED_MISSING:
             bounds = np.concatenate(([-1], inside, [arr.world_size]))

@@ -444,7 +444,13 @@ def _series(d: Mapping[str, Any], where: str) -> dict[int, tuple[float, ...]]:
 
 def compress_ranks(ranks: Sequence[int]) -> str:
     """[0,1,2,3,7,9,10] -> "0-3,7,9-10"."""
-    rs = sorted(set(int(r) for r in ranks))
+    if len(ranks) > 4096:  # a million ranks: the runs found with numpy (issue 45), the same text
+        return _compress_many(ranks)
+    return _runs_text(sorted(set(int(r) for r in ranks)))
+
+
+def _runs_text(rs: list[int]) -> str:
+    """Sorted unique ranks -> "0-3,7,9-10"."""
     parts: list[str] = []
     i = 0
     while i < len(rs):
@@ -454,3 +460,21 @@ def compress_ranks(ranks: Sequence[int]) -> str:
         parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def _compress_many(ranks: Sequence[int]) -> str:
+    import numpy as np  # only here: the model stays light to import
+
+    try:
+        a = np.asarray(ranks, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):  # not int64s: the plain way
+        a = None
+    if a is None or a.ndim != 1:
+        return _runs_text(sorted(set(int(r) for r in ranks)))
+    if a.size and not bool(np.all(a[1:] > a[:-1])):  # not already sorted and distinct (the usual case)
+        a = np.sort(a)
+        a = a[np.concatenate(([True], a[1:] != a[:-1]))]
+    breaks = np.flatnonzero(np.diff(a) != 1) + 1
+    firsts = a[np.concatenate(([0], breaks))].tolist()
+    lasts = a[np.concatenate((breaks - 1, [a.size - 1]))].tolist()
+    return ",".join(str(f) if f == g else f"{f}-{g}" for f, g in zip(firsts, lasts, strict=True))

@@ -14,8 +14,9 @@ import statistics
 from collections.abc import Sequence
 
 import numpy as np
-from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY
+from perftracker.localizer.diagnose.evidence.host_bound import HOST_KEY, IDLE_KEY, beta_sum
 from perftracker.localizer.diagnose.method.arrays import PatternArrays
+from perftracker.localizer.diagnose.method.intsets import columns_of, setdiff_ints
 
 from perftracker.model import LINK_KEY, Category, Finding, Lane
 from perftracker.model.hardware import is_health
@@ -26,14 +27,14 @@ MAX_STAGE_LANES = 8
 
 def category_shares(arr: PatternArrays) -> dict[str, np.ndarray]:
     """Per worker: the share of the window in host, compute, collective and other time."""
-    beta = arr.values[:, 0, :]
     cats = np.array([i.category.priority for i in arr.functions], dtype=np.int64)
     real = np.array([i.key not in (HOST_KEY, IDLE_KEY, LINK_KEY) and not is_health(i.key) for i in arr.functions],
                     dtype=bool)
     n = arr.n_workers
 
     def total(mask: np.ndarray) -> np.ndarray:
-        return beta[mask & real].sum(axis=0) if (mask & real).any() else np.zeros(n)
+        rows = np.flatnonzero(mask & real).tolist()
+        return beta_sum(arr.values, rows) if rows else np.zeros(n)
 
     compute = total((cats == Category.COMPUTE.priority) | (cats == Category.MEMORY.priority))
     collective = total(cats == Category.COLLECTIVE.priority)
@@ -49,12 +50,10 @@ def category_shares(arr: PatternArrays) -> dict[str, np.ndarray]:
 def _waiting(arr: PatternArrays, collective: np.ndarray, findings: Sequence[Finding]) -> np.ndarray:
     """Each worker's waiting: the waits the findings measured for the ranks that wait for their
     culprits (a wait's share is its waiting ranks' median), at most its collective share."""
-    column = {int(r): w for w, r in enumerate(arr.ranks.tolist())}
     waiting = np.zeros(arr.n_workers)
     for f in findings:
         for wt in f.waits:
-            cols = [column[r] for r in wt.ranks if r in column]
-            waiting[cols] += wt.share
+            waiting[columns_of(arr.ranks, wt.ranks)] += wt.share
     out: np.ndarray = np.minimum(waiting, collective)
     return out
 
@@ -74,17 +73,16 @@ def _median_worker(workers: np.ndarray, score: np.ndarray) -> int:
 
 def choose_workers(arr: PatternArrays, findings: Sequence[Finding], busy: np.ndarray) -> list[tuple[int, str]]:
     """(worker column, role): the first culprit finding's rank, a typical waiting rank, one per stage."""
-    column = {int(r): w for w, r in enumerate(arr.ranks.tolist())}
     chosen: list[tuple[int, str]] = []
     culprit = next((f for f in findings if f.kind != "common" and f.ranks), None)
     if culprit is not None:
-        cols = np.array([column[r] for r in culprit.ranks if r in column], dtype=np.int64)
+        cols = columns_of(arr.ranks, culprit.ranks)
         if cols.size:
             chosen.append((int(cols[np.argmax(busy[cols])]), "culprit"))
     taken = {w for w, _ in chosen}
-    waiters = np.array([column[r] for f in findings[:1] for wt in f.waits for r in wt.ranks if r in column],
-                       dtype=np.int64)
-    pool = waiters if waiters.size else np.setdiff1d(np.arange(arr.n_workers), list(taken))
+    waits = [np.asarray(wt.ranks, dtype=np.int64) for f in findings[:1] for wt in f.waits]
+    waiters = columns_of(arr.ranks, np.concatenate(waits)) if waits else np.zeros(0, dtype=np.int64)
+    pool = waiters if waiters.size else setdiff_ints(np.arange(arr.n_workers), list(taken))
     if pool.size:
         w = _median_worker(pool, busy)
         if w not in taken:

@@ -57,6 +57,7 @@ from perftracker.localizer.diagnose.evidence.waits import (
 )
 from perftracker.localizer.diagnose.method.arrays import FunctionInfo, PatternArrays, nan_row_means
 from perftracker.localizer.diagnose.method.distances import exact_median
+from perftracker.localizer.diagnose.method.intsets import setdiff_ints
 from perftracker.localizer.diagnose.method.options import LocalizeOptions
 from perftracker.localizer.diagnose.method.rule import Threshold
 from perftracker.localizer.diagnose.verdict.group_findings import (
@@ -213,7 +214,7 @@ def _stage_median(arr: PatternArrays, values: np.ndarray, idx: np.ndarray, media
     st = arr.stage[idx]
     if (st != st[0]).any() or st[0] < 0 or (arr.stage == st[0]).all():
         return median
-    if np.setdiff1d(np.flatnonzero(arr.stage == st[0]), idx).size == 0:
+    if setdiff_ints(np.flatnonzero(arr.stage == st[0]), idx).size == 0:
         return median  # a stage of these ranks alone (one rank per stage): no like peer to compare with
     return Triple(*(float(x) for x in np.median(values[:, arr.stage == st[0]], axis=1)))
 
@@ -331,7 +332,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
             continue
         if links:  # one host's bad link slows every collective through it: the link is the cause
             excess = _own_impact(v)
-            ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, links[0].idx)]).tolist())
+            ranks = tuple(np.sort(arr.ranks[setdiff_ints(v.idx, links[0].idx)]).tolist())
             if ranks and excess > 0:
                 _add_wait(links[0], Wait(v.verdict.info.label, ranks, excess))
             v.folded = True
@@ -359,7 +360,7 @@ def _fold_waits(drafts: list[_Draft], arr: PatternArrays, verdicts: Sequence[Fun
                 continue
             late_share = float(np.median(whole[c.idx]))
             if late_share <= median_g and late_share + 0.5 * opts.wait_min <= held:
-                ranks = tuple(np.sort(arr.ranks[np.setdiff1d(v.idx, c.idx)]).tolist())
+                ranks = tuple(np.sort(arr.ranks[setdiff_ints(v.idx, c.idx)]).tolist())
                 if not _waits_cover(c, verdicts[family[0]].info.label, ranks):
                     _add_wait(c, Wait(verdicts[family[0]].info.label, ranks, held - late_share))
                 v.folded = True
@@ -502,7 +503,7 @@ def _flagged_early_exits(drafts: Sequence[_Draft], beta: np.ndarray, families: l
         named: Sequence[tuple[int, np.ndarray | None]] = (sets or {}).get(head) or [(-1, None)]
         for g, members in named:
             if members is None:  # the whole job (or its stages): as before the groups were read
-                late, others = v.idx, np.setdiff1d(np.flatnonzero(runs), v.idx)
+                late, others = v.idx, setdiff_ints(np.flatnonzero(runs), v.idx)
             else:
                 inside = np.zeros(b.size, dtype=bool)
                 inside[members] = True

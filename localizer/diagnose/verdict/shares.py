@@ -14,7 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import numpy as np
+
 from perftracker.model import Wait
+
+_MANY = 4096  # rank lists longer than this go through numpy
 
 
 def without_culprits(waits: Sequence[Wait], culprits: Collection[int]) -> tuple[Wait, ...]:
@@ -24,7 +28,11 @@ def without_culprits(waits: Sequence[Wait], culprits: Collection[int]) -> tuple[
     mine = set(culprits)
     out = []
     for w in waits:
-        ranks = tuple(r for r in w.ranks if r not in mine)
+        if len(w.ranks) > _MANY and mine:  # a million waiting ranks: numpy (issue 45), the same ranks
+            kept = np.asarray(w.ranks, dtype=np.int64)
+            ranks = tuple(kept[~np.isin(kept, np.fromiter(mine, dtype=np.int64, count=len(mine)))].tolist())
+        else:
+            ranks = tuple(r for r in w.ranks if r not in mine)
         if ranks:
             out.append(w if len(ranks) == len(w.ranks) else Wait(w.function, ranks, w.share))
     return tuple(out)
@@ -32,6 +40,8 @@ def without_culprits(waits: Sequence[Wait], culprits: Collection[int]) -> tuple[
 
 def per_rank_wait(waits: Sequence[Wait]) -> float:
     """The longest total wait of one waiting rank, as a share of its window (at most 1)."""
+    if sum(len(w.ranks) for w in waits) > _MANY:
+        return _per_rank_wait_many(waits)
     total: dict[int, float] = {}
     for w in waits:
         for r in w.ranks:
@@ -45,6 +55,21 @@ def largest_wait_impact(own: float, waits: Sequence[Wait]) -> float:
     data-parallel peers behind it) are the same lost time passed on, so they are not added on one
     rank (added, the DP32 x PP2 stage read 44% and led a three-rank culprit that saves 38%)."""
     return min(1.0, max(0.0, own, max((w.share for w in waits), default=0.0)))
+
+
+def _per_rank_wait_many(waits: Sequence[Wait]) -> float:
+    """``per_rank_wait`` in numpy: each rank's shares summed in the same order (``np.bincount``
+    adds its weights one by one, in input order, as the loop does), so the same floats."""
+    ranks = np.concatenate([np.asarray(w.ranks, dtype=np.int64) for w in waits])
+    shares = np.concatenate([np.full(len(w.ranks), max(0.0, w.share)) for w in waits])
+    order = np.argsort(ranks, kind="stable")
+    sorted_ranks = ranks[order]
+    first = np.empty(ranks.size, dtype=bool)
+    first[0] = True
+    np.not_equal(sorted_ranks[1:], sorted_ranks[:-1], out=first[1:])
+    group = np.empty(ranks.size, dtype=np.int64)
+    group[order] = np.cumsum(first) - 1  # each entry's rank, as a dense id
+    return min(1.0, float(np.bincount(group, weights=shares).max()))
 
 
 def bounded_impact(own: float, waits: Sequence[Wait]) -> float:
