@@ -49,7 +49,7 @@ def test_trigger_to_report_through_a_real_agent(run_dir: Path, tmp_path: Path) -
         info = agent.wait_ready()
         w0 = WireWorker(run_dir, 0, 2, compute_ms=8.0)
         w1 = WireWorker(run_dir, 1, 2, compute_ms=24.0)  # rank 1 is 3x slower in compute
-        assert w0.ack == {"type": "ack", "ok": True, "agent_id": info["agent_id"]}
+        assert w0.ack == {"type": "ack", "ok": True, "agent_id": info["agent_id"], "features": ["job_link"]}
         up = agent.uplink()
         wait_until(lambda: "jobT" in up.jobs(), 10, what="job registration at the localizer")
         for w in (w0, w1):
