@@ -145,6 +145,8 @@ def _header(report: Report) -> str:
         rows.append(("step time", escape(steps)))
     if report.since_fast is not None:  # the job's healthy baseline (issue 49)
         rows.append(("since it was fast", escape(report.since_fast.note)))
+        if report.since_fast.paid:
+            rows.append(("did the fix pay", escape(report.since_fast.paid)))
     meta = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     summary = f"<h1>{escape(report.top_line)}</h1>" if report.top_line else ""
     return f'<header><div class="brand">perftracker report</div>{summary}<dl class="meta">{meta}</dl></header>'

@@ -115,6 +115,8 @@ def _header(report: Report) -> Panel:
         grid.add_row("step time", _t(steps))
     if report.since_fast is not None:  # the job's healthy baseline (issue 49)
         grid.add_row("since it was fast", _t(report.since_fast.note))
+        if report.since_fast.paid:
+            grid.add_row("did the fix pay", _t(report.since_fast.paid))
     parts: list[RenderableType] = [grid]
     if report.top_line:
         parts = [_t(report.top_line, style="bold"), Text(""), grid]

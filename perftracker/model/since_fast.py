@@ -55,6 +55,8 @@ class SinceFast:
     step_ms_then: float = 0.0  # 0: unknown
     step_ms_now: float = 0.0
     changes: tuple[Change, ...] = ()
+    # did the fix pay: the previous report's predicted saving beside the step time measured now ("" : none)
+    paid: str = ""
 
     @property
     def has_baseline(self) -> bool:
@@ -63,7 +65,7 @@ class SinceFast:
     def to_dict(self) -> dict[str, Any]:
         return {"note": self.note, "baseline_session": self.baseline_session, "taken_ns": self.taken_ns,
                 "step_ms_then": rounded(self.step_ms_then), "step_ms_now": rounded(self.step_ms_now),
-                "changes": [c.to_dict() for c in self.changes]}
+                "changes": [c.to_dict() for c in self.changes], **({"paid": self.paid} if self.paid else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SinceFast:
@@ -73,4 +75,5 @@ class SinceFast:
                    taken_ns=optional(d, "taken_ns", int, where, 0),
                    step_ms_then=float(optional(d, "step_ms_then", float, where, 0.0)),
                    step_ms_now=float(optional(d, "step_ms_now", float, where, 0.0)),
-                   changes=tuple(Change.from_dict(c) for c in optional(d, "changes", list, where, [])))
+                   changes=tuple(Change.from_dict(c) for c in optional(d, "changes", list, where, [])),
+                   paid=optional(d, "paid", str, where, ""))

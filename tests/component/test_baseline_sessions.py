@@ -165,3 +165,21 @@ def test_a_window_a_slowdown_joined_is_not_kept(tmp_path: Path) -> None:
         _beat(m, it, 100.0)
     trig = m.next_trigger("j", after=session)
     assert trig is not None and trig.reason == BASELINE_REASON  # tried again
+
+
+def test_the_next_report_says_whether_the_fix_paid(tmp_path: Path) -> None:
+    m = _mgr(tmp_path / "s.sqlite")
+    session = _take(m)
+    _localize(m, session, _sets(session, seed=8))
+    s, _ = m.trigger("j", "rank 0: slowdown at iteration 300 (+40% over 100.0 ms)")
+    slow = _localize(m, s.session, _sets(s.session, seed=9, extra_ms={"aten::add_": 40.0}))
+    assert slow.findings[0].saves_share > 0.2 and slow.since_fast is not None and slow.since_fast.paid == ""
+    assert isinstance(m.clock, FakeClock)
+    m.clock.advance_s(600.0)
+    s2, _ = m.trigger("j", "on-demand (perftracker trigger)")  # the op restored: back to 100 ms steps
+    fixed = _localize(m, s2.session, _sets(s2.session, seed=10))
+    assert fixed.since_fast is not None
+    assert fixed.since_fast.paid.startswith(f"the previous report (session {s.session}, 10 min ago) predicted that "
+                                            f"fixing aten::add_ would save {round(100 * slow.findings[0].saves_share)}%")
+    assert fixed.since_fast.paid.endswith("the step went from 140.0 ms to 100.0 ms, 29% less")
+    assert Report.from_dict(fixed.to_dict()).since_fast == fixed.since_fast

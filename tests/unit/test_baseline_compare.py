@@ -213,3 +213,28 @@ def test_waits_and_collectives_are_not_named() -> None:
     assert compare(then, now) == []
     assert {c.label for c in compare(then, now, BaselineRule(own_work_only=False))} == {
         "allreduce", "CPU wait (runnable, no core)"}
+
+
+def _predicted(step_ms: float, saves: float) -> Report:
+    t = Triple(0.3, 0.8, 0.1)
+    f = Finding(key="forward", label="forward", category=Category.COMPUTE, ranks=(1,), kind="specific",
+                tests=("differential",), observed=t, median=t, expected=Box(t, t), sentence="s",
+                saves_share=saves, saves_basis="replayed over 8 steps")
+    return Report(job="j", session="prev-1", kind="slowdown", created_ns=0, trigger_reason="detector", window_s=5.0,
+                  ranks_reported=(0, 1), findings=(f,), iteration_ms={0: (step_ms,) * 4, 1: (step_ms,) * 4})
+
+
+@pytest.mark.parametrize(("now_ms", "said"), [
+    (100.0, "the step went from 140.0 ms to 100.0 ms, 29% less"),
+    (136.0, ""),  # 2.9 % faster: not a new speed
+    (150.0, "the step went from 140.0 ms to 150.0 ms, 7.1% more"),
+])
+def test_did_the_fix_pay(now_ms: float, said: str) -> None:
+    from perftracker.localizer.diagnose.verdict.since_fast import fix_paid
+
+    text = fix_paid(_predicted(140.0, 0.25), now_ms, now_ns=HOUR_NS // 5)
+    assert text.endswith(said)
+    if said:
+        assert text.startswith("the previous report (session prev-1, 12 min ago) predicted that fixing forward "
+                               "would save 25% of the step (replayed over 8 steps)")
+    assert fix_paid(_predicted(140.0, 0.0), now_ms, now_ns=0) == ""  # no saving predicted

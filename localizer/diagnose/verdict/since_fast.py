@@ -127,11 +127,34 @@ def note_of(changes: Sequence[Change], base: JobBaseline, age: str, then_ms: flo
     return f"{who(c)} {pct(c.now.beta)} in {c.label}, {since} {when}{more}"
 
 
+MIN_STEP_CHANGE = 0.05  # a step time this much faster or slower than the previous report's is a new speed
+
+
+def fix_paid(prev: Report, step_ms_now: float, now_ns: int) -> str:
+    """Did the fix pay: the previous report's predicted saving (its first finding that predicts one)
+    beside the step time measured now, when the job runs at a new speed ("" otherwise). Both step
+    times are the windows' own (PatternSet.iteration_ms), so a window's overhead is on both sides."""
+    step_then = median_step_ms(prev.iteration_ms)
+    predicted = next((f for f in prev.findings if f.saves_share > 0), None)
+    if predicted is None or step_then <= 0 or step_ms_now <= 0:
+        return ""
+    change = 1.0 - step_ms_now / step_then
+    if abs(change) < MIN_STEP_CHANGE:
+        return ""
+    age = age_words((now_ns - prev.created_ns) / 1e9)
+    measured = f"{pct(change)} less" if change > 0 else f"{pct(-change)} more"
+    return (f"the previous report (session {prev.session}, {age} ago) predicted that fixing "
+            f"{predicted.label or predicted.key} would save {pct(predicted.saves_share)} of the step "
+            f"({predicted.saves_basis or 'an estimate'}); the step went from {step_then:.1f} ms to "
+            f"{step_ms_now:.1f} ms, {measured}")
+
+
 def with_since_fast(report: Report, arr: PatternArrays, base: JobBaseline | None, now_ns: int,
-                    rule: BaselineRule | None = None) -> Report:
+                    rule: BaselineRule | None = None, previous: Report | None = None) -> Report:
     """``report`` with its "since it was fast" line and the findings of its job-wide changes."""
+    paid = fix_paid(previous, median_step_ms(arr.iteration_ms), now_ns) if previous is not None else ""
     if base is None:
-        return dataclasses.replace(report, since_fast=SinceFast(note=NO_BASELINE))
+        return dataclasses.replace(report, since_fast=SinceFast(note=NO_BASELINE, paid=paid))
     changes = compare(base.arrays, arr, rule)
     then_ms = median_step_ms(base.arrays.iteration_ms)
     now_ms = median_step_ms(arr.iteration_ms)
@@ -147,7 +170,8 @@ def with_since_fast(report: Report, arr: PatternArrays, base: JobBaseline | None
         else:
             findings = placed(findings, change_finding(c, arr, base, age, then_ms, now_ms))
     line = SinceFast(note=note_of(changes, base, age, then_ms, now_ms), baseline_session=base.session,
-                     taken_ns=base.taken_ns, step_ms_then=then_ms, step_ms_now=now_ms, changes=tuple(changes))
+                     taken_ns=base.taken_ns, step_ms_then=then_ms, step_ms_now=now_ms, changes=tuple(changes),
+                     paid=paid)
     if len(findings) == len(report.findings):
         return dataclasses.replace(report, findings=tuple(findings), since_fast=line)
     summary = report.summary if report.findings else findings[0].sentence
@@ -155,4 +179,5 @@ def with_since_fast(report: Report, arr: PatternArrays, base: JobBaseline | None
     return dataclasses.replace(report, findings=tuple(findings), since_fast=line, headline=headline, summary=summary)
 
 
-__all__ = ["CAUSE", "JobBaseline", "NO_BASELINE", "age_words", "change_finding", "placed", "with_since_fast"]
+__all__ = ["CAUSE", "JobBaseline", "NO_BASELINE", "age_words", "change_finding", "fix_paid", "placed",
+           "with_since_fast"]

@@ -24,6 +24,7 @@ they have been rerun with it). A job's baseline can also be taken by hand, whate
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -169,6 +170,19 @@ class BaselineKeeper:
             self._loaded[job] = base
         return base
 
+    def previous(self, s: SessionRecord) -> Report | None:
+        """The job's latest stored slowdown report before ``s`` that predicted a saving (of the last 20
+        sessions), for "did the fix pay"; None: none."""
+        for prev in self.store.sessions(job=s.job, states=("done",), limit=20, newest_first=True,
+                                        before_seq=s.seq or None, with_uploaded=False):
+            if prev.kind != "slowdown" or is_baseline(prev.reason):
+                continue
+            rep = self.store.events.get_report(prev.session)
+            if rep is not None and rep.kind == "slowdown" and any(f.saves_share > 0 for f in rep.findings):
+                # its age on the sessions' clock (the one ``now`` comes from), not the report's own
+                return dataclasses.replace(rep, created_ns=prev.closed_ns or rep.created_ns)
+        return None
+
     def after_localize(self, s: SessionRecord, arr: PatternArrays, report: Report) -> Report:
         """A slowdown report just localized: a baseline session's patterns become the job's baseline;
         any other report is compared with the baseline. Never raises (the report stands without it)."""
@@ -193,15 +207,13 @@ class BaselineKeeper:
                 return _with(report, SinceFast(note="this window is the job's baseline: later reports are "
                                                     "compared with it", baseline_session=s.session,
                                                taken_ns=now, step_ms_then=step, step_ms_now=step))
-            return with_since_fast(report, arr, self.load(s.job), now)
+            return with_since_fast(report, arr, self.load(s.job), now, previous=self.previous(s))
         except Exception:  # noqa: BLE001 - the report is stored without the comparison
             log.exception("session %s: the baseline comparison failed; the report goes without it", s.session)
             return report
 
 
 def _with(report: Report, line: Any) -> Report:
-    import dataclasses
-
     return dataclasses.replace(report, since_fast=line)
 
 
