@@ -5,37 +5,53 @@
   function object back (or deletes the attribute if the class had none of its own).
 - ``Optimizer.step`` uses torch's global step pre/post hooks, which cover every optimizer subclass.
 
-The hooks call four callbacks of a ``HookTarget`` (the Runtime). The callbacks are looked up on
-every call through the module-level ``_target``, so disabling is a single assignment and costs no
-dict mutation (torch iterates its hook dicts while calling them: removing a hook from inside a hook
-would raise into the training loop). Every exception is caught here and handed to
-``HookTarget.hook_failed``; nothing ever raises into user code.
+The hooks write the ``HookTarget``'s (the Runtime's) event log themselves: a clock read and one
+list append, ``(t_ns << 2) | code``, per hook event, and a call to ``HookTarget.flush`` once an
+event comes at or after ``HookTarget.due_ns``. No other Python frame runs per hook call: each hook
+is the first Python code after a stretch of torch work, and every frame and attribute it touches
+is a cache miss (docs/overhead.md). The target is looked up on every call through the
+module-level ``_target``, so disabling is a single assignment and costs no dict mutation (torch
+iterates its hook dicts while calling them: removing a hook from inside a hook would raise into
+the training loop). Every exception is caught here and handed to ``HookTarget.hook_failed``;
+nothing ever raises into user code.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
 _ORIGINAL_ATTR = "__perftracker_original__"
 
+# the event log's codes, (t_ns << 2) | code; an even code >> 1 is the detector's kind
+# (perftracker/runtime/detector.py: DATALOADER 0, STEP 1); odd codes are for the phase times only
+DATA_NEXT = 0  # a DataLoader iterator's __next__ entered
+DATA_DONE = 1  # ... and returned
+STEP_POST = 2  # an optimizer step returned
+STEP_PRE = 3  # an optimizer step begins
+
 
 class HookTarget(Protocol):
-    def on_dataloader_next(self) -> None: ...
+    due_ns: int  # an event at or after this time calls flush
 
-    def on_dataloader_done(self) -> None: ...
+    def now_ns(self) -> int: ...
 
-    def on_step_pre(self) -> None: ...
+    def log_event(self, event: int) -> None: ...
 
-    def on_step_post(self) -> None: ...
+    def flush(self, now_ns: int) -> None: ...
 
     def hook_failed(self, where: str, exc: BaseException) -> None: ...
 
 
 _target: HookTarget | None = None
+# the target's clock and its event log's append, bound at install (one lookup less per call)
+_now_ns: Callable[[], int] = time.monotonic_ns
+_log: Callable[[int], None] = lambda event: None  # noqa: E731
 _handles: list[Any] = []
 _had_own_next = False
 
@@ -52,14 +68,17 @@ def _wrap_next(original: Any) -> Any:
         target = _target
         if target is not None:
             try:
-                target.on_dataloader_next()
+                t_ns = _now_ns()
+                _log(t_ns << 2)  # DATA_NEXT
+                if t_ns >= target.due_ns:
+                    target.flush(t_ns)
             except Exception as exc:  # never raise into the training loop
                 _fail(target, "dataloader.next", exc)
         item = original(self)
         target = _target
         if target is not None:
             try:
-                target.on_dataloader_done()  # the data wait ends (perftracker/runtime/phase_times.py)
+                _log((_now_ns() << 2) | 1)  # DATA_DONE: the data wait ends (perftracker/runtime/phase_times.py)
             except Exception as exc:
                 _fail(target, "dataloader.done", exc)
         return item
@@ -72,7 +91,7 @@ def _step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     target = _target
     if target is not None:
         try:
-            target.on_step_pre()
+            _log((_now_ns() << 2) | 3)  # STEP_PRE
         except Exception as exc:
             _fail(target, "optimizer.step.pre", exc)
 
@@ -81,7 +100,10 @@ def _step_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     target = _target
     if target is not None:
         try:
-            target.on_step_post()
+            t_ns = _now_ns()
+            _log((t_ns << 2) | 2)  # STEP_POST
+            if t_ns >= target.due_ns:
+                target.flush(t_ns)
         except Exception as exc:
             _fail(target, "optimizer.step", exc)
 
@@ -101,7 +123,7 @@ def is_installed() -> bool:
 
 def install(target: HookTarget) -> None:
     """Install the hooks once (idempotent) and route their events to ``target``."""
-    global _target, _had_own_next
+    global _target, _had_own_next, _now_ns, _log
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
         register_optimizer_step_pre_hook,
@@ -115,6 +137,8 @@ def install(target: HookTarget) -> None:
             cls.__next__ = _wrap_next(cls.__next__)  # type: ignore[attr-defined]
         _handles.append(register_optimizer_step_pre_hook(_step_pre))
         _handles.append(register_optimizer_step_post_hook(_step_post))
+    _target = None  # no event between the two bindings below goes to the wrong log
+    _now_ns, _log = target.now_ns, target.log_event
     _target = target
 
 

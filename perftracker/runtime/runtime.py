@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from perftracker.clock import Clock, MonotonicClock
 from perftracker.config import Config
 from perftracker.runtime import hooks
-from perftracker.runtime.detector import KIND_NAMES, STEP, Detector, DetectorOptions
+from perftracker.runtime.detector import KIND_NAMES, Detector, DetectorOptions
+from perftracker.runtime.hooks import DATA_DONE, DATA_NEXT, STEP_POST, STEP_PRE
 from perftracker.runtime.identity import RuntimeIdentity, provisional_identity, settle_identity
 from perftracker.runtime.phase_times import PhaseTimes
 from perftracker.runtime.sinks import LoggingSink, TriggerSink
@@ -63,16 +64,14 @@ class Runtime:
         self._sink: TriggerSink = sink or LoggingSink()
         self._listeners: tuple[BoundaryListener, ...] = ()
         # the real clock is time.monotonic_ns itself: one call less on the hot path
-        self._now_ns = time.monotonic_ns if type(self.clock) is MonotonicClock else self.clock.now_ns
-        self._on_event = self.detector.on_event
-        self._pre_t_ns = -1
-        self._post_t_ns = -1
+        self.now_ns = time.monotonic_ns if type(self.clock) is MonotonicClock else self.clock.now_ns
         self.phases = PhaseTimes()  # per-step data / step / rest times from the hooks (the first look)
-        # the event log: hook events wait here ((t_ns << 1) | kind) and reach the detector in one
-        # warm pass once an event comes at or after _due_ns (every event while listeners are set)
+        # the event log: hook events wait here ((t_ns << 2) | code, codes in hooks.py) and reach
+        # the detector and the phase times in one warm pass once an event comes at or after
+        # due_ns (every event while listeners are set)
         self._events: list[int] = []
-        self._log_event = self._events.append  # the list is emptied in place, never replaced
-        self._due_ns = 0
+        self.log_event = self._events.append  # the list is emptied in place, never replaced
+        self.due_ns = 0
         self._hook_ident = -1  # the thread that runs the hooks (seen at the last flush)
         self._log_ns = int(self.detector.options.batch_ms * 1e6)
         self._blocked_episode_ns = -1  # last_t_ns of the episode already reported to the sink
@@ -94,12 +93,14 @@ class Runtime:
         self._sync()
         iteration = self.detector.iteration
         pending = list(self._events)  # another thread: the boundaries still in the log count too
-        return iteration + self.detector.boundaries_in([e & 1 for e in pending]) if pending else iteration
+        if not pending:
+            return iteration
+        return iteration + self.detector.boundaries_in([(e >> 1) & 1 for e in pending if not e & 1])
 
     def _sync(self) -> None:
         """In the thread that runs the hooks, feed the event log to the detector now."""
         if self._events and threading.get_ident() == self._hook_ident:
-            self._flush(self._events[-1] >> 1, from_hook=False)
+            self._flush(self._events[-1] >> 2, from_hook=False)
 
     def settle_identity(self, store_wait_s: float = 30.0, exiting: bool = False) -> bool:
         """Replace the provisional identity with the real one once it can be known (from the process
@@ -121,7 +122,7 @@ class Runtime:
         """``fn(t_ns, iteration)`` runs in the training thread right after each boundary event."""
         if fn not in self._listeners:
             self._listeners = (*self._listeners, fn)
-        self._due_ns = 0  # from the next event on, every event reaches the detector at once
+        self.due_ns = 0  # from the next event on, every event reaches the detector at once
 
     def remove_boundary_listener(self, fn: BoundaryListener) -> None:
         self._listeners = tuple(f for f in self._listeners if f is not fn and f != fn)
@@ -136,15 +137,14 @@ class Runtime:
     def last_event(self) -> tuple[str, int] | None:
         """(kind, t_ns) of the latest hook event: dataloader.next, optimizer.step(.pre)."""
         det = self.detector
-        kind, t_ns = det.last_kind, det.last_t_ns
-        events = self._events
-        if events:  # not yet fed to the detector (any thread: a list's last item is read atomically)
-            try:
-                last = events[-1]
-                kind, t_ns = last & 1, last >> 1
-            except IndexError:  # flushed meanwhile: the detector has it
-                kind, t_ns = det.last_kind, det.last_t_ns
-        pre_t_ns = self._pre_t_ns
+        tail = self._events[-3:]  # not yet fed (any thread: a slice is taken atomically)
+        kind, t_ns, pre_t_ns = det.last_kind, det.last_t_ns, self.phases.pre_ns
+        for e in tail:  # the log holds events after the detector's and the phases' latest
+            code = e & 3
+            if code == STEP_PRE:
+                pre_t_ns = e >> 2
+            elif code != DATA_DONE:
+                kind, t_ns = code >> 1, e >> 2
         if pre_t_ns > t_ns:
             return "optimizer.step.pre", pre_t_ns
         if t_ns < 0:
@@ -251,41 +251,57 @@ class Runtime:
     # caches: the runtime cost a 1 ms training loop 9-16 µs per iteration, several times its warm
     # cost (docs/overhead.md). Readers from other threads (status, heartbeats, blocked checks) see
     # the detector at most batch_ms late.
+    # The hooks in hooks.py write the log themselves (no call into this class per hook event); the
+    # four methods below do the same for callers without torch hooks (tests, other frameworks).
     def on_dataloader_next(self) -> None:
-        t_ns = self._now_ns()
-        self.phases.data_entered(t_ns)
-        self._log_event(t_ns << 1)  # DATALOADER == 0
-        if t_ns >= self._due_ns:
-            self._flush(t_ns)
+        t_ns = self.now_ns()
+        self.log_event((t_ns << 2) | DATA_NEXT)
+        if t_ns >= self.due_ns:
+            self.flush(t_ns)
 
     def on_dataloader_done(self) -> None:
-        self.phases.data_returned(self._now_ns())
+        self.log_event((self.now_ns() << 2) | DATA_DONE)
 
     def on_step_pre(self) -> None:
-        self._pre_t_ns = self._now_ns()
+        self.log_event((self.now_ns() << 2) | STEP_PRE)
 
     def on_step_post(self) -> None:
-        t_ns = self._now_ns()
-        self._post_t_ns = t_ns  # with _pre_t_ns: the optimizer step's time (a window's convergence test)
-        self.phases.step_done(self._pre_t_ns, t_ns)
-        self._log_event((t_ns << 1) | STEP)
-        if t_ns >= self._due_ns:
-            self._flush(t_ns)
+        t_ns = self.now_ns()
+        self.log_event((t_ns << 2) | STEP_POST)
+        if t_ns >= self.due_ns:
+            self.flush(t_ns)
+
+    @property
+    def _pre_t_ns(self) -> int:
+        """The latest optimizer step's pre-hook time fed (a window's convergence test reads it at a
+        boundary, when the log has just been fed)."""
+        return self.phases.pre_ns
+
+    @property
+    def _post_t_ns(self) -> int:
+        return self.phases.post_ns
+
+    def flush(self, now_ns: int) -> None:
+        """A hook's event came at or after ``due_ns``: feed the log (hooks.py)."""
+        self._flush(now_ns)
 
     def _flush(self, now_ns: int, from_hook: bool = True) -> None:
-        """Feed the event log to the detector, in order, with the boundary work at each boundary.
-        Boundary listeners run only for the event a hook is handling now (not from ``_sync``)."""
+        """Feed the event log to the phase times and the detector, in order, with the boundary work
+        at each boundary. Boundary listeners run only for the event a hook is handling now (not
+        from ``_sync``)."""
         events = self._events[:]
         self._events.clear()
         self._hook_ident = threading.get_ident()
+        self.phases.feed(events)
         det = self.detector
-        boundary = det.feed(events)
+        det_events = [e >> 1 for e in events if not e & 1]  # (t_ns << 1) | kind: the detector's
+        boundary = det.feed(det_events)
         # listeners (a window's start, its iteration marks) only at a boundary happening now: the
         # first pass after a listener is added may hold boundaries up to batch_ms old
         listeners = boundary and from_hook and bool(self._listeners)
         if listeners or det.pending is not None:
-            self._boundary(events[-1] >> 1, listeners=listeners)
-        self._due_ns = 0 if self._listeners else now_ns + self._log_ns
+            self._boundary(det_events[-1] >> 1 if det_events else now_ns, listeners=listeners)
+        self.due_ns = 0 if self._listeners else now_ns + self._log_ns
 
     def _boundary(self, t_ns: int, listeners: bool = True) -> None:
         """An iteration boundary with something to do: a pending trigger, or boundary listeners."""

@@ -104,3 +104,67 @@ def test_runtime_hooks_measure_the_phases() -> None:
     got = pt.recent_ms()
     assert got.shape == (4, 3)
     assert np.allclose(got, [[7.0, 3.0, 20.0]] * 4)
+
+
+
+def _reference_rows(events: list[int]) -> list[tuple[int, int, int]]:
+    """The phase ledger's rows by its definition, one instant at a time (the stateful code the
+    hooks ran before issue 45)."""
+    from perftracker.runtime.hooks import DATA_DONE, DATA_NEXT, STEP_PRE
+
+    rows, enter, data, pre = [], -1, 0, -1
+    for e in events:
+        code, t = e & 3, e >> 2
+        if code == DATA_NEXT:
+            enter = t
+        elif code == DATA_DONE:
+            if enter >= 0:
+                data += t - enter
+                enter = -1
+        elif code == STEP_PRE:
+            pre = t
+        else:
+            rows.append((t, data, t - pre if 0 <= pre <= t else 0))
+            data = 0
+    return rows
+
+
+def test_phase_times_from_the_event_log_equal_the_one_by_one_ledger() -> None:
+    """The hooks log coded instants (perftracker/runtime/hooks.py), the runtime feeds them in
+    chunks, the rows are computed when read: they equal the one-by-one ledger's, with two data
+    waits per step, steps with no data wait, a DataLoader entry that never returns (StopIteration),
+    a return without an entry, and a ring that has dropped its oldest instants."""
+    from perftracker.runtime.hooks import DATA_DONE, DATA_NEXT, STEP_POST, STEP_PRE
+
+    rng = np.random.default_rng(7)
+    events: list[int] = []
+    t = 1_000_000
+    for step in range(300):
+        for _ in range(0 if step % 7 == 3 else 2):
+            t += int(rng.integers(1, 5_000_000))
+            events.append((t << 2) | DATA_NEXT)
+            if step % 11 == 5:  # the iterator ran out: no return, a new entry follows
+                continue
+            t += int(rng.integers(1, 5_000_000))
+            events.append((t << 2) | DATA_DONE)
+        if step % 13 == 6:
+            events.append((t << 2) | DATA_DONE)  # a return whose entry was already counted
+        t += int(rng.integers(1, 20_000_000))
+        events.append((t << 2) | STEP_PRE)
+        t += int(rng.integers(0, 3_000_000))
+        events.append((t << 2) | STEP_POST)
+    want = _reference_rows(events)
+    pt = phase_times.PhaseTimes(maxlen=1000, events_maxlen=100_000)
+    cuts = sorted({int(c) for c in rng.integers(0, len(events), 12)}) + [len(events)]
+    start = 0
+    for cut in cuts:
+        pt.feed(events[start:cut])
+        start = cut
+    assert pt.rows == want and len(want) == 300
+    assert pt.pre_ns == max(e >> 2 for e in events if e & 3 == STEP_PRE) == pt.post_ns - (want[-1][2])
+    assert pt.recent_ms()[:, 0].min() == 0.0 and pt.recent_ms()[:, 0].max() > 0.0
+    # a ring that dropped its oldest instants: the last 100 steps are still exact
+    small = phase_times.PhaseTimes(maxlen=100, events_maxlen=600)
+    small.feed(events)
+    assert small.rows == want[-100:]
+    assert np.array_equal(small.recent_ms(), phase_times.phases_ms(want[-100:]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -103,24 +104,40 @@ def test_deactivated_hooks_see_nothing(pristine) -> None:  # type: ignore[no-unt
     assert rt.iteration == 0 and rt.last_event() is None
 
 
-@pytest.mark.parametrize("where", ["dataloader", "optimizer"])
+class _BreakingClock:
+    """The real clock until its ``fail_at``-th read, which raises (a fault inside a hook)."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def now_ns(self) -> int:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise ZeroDivisionError("boom in the hook")
+        return time.monotonic_ns()
+
+
+@pytest.mark.parametrize("where", ["dataloader", "optimizer", "detector"])
 def test_failure_inside_a_hook_disables_perftracker_but_not_training(
     pristine, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:  # type: ignore[no-untyped-def]
-    rt = perftracker.activate(Config())
+    # the hooks read the clock at DataLoader next (1), its return (2), step pre (3), step post (4):
+    # the 13th read is the 4th iteration's DataLoader next, the 16th its step post
+    clock = _BreakingClock({"dataloader": 13, "optimizer": 16, "detector": 0}[where])
+    rt = runtime.activate(Config(), clock=clock)
     calls = {"n": 0}
-    real = rt.on_dataloader_next if where == "dataloader" else rt.on_step_post
+    if where == "detector":  # the detector's third pass over the event log raises
+        real_feed = rt.detector.feed
 
-    def broken() -> None:
-        calls["n"] += 1
-        if calls["n"] == 15:
-            raise ZeroDivisionError("boom in the detector")
-        real()
+        def broken_feed(events: list[int]) -> bool:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise ZeroDivisionError("boom in the detector")
+            return real_feed(events)
 
-    if where == "dataloader":
-        rt.on_dataloader_next = broken  # type: ignore[method-assign]
-    else:
-        rt.on_step_post = broken  # type: ignore[method-assign]
+        rt.detector.feed = broken_feed  # type: ignore[method-assign]
+        rt.add_boundary_listener(lambda t_ns, iteration: None)  # every event is fed at once
     xs = torch.randn(400, 8)
     data = TensorDataset(xs, xs.sum(dim=1, keepdim=True) * 0.5)  # learnable: the loss must fall
     model = torch.nn.Linear(8, 1)
@@ -134,7 +151,11 @@ def test_failure_inside_a_hook_disables_perftracker_but_not_training(
             opt.step()
             losses.append(loss.item())
     assert len(losses) == 100 and sum(losses[-10:]) < 0.1 * sum(losses[:10])
-    assert calls["n"] == 15  # disabled at once: the hook was never called again
+    # disabled at once: the hooks never ran again
+    if where == "detector":
+        assert calls["n"] == 3
+    else:
+        assert clock.calls == clock.fail_at
     assert not rt.active and runtime.get_runtime() is None
     st = perftracker.status()
     assert st["phase"] == "failed" and "ZeroDivisionError" in str(st["error"])
