@@ -82,7 +82,7 @@ class PhaseTimes:
     @property
     def rows(self) -> list[tuple[int, int, int]]:
         """The last ``maxlen`` steps as (post_t_ns, data_ns, step_ns) (any thread)."""
-        return [tuple(r) for r in step_rows(list(self._events))[-self.maxlen:].tolist()]  # type: ignore[misc]
+        return [(int(p), int(d), int(s)) for p, d, s in step_rows(list(self._events))[-self.maxlen:].tolist()]
 
     def recent_ms(self) -> np.ndarray:
         """The last steps' phases, steps × ``PHASES``, in ms (a copy; may be called from any thread)."""

@@ -54,7 +54,7 @@ def beta_sum(values: np.ndarray, functions: list[int]) -> np.ndarray:
     sum one after another, as here) without copying the rows first (160 MB at a million workers)."""
     if not functions:
         return np.zeros(values.shape[2])
-    out = values[functions[0], 0].copy()
+    out: np.ndarray = values[functions[0], 0].copy()
     for f in functions[1:]:
         out += values[f, 0]
     return out

@@ -44,4 +44,5 @@ def columns_of(ranks: np.ndarray, wanted: np.ndarray | Sequence[int]) -> np.ndar
     order = np.argsort(r, kind="stable")
     sorted_ranks = r[order]
     pos = np.minimum(np.searchsorted(sorted_ranks, w), r.size - 1)
-    return order[pos[sorted_ranks[pos] == w]].astype(np.int64, copy=False)
+    out: np.ndarray = order[pos[sorted_ranks[pos] == w]].astype(np.int64, copy=False)
+    return out
