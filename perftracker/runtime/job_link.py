@@ -187,9 +187,13 @@ class JobLink:
 
     def pending(self) -> bool:
         """Whether this worker will name the job's localizer (told in REGISTER): the job spans nodes
-        by the launcher's environment, and no shared localizer is configured."""
+        by the launcher's environment, its master is not on loopback, and no shared localizer is
+        configured. Every rank decides it alike, so no agent holds a job that no rank will name."""
         try:
-            return not self._shared and spans_nodes(self._env) is True
+            if self._shared or spans_nodes(self._env) is not True:
+                return False
+            addr = bind_address(self._env)  # a master on loopback: the "nodes" share one host
+            return addr is not None and not is_loopback(addr)
         except Exception:  # noqa: BLE001
             return False
 

@@ -78,6 +78,11 @@ def test_a_one_node_job_sends_nothing(store: Any) -> None:
     # a job whose master is reached over loopback cannot span nodes either
     link = JobLink(lambda: _ident(0), env={"MASTER_ADDR": "127.0.0.1"}, store=lambda: store)
     assert link.messages(ACK) == []
+    # torchrun's several "nodes" on one host (master on loopback): no rank says pending, none serves
+    for rank in (0, 1):
+        lo = JobLink(lambda r=rank: _ident(r), env={"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1",
+                                                    "MASTER_ADDR": "127.0.0.1"}, store=lambda: store)
+        assert not lo.pending() and lo.messages(ACK) == []
 
 
 def test_a_shared_localizer_or_an_older_agent_turns_it_off(store: Any) -> None:
@@ -97,6 +102,7 @@ def test_rank0_serves_publishes_and_the_others_follow_every_change(store: Any, m
     now = [0.0]
     zero = JobLink(lambda: _ident(0), env=env, store=lambda: store)
     two = JobLink(lambda: _ident(2), env=env, store=lambda: store, clock=lambda: now[0])
+    monkeypatch.setitem(env, "MASTER_ADDR", "10.9.8.1")
     assert zero.pending() and two.pending()
     assert two.messages(ACK) == []  # nothing published yet
     (serve,) = zero.messages(ACK)

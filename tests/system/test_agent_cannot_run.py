@@ -27,7 +27,7 @@ def test_an_agent_that_cannot_run_gives_one_line_on_stderr(tmp_path: Path) -> No
     env = env_for_tests(PERFTRACKER_RUN_DIR=str(run_dir), PERFTRACKER_AUTOSTART_AGENT="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = f"{shadow}:{env['PYTHONPATH']}"
     try:
-        r = subprocess.run([sys.executable, str(REPO / "tests" / "integrations" / "single_process.py"),
+        r = subprocess.run([sys.executable, str(REPO / "tests" / "framework_jobs" / "single_process.py"),
                             "--steps", "2500", "--slow-from", "1000000"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=200)
         assert r.returncode == 0, r.stderr[-3000:]

@@ -222,7 +222,7 @@ def _host_env(c: dict[str, Any], tmp: Path, image: str) -> dict[str, str]:
 
 def _paths(text: str, tmp: Path) -> str:
     return text.replace("/var/run/perftracker", str(tmp / "run")).replace("/data/", str(tmp / "data") + "/") \
-               .replace("/opt/perftracker/", str(REPO) + "/")
+               .replace("/opt/perftracker/", str(REPO) + "/").replace("/etc/perftracker/", str(tmp / "etc") + "/")
 
 
 def _launch(argv: list[str], env: dict[str, str], install: ImageInstall, tmp: Path) -> subprocess.Popen[str]:
@@ -234,6 +234,9 @@ def _launch(argv: list[str], env: dict[str, str], install: ImageInstall, tmp: Pa
     env = dict(env, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), PERFTRACKER_TEST_ALLOWED_MODULES=str(allowed))
     (tmp / "run").mkdir(exist_ok=True)
     (tmp / "data").mkdir(exist_ok=True)
+    tokens = tmp / "etc" / "job-tokens" / "job-tokens.json"  # the Secret the example overlay mounts
+    tokens.parent.mkdir(parents=True, exist_ok=True)
+    tokens.write_text(json.dumps({"job-token-of-the-train-job-0123": ["train"]}))
     return subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
