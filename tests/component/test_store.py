@@ -32,7 +32,7 @@ def test_wal_mode_and_schema_version_on_every_table(tmp_path: Path) -> None:
     tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table' "
                                        "AND name NOT IN ('meta', 'sqlite_sequence')")]
     assert set(tables) == {"agents", "workers", "sessions", "patterns", "pattern_batches", "hang_snapshots",
-                           "heartbeats", "reports"}
+                           "heartbeats", "reports", "baselines", "culprits"}  # the last two: issue 49
     for t in tables:
         cols = [r[1] for r in db.execute(f"PRAGMA table_info({t})")]
         assert "schema_version" in cols, t
