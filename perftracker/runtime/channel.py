@@ -44,8 +44,7 @@ from perftracker.runtime.channel_messages import (
 )
 from perftracker.runtime.job_link import JobLink
 from perftracker.runtime.protocols import ArmableWindow, ChannelRuntime, FinishedWindow
-from perftracker.runtime.window.budget import CostBudget
-from perftracker.runtime.window.cost import WindowCostMeter, ledger_path, report_fields
+from perftracker.runtime.window.cost import WindowCostMeter, report_fields
 from perftracker.warnonce import WarnOnce
 from perftracker.wire import framing as wire
 from perftracker.wire.framing import MessageType
@@ -117,9 +116,8 @@ class AgentChannel:
     # --- TriggerSink ---------------------------------------------------------------------------
 
     def on_trigger(self, reason: str, detail: Mapping[str, object]) -> None:
+        """A trigger the runtime's policy let out (perftracker/runtime/trigger/policy.py): carried as is."""
         try:
-            if self._held(reason, detail) or not self._budget_allows(reason):
-                return
             self._enqueue(trigger_message(reason, detail, self._window_s_override()))
         except Exception as exc:  # never raise into the caller
             self._warn_once("trigger", "perftracker: could not queue a trigger: %s", exc)
@@ -402,58 +400,22 @@ class AgentChannel:
         """window_s only when set explicitly: it overrides the localizer's default."""
         return float(self.config.window_s) if "PERFTRACKER_WINDOW_S" in os.environ else None
 
-    def _held(self, reason: str, detail: Mapping[str, object]) -> bool:
-        """A detector's slowdown not yet worth a window (window_budget.worth_window) is held by the
-        meter and sent later if it lasts; a failure of the meter sends it."""
-        try:
-            meter = self.cost_meter()
-            if meter.hold_if_not_worth(reason, detail):
-                log.info("perftracker: %s trigger held until the slowdown is worth a window (%s)", reason,
-                         meter.budget.to_dict(time.monotonic()))
-                return True
-        except Exception as exc:  # noqa: BLE001
-            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
-        return False
-
     def _send_due_trigger(self) -> None:
-        """Channel thread, every stats period: a held trigger that is now worth a window goes out."""
+        """Channel thread, every stats period: the runtime sends a held trigger that is now worth a
+        window (its policy decides; the trigger comes back through ``on_trigger``)."""
         try:
-            if self._cost is None:
-                return
-            due = self._cost.due_held_trigger()
-            if due is None or not self._budget_allows(due[0]):
-                return
-            log.info("perftracker: %s trigger sent after %.1f s held (ratio now %.2f)", due[0],
-                     due[1].get("deferred_s", 0.0), due[1].get("ratio_when_sent", 0.0))
-            self._enqueue(trigger_message(due[0], due[1], self._window_s_override()))
-            det = getattr(self.runtime, "detector", None)
-            if det is not None and hasattr(det, "trigger_sent_late"):
-                det.trigger_sent_late(time.monotonic_ns())
+            self.runtime.release_held_trigger()
         except Exception as exc:  # noqa: BLE001 - never into training
             self._warn_once("held-trigger", "perftracker: could not send a held trigger: %r", exc)
 
-    def _budget_allows(self, reason: str) -> bool:
-        """The window budget (window_cost.py, issue 30) for a trigger; a failure of the meter allows it."""
-        try:
-            meter = self.cost_meter()
-            if meter.allows_trigger(reason):
-                return True
-            self._warn_once("budget", "perftracker: %s trigger not sent: the profile-window budget is spent (%s)",
-                            reason, meter.budget.to_dict(time.monotonic()))
-            return False
-        except Exception as exc:  # noqa: BLE001
-            self._warn_once("budget-failed", "perftracker: window budget unavailable: %r", exc)
-            return True
-
     def cost_meter(self) -> WindowCostMeter:
-        """What this process's windows cost, and the budget (created on first use: the ledger file
-        is named after the job and rank, settled by then)."""
+        """What this process's windows cost: the meter of the runtime's trigger policy (the budget
+        and the hold read the same ledger)."""
         if self._cost is None:
-            ident = self.runtime.identity
-            self._cost = WindowCostMeter(self.runtime, ledger_path(self.config.run_dir, str(ident.job), int(ident.rank)),
-                                         CostBudget(fraction=self.config.window_budget,
-                                                    initial_s=self.config.window_budget_initial_s),
-                                         hold=self.config.window_hold)
+            policy = self.runtime.trigger_policy
+            if policy is None:
+                raise PerftrackerError("the runtime has no trigger policy (its services have not started)")
+            self._cost = policy.meter()
         return self._cost
 
     def _start_window(self, session: str, window_s: float, reason: str = "") -> None:
