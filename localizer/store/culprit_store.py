@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from perftracker.localizer.store.access import Query, Transaction
+from perftracker.localizer.store.records import STORE_SCHEMA_VERSION
 
 from perftracker.model import Report
 
 CULPRIT_DDL = """
 CREATE TABLE IF NOT EXISTS culprits (
     host TEXT NOT NULL, cause TEXT NOT NULL, job TEXT NOT NULL, session TEXT NOT NULL,
-    ranks TEXT NOT NULL, named_ns INTEGER NOT NULL, PRIMARY KEY (host, cause, session));
+    ranks TEXT NOT NULL, named_ns INTEGER NOT NULL, schema_version INTEGER NOT NULL,
+    PRIMARY KEY (host, cause, session));
 CREATE INDEX IF NOT EXISTS culprits_time ON culprits (named_ns);
 """
 FLAG_SESSIONS = 3
@@ -85,8 +87,9 @@ class CulpritTables:
                     if r in host_of:
                         by_host.setdefault(host_of[r], []).append(r)
                 for host, hr in sorted(by_host.items()):
-                    cur = db.execute("INSERT OR IGNORE INTO culprits VALUES (?,?,?,?,?,?)",
-                                     (host, cause, report.job, report.session, ",".join(map(str, hr)), now_ns))
+                    cur = db.execute("INSERT OR IGNORE INTO culprits VALUES (?,?,?,?,?,?,?)",
+                                     (host, cause, report.job, report.session, ",".join(map(str, hr)), now_ns,
+                                      STORE_SCHEMA_VERSION))
                     added += int(cur.rowcount or 0)
         return added
 

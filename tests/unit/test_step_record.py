@@ -148,7 +148,7 @@ def test_the_report_says_the_replayed_saving_and_its_basis() -> None:
     f = next(f for f in report.findings if f.ranks == (0,))
     assert f.saves_share == pytest.approx(200 / 325, abs=0.02)
     assert f.saves_basis.startswith("replayed over ")
-    assert f.sentence.endswith(f"fixing it would save about {round(100 * f.saves_share)}% of the step")
+    assert f.sentence.endswith(f"fixing it would save about {round(100 * f.saves_share)}% of the window")  # issue 47: every share is of the window
     assert all(r not in g.ranks for g in report.findings for r in (1, 2, 3) if g.kind != "common")
 
 
