@@ -171,6 +171,14 @@ class JobRun:
                 pass
         return out
 
+    def _agent_up(self, rank: int, t_start: float) -> bool:
+        """Zero-setup: a fault on a rank's process waits for the agent that process starts (at most
+        20 s), so that a cgroup put on the process does not catch the agent forked after it: the
+        fault is the training process's, as in the explicit mode whose agents the harness starts."""
+        if not self.zero_setup:
+            return True
+        return (self.run_dir / f"host{rank}" / "agent.json").exists() or time.monotonic() - t_start > 20
+
     def _discover(self) -> bool:
         """Zero-setup: the job's localizer, from host 0's runs dir (the job record its agent left,
         else its embedded localizer's file) and that runs dir's token. False until it is there."""
@@ -335,7 +343,7 @@ class JobRun:
             it_max = max(alive) if alive else -1
             for f, r in list(pending):
                 at = 1 if f.kind == "oom" else int(f.params.get("at_iter", f.start_iter))  # oom: the limit, early
-                if progress.get(r, -1) >= at:
+                if progress.get(r, -1) >= at and self._agent_up(r, t_start):
                     self._apply(f, r)
                     if f.kind != "oom":  # oom's limit is set early; the fault itself begins in the script
                         applied_t.append(time.monotonic())
