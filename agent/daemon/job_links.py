@@ -118,8 +118,8 @@ class JobLinks:
 
     def route(self, w: Worker, msg: Mapping[str, Any]) -> None:
         """A rank of a multi-node job names the job's localizer (another node's): report there."""
-        if msg["job"] != w.job or self.routes is None or not self.active:
-            return  # another job's name, or an agent of a shared localizer
+        if msg["job"] != w.job or self.routes is None or self.job_server is None:
+            return  # another job's name, or an agent of a shared localizer (not ``active``)
         if msg["served_by"] == self.agent_id or w.job in self.serving:  # this agent's own localizer serves it
             if w.job in self.upstream.held:
                 self.release(w.job)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,10 @@ from typing import Any
 import psutil
 
 from bench.faultkit.hosts import EmulatedHosts, Host
+from bench.faultkit.job import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "perftracker" / "examples" / "train.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:
@@ -82,7 +76,7 @@ class MultiNodeJob:
         self.extra_env = extra_env or {}
         self.progress = root / "progress"
         self.progress.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
+        self.port = _free_port()
         self.job = f"train-{self.port}"  # perftracker's default job id: script name and rendezvous port
         self._hosts = EmulatedHosts(nodes)
         self.nodes: list[Node] = []

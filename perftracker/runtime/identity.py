@@ -130,6 +130,19 @@ def _dist() -> Any:
     return None
 
 
+def default_store() -> Any:
+    """The default process group's store, or None (never imports torch)."""
+    if _dist() is None:
+        return None
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception as exc:  # noqa: BLE001 - e.g. a process group without a store
+        log.debug("perftracker: no default store: %r", exc)
+        return None
+
+
 def _store_get(store: Any, key: str, timeout_s: float) -> str | None:
     try:
         store.wait([key], datetime.timedelta(seconds=timeout_s))
@@ -143,13 +156,7 @@ def _from_process_group(ident: RuntimeIdentity, dist: Any, config_job_id: str, e
                         store_wait_s: float) -> RuntimeIdentity:
     rank = int(dist.get_rank())
     world = int(dist.get_world_size())
-    store = None
-    try:
-        from torch.distributed import distributed_c10d
-
-        store = distributed_c10d._get_default_store()
-    except Exception as exc:  # noqa: BLE001 - e.g. a process group without a store
-        log.debug("perftracker: no default store: %r", exc)
+    store = default_store()
     job = ""
     if rank == 0:
         job = job_for_rank0(config_job_id, env, world > 1)

@@ -31,12 +31,12 @@ import os
 import secrets
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perftracker.runtime.identity import default_store
 from perftracker.wire import framing as wire
 from perftracker.wire.framing import MessageType
 
@@ -136,21 +136,6 @@ def is_loopback(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
         return True
-
-
-def default_store() -> Any:
-    """The default process group's store, or None (never imports torch)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if not torch.distributed.is_initialized():
-            return None
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
-    except Exception:  # noqa: BLE001 - a torch without distributed, or a group without a store
-        return None
 
 
 def store_master(store: Any) -> tuple[str, int] | None:
